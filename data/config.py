@@ -1,0 +1,78 @@
+"""`DataConfig`: which text to train on and how to tokenize and split it.
+
+A plain dataclass (no Hydra/OmegaConf import) so it serves both the Python API and, reused by
+training/config.py, the Hydra `data` node (`python train.py data=text data.path=my.txt data.tokenizer=gpt2`).
+
+Data sets (`name`):
+- `shakespeare_char` (default): Tiny Shakespeare, char-level (vocabulary of 65).
+- `shakespeare`: Tiny Shakespeare, GPT-2 BPE.
+- `text`: your own text, `path` = a file or a directory of `.txt` files (concatenated in sorted order of
+  their relative paths), `tokenizer` = `char` or `gpt2`.
+`tokenizer` is read for `text`; the two Shakespeare sets are presets with a fixed tokenizer
+(`shakespeare_char` + `tokenizer=gpt2` is refused with a pointer to `shakespeare`). `path` also replaces the
+Tiny Shakespeare download for the two Shakespeare sets (any local copy works).
+
+`validate()` checks the values and returns the effective tokenizer; it is called by `data.prepare.prepare`
+(not by `__post_init__`, so that OmegaConf can build the node from defaults and errors stay one line).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any, Mapping, Optional
+
+NAMES = ("shakespeare_char", "shakespeare", "text")
+TOKENIZERS = ("char", "gpt2")
+ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
+
+
+@dataclass
+class DataConfig:
+    name: str = "shakespeare_char"
+    path: Optional[str] = None
+    tokenizer: str = "char"
+    val_fraction: float = 0.1
+    encoding_errors: str = "strict"
+
+    @classmethod
+    def coerce(cls, cfg: Any) -> "DataConfig":
+        """Accept a DataConfig, a mapping (dict / OmegaConf DictConfig) or any object with these attributes."""
+        if isinstance(cfg, cls):
+            return cfg
+        names = [f.name for f in fields(cls)]
+        if isinstance(cfg, Mapping) or hasattr(cfg, "keys"):
+            d = {k: cfg[k] for k in cfg.keys()}
+        else:
+            d = {k: getattr(cfg, k) for k in names if hasattr(cfg, k)}
+        unknown = sorted(set(d) - set(names))
+        if unknown:
+            raise ValueError(f"unknown data option(s) {', '.join(unknown)}: the data options are {', '.join(names)}")
+        return cls(**d)
+
+    def validate(self) -> str:
+        """Check every field (one-line ValueError naming the option) and return the effective tokenizer."""
+        if self.name not in NAMES:
+            raise ValueError(f"unknown data set {self.name!r}: choose data=shakespeare_char, data=shakespeare "
+                             f"or data=text (with data.path=<file or directory>)")
+        if self.tokenizer not in TOKENIZERS:
+            raise ValueError(f"unknown tokenizer data.tokenizer={self.tokenizer!r}: use data.tokenizer=char "
+                             f"or data.tokenizer=gpt2")
+        try:
+            vf = float(self.val_fraction)
+        except (TypeError, ValueError):
+            vf = float("nan")
+        if not 0.0 < vf < 1.0:
+            raise ValueError(f"data.val_fraction={self.val_fraction!r} must be between 0 and 1 (exclusive): "
+                             f"e.g. data.val_fraction=0.1 keeps the last 10% of the text for validation")
+        if self.encoding_errors not in ENCODING_ERRORS:
+            raise ValueError(f"data.encoding_errors={self.encoding_errors!r} is not supported: use one of "
+                             f"{', '.join(ENCODING_ERRORS)} (replace turns undecodable bytes into U+FFFD)")
+        if self.name == "text" and not self.path:
+            raise ValueError("data=text needs your text: add data.path=<a text file or a directory of .txt files>")
+        if self.name == "shakespeare_char":
+            if self.tokenizer != "char":
+                raise ValueError("data=shakespeare_char is char-level but data.tokenizer=gpt2 was given: use "
+                                 "data=shakespeare for Tiny Shakespeare with GPT-2 BPE")
+            return "char"
+        if self.name == "shakespeare":
+            return "gpt2"
+        return self.tokenizer

@@ -1,0 +1,246 @@
+"""Token files and batches: the `.bin` format, `TokenFile` (memmap), `BatchLoader` (deterministic windows).
+
+Token file format (little-endian, fixed 32-byte header, then the ids):
+
+    offset 0  8 bytes  magic b"TGPTTOK\\0"
+           8  uint32   format version (1)
+          12  uint32   bytes per token (2 = uint16, 4 = uint32)
+          16  uint64   token count
+          24  uint32   vocabulary size
+          28  uint32   reserved (0)
+          32  ...      count * bytes-per-token ids
+
+`TokenFile` checks magic, version, dtype and that the file size equals 32 + count * itemsize, so a corrupt
+or truncated file is a one-line ValueError instead of garbage batches; it memmaps the ids once.
+`TokenWriter` writes the format (placeholder header first, the real one last, then fsync), used by prepare.
+
+Batches, deterministic in the GLOBAL batch: for global optimizer step s a torch.Generator seeded from a hash
+of (seed, "train", s) draws global_batch = batch_size * grad_accum_steps * world_size window offsets; the
+micro-step m of rank r takes rows [(m * world_size + r) * batch_size : + batch_size]. So step s covers the
+same windows whatever the split across processes and accumulation steps (world_size=2 x accum=1 gives the
+rows of world_size=1 x accum=2), and the loader state is just {"step": s, "micro": m}: resuming draws
+exactly what an uninterrupted run would have. Windows are block_size + 1 tokens, x = w[:-1], y = w[1:],
+offsets uniform in [0, len - block_size) (as nanoGPT). `eval_batch(split, i)` is seeded from
+(seed, "eval", split, i) only (not rank, not training state): the same windows every evaluation, never
+perturbing training draws; in DDP, rank r can evaluate the i with i % world_size == r and all-reduce, which
+covers the same windows as one process. On CUDA, x and y are pinned and copied with non_blocking=True.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import struct
+from pathlib import Path
+
+import numpy as np
+
+MAGIC = b"TGPTTOK\0"
+VERSION = 1
+HEADER = struct.Struct("<8sIIQII")
+HEADER_SIZE = HEADER.size  # 32
+_DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+assert HEADER_SIZE == 32
+
+
+def dtype_for_vocab(vocab_size: int) -> np.dtype:
+    return _DTYPES[2] if vocab_size <= 1 << 16 else _DTYPES[4]
+
+
+def _fix_hint(path: Path) -> str:
+    return f"delete {path.parent} so it is prepared again (or run python -m data.prepare)"
+
+
+class TokenFile:
+    """A checked, memory-mapped token file. `tokens` is a read-only numpy array (memmap)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"token file {self.path} does not exist: prepare the data first "
+                                    f"(python -m data.prepare, or just run training)")
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            head = f.read(HEADER_SIZE)
+        if len(head) < HEADER_SIZE:
+            raise ValueError(f"{self.path} is truncated ({size} bytes, shorter than its {HEADER_SIZE}-byte "
+                             f"header): {_fix_hint(self.path)}")
+        magic, version, itemsize, count, vocab_size, _ = HEADER.unpack(head)
+        if magic != MAGIC:
+            raise ValueError(f"{self.path} is not a tinygpt token file (bad magic {magic!r}): {_fix_hint(self.path)}")
+        if version != VERSION:
+            raise ValueError(f"{self.path} has token-file format version {version}, this code reads version "
+                             f"{VERSION}: {_fix_hint(self.path)}")
+        if itemsize not in _DTYPES:
+            raise ValueError(f"{self.path} is corrupt (unknown token size {itemsize} bytes): {_fix_hint(self.path)}")
+        expected = HEADER_SIZE + count * itemsize
+        if size != expected:
+            what = "truncated" if size < expected else "corrupt (longer than its header says)"
+            raise ValueError(f"{self.path} is {what}: the header says {count:,} tokens ({expected:,} bytes) but "
+                             f"the file has {size:,} bytes: {_fix_hint(self.path)}")
+        self.dtype = _DTYPES[itemsize]
+        self.vocab_size = int(vocab_size)
+        self.count = int(count)
+        if count == 0:
+            self.tokens = np.empty(0, dtype=self.dtype)
+        else:
+            self.tokens = np.memmap(self.path, dtype=self.dtype, mode="r", offset=HEADER_SIZE, shape=(count,))
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __repr__(self) -> str:
+        return f"TokenFile({str(self.path)!r}, tokens={self.count:,}, dtype={self.dtype.name})"
+
+
+class TokenWriter:
+    """Append-only writer of the token file format. Use as a context manager; `close()` finalizes."""
+
+    def __init__(self, path: str | os.PathLike, vocab_size: int):
+        self.path = Path(path)
+        self.vocab_size = int(vocab_size)
+        self.dtype = dtype_for_vocab(vocab_size)
+        self.count = 0
+        self._f = open(self.path, "wb")
+        self._f.write(b"\0" * HEADER_SIZE)  # placeholder: an unfinished file never has valid magic
+
+    def write(self, ids) -> None:
+        arr = np.asarray(ids)
+        if arr.size == 0:
+            return
+        if arr.dtype != self.dtype:
+            assert arr.min() >= 0 and arr.max() < self.vocab_size, "token id outside the vocabulary"
+            arr = arr.astype(self.dtype)
+        self._f.write(np.ascontiguousarray(arr).data)
+        self.count += int(arr.size)
+
+    def close(self) -> None:
+        if self._f.closed:
+            return
+        self._f.seek(0)
+        self._f.write(HEADER.pack(MAGIC, VERSION, self.dtype.itemsize, self.count, self.vocab_size, 0))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+    def abort(self) -> None:
+        self._f.close()
+
+    def __enter__(self) -> "TokenWriter":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+def write_token_file(path: str | os.PathLike, ids, vocab_size: int) -> Path:
+    """Write a whole token file at once (tests, small data)."""
+    with TokenWriter(path, vocab_size) as w:
+        w.write(ids)
+    return Path(path)
+
+
+def _seed_for(*parts) -> int:
+    """A 63-bit seed from a hash of the parts: independent streams for (seed, split, step) tuples."""
+    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(h, "little") & ((1 << 63) - 1)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}={value!r} must be a positive integer")
+    return int(value)
+
+
+class BatchLoader:
+    """Random (x, y) windows from train/val token files; deterministic per global step; resumable."""
+
+    def __init__(self, train_path, val_path, block_size: int, batch_size: int, *, seed: int,
+                 grad_accum_steps: int = 1, rank: int = 0, world_size: int = 1, device="cpu"):
+        import torch
+        self.block_size = _positive_int("block_size", block_size)
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.grad_accum_steps = _positive_int("grad_accum_steps", grad_accum_steps)
+        self.world_size = _positive_int("world_size", world_size)
+        if isinstance(rank, bool) or not isinstance(rank, (int, np.integer)) or not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank!r} must be in 0..{world_size - 1} for world_size={world_size}")
+        self.rank = int(rank)
+        self.seed = int(seed)
+        self.device = torch.device(device)
+        self.global_batch = self.batch_size * self.grad_accum_steps * self.world_size
+        self.files = {"train": TokenFile(train_path), "val": TokenFile(val_path)}
+        need = self.block_size + 1
+        for split, tf in self.files.items():
+            n = len(tf)
+            if n < need:
+                other = "lower data.val_fraction to keep more text for training" if split == "train" else \
+                    "raise data.val_fraction to keep more text for validation"
+                fix = f"lower model.block_size to at most {n - 1}, {other}," if n >= 2 else f"{other}"
+                raise ValueError(f"the {split} split has only {n:,} tokens but block_size={self.block_size} needs "
+                                 f"at least {need:,}: {fix} or use more text ({tf.path})")
+        self.step = 0
+        self.micro = 0
+        self._offsets_step = -1
+        self._offsets = None
+        self._arange = np.arange(need, dtype=np.int64)
+
+    # -- state -------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"step": self.step, "micro": self.micro}
+
+    def load_state_dict(self, state: dict) -> None:
+        step, micro = int(state["step"]), int(state["micro"])
+        if step < 0 or not 0 <= micro < self.grad_accum_steps:
+            raise ValueError(f"loader state {state!r} does not fit grad_accum_steps={self.grad_accum_steps}: "
+                             f"resume with the same grad_accum_steps")
+        self.step, self.micro = step, micro
+
+    # -- batches -----------------------------------------------------------------------------------------
+    def global_offsets(self, step: int):
+        """The global_batch window offsets of training step `step` (a LongTensor)."""
+        import torch
+        g = torch.Generator()
+        g.manual_seed(_seed_for(self.seed, "train", int(step)))
+        return torch.randint(len(self.files["train"]) - self.block_size, (self.global_batch,), generator=g)
+
+    def next_batch(self):
+        """(x, y) for this rank's current micro-step, then advance (micro, then step)."""
+        if self._offsets_step != self.step:
+            self._offsets = self.global_offsets(self.step).numpy()
+            self._offsets_step = self.step
+        start = (self.micro * self.world_size + self.rank) * self.batch_size
+        offsets = self._offsets[start:start + self.batch_size]
+        self.micro += 1
+        if self.micro == self.grad_accum_steps:
+            self.micro = 0
+            self.step += 1
+        return self._windows("train", offsets)
+
+    def eval_batch(self, split: str, i: int):
+        """The i-th evaluation batch of `split` ("train" or "val"): always the same windows."""
+        import torch
+        if split not in self.files:
+            raise ValueError(f"unknown split {split!r}: use 'train' or 'val'")
+        g = torch.Generator()
+        g.manual_seed(_seed_for(self.seed, "eval", split, int(i)))
+        offsets = torch.randint(len(self.files[split]) - self.block_size, (self.batch_size,), generator=g)
+        return self._windows(split, offsets.numpy())
+
+    def _windows(self, split: str, offsets: np.ndarray):
+        import torch
+        w = self.files[split].tokens[offsets.astype(np.int64)[:, None] + self._arange]
+        x = torch.from_numpy(w[:, :-1].astype(np.int64))
+        y = torch.from_numpy(w[:, 1:].astype(np.int64))
+        if self.device.type == "cuda":
+            x = x.pin_memory().to(self.device, non_blocking=True)
+            y = y.pin_memory().to(self.device, non_blocking=True)
+        elif self.device.type != "cpu":
+            x, y = x.to(self.device), y.to(self.device)
+        return x, y
+
+    def __repr__(self) -> str:
+        return (f"BatchLoader(block_size={self.block_size}, batch_size={self.batch_size}, "
+                f"grad_accum_steps={self.grad_accum_steps}, rank={self.rank}/{self.world_size}, "
+                f"train={len(self.files['train']):,}, val={len(self.files['val']):,} tokens)")

@@ -1,0 +1,135 @@
+"""data/sources.py: cache location, Tiny Shakespeare from the cache / a (simulated) download / offline."""
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from data import sources
+
+
+def _offline(monkeypatch):
+    calls = []
+
+    def urlopen(url, *a, **kw):
+        calls.append(url)
+        raise urllib.error.URLError("[Errno -3] Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    return calls
+
+
+class _FakeResponse(io.BytesIO):
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _serve(monkeypatch, payload: bytes):
+    calls = []
+
+    def urlopen(url, *a, timeout=None, **kw):
+        calls.append((url, timeout))
+        return _FakeResponse(payload)
+
+    monkeypatch.setattr(urllib.request, "urlopen", urlopen)
+    return calls
+
+
+def test_cache_dir_env_and_default(monkeypatch, tmp_path):
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "c"))
+    assert sources.cache_dir() == tmp_path / "c"
+    assert sources.shakespeare_cache_path() == tmp_path / "c" / "tinyshakespeare" / "input.txt"
+    assert sources.gpt2_ranks_cache_path() == tmp_path / "c" / "tokenizers" / "gpt2.tiktoken"
+    monkeypatch.delenv("TINYGPT_CACHE")
+    assert sources.cache_dir() == Path.home() / ".cache" / "tinygpt"
+
+
+def test_shakespeare_cache_hit_needs_no_network(cache_with_shakespeare, monkeypatch):
+    calls = _offline(monkeypatch)
+    p = sources.shakespeare_path()
+    assert p == cache_with_shakespeare / "tinyshakespeare" / "input.txt"
+    assert p.stat().st_size == sources.SHAKESPEARE_SIZE
+    assert calls == []
+
+
+def test_shakespeare_offline_error_names_exact_path(monkeypatch):
+    calls = _offline(monkeypatch)
+    with pytest.raises(FileNotFoundError) as ei:
+        sources.shakespeare_path()
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert str(sources.shakespeare_cache_path()) in msg
+    assert "data.path" in msg and "name resolution" in msg
+    assert calls == [sources.SHAKESPEARE_URL]
+    assert not sources.shakespeare_cache_path().exists()
+    assert list(sources.shakespeare_cache_path().parent.iterdir()) == []  # no partial file left
+
+
+def test_shakespeare_download_verifies_and_renames(shared_data_dir, monkeypatch):
+    payload = (shared_data_dir / "tinyshakespeare.txt").read_bytes()
+    calls = _serve(monkeypatch, payload)
+    p = sources.shakespeare_path()
+    assert p.read_bytes() == payload
+    assert calls[0][0] == sources.SHAKESPEARE_URL and 0 < calls[0][1] <= 60
+    assert [f.name for f in p.parent.iterdir()] == ["input.txt"]
+    _offline(monkeypatch)  # second call: from the cache
+    assert sources.shakespeare_path() == p
+
+
+def test_corrupt_download_leaves_nothing(monkeypatch):
+    _serve(monkeypatch, b"<html>captive portal</html>")
+    with pytest.raises(ValueError, match="incomplete or wrong"):
+        sources.shakespeare_path()
+    assert list(sources.shakespeare_cache_path().parent.iterdir()) == []
+
+
+def test_download_checks_sha256(tmp_path, monkeypatch):
+    _serve(monkeypatch, b"hello")
+    dest = tmp_path / "d" / "f.txt"
+    with pytest.raises(ValueError, match="sha256"):
+        sources.download("https://example.invalid/f", dest, size=5, sha256="0" * 64)
+    assert not dest.exists() and os.listdir(dest.parent) == []
+    good = hashlib.sha256(b"hello").hexdigest()
+    assert sources.download("https://example.invalid/f", dest, size=5, sha256=good).read_bytes() == b"hello"
+
+
+def test_wrong_file_in_cache_is_refused(monkeypatch):
+    dest = sources.shakespeare_cache_path()
+    dest.parent.mkdir(parents=True)
+    dest.write_text("not shakespeare")
+    with pytest.raises(ValueError) as ei:
+        sources.shakespeare_path()
+    assert str(dest) in str(ei.value) and "data=text" in str(ei.value)
+
+
+def test_gpt2_ranks_path(cache_with_gpt2):
+    assert sources.gpt2_ranks_path() == cache_with_gpt2 / "tokenizers" / "gpt2.tiktoken"
+
+
+def test_gpt2_ranks_path_absent():
+    assert sources.gpt2_ranks_path() is None
+
+
+def test_sources_cli_offline_reports_both_paths(monkeypatch, capsys):
+    import tiktoken
+    _offline(monkeypatch)
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: (_ for _ in ()).throw(OSError("no network")))
+    assert sources.main() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and all(line.startswith("error: ") for line in err)
+    assert str(sources.shakespeare_cache_path()) in err[0] and str(sources.gpt2_ranks_cache_path()) in err[1]
+
+
+def test_sources_cli_with_seeded_cache(cache_with_shakespeare, cache_with_gpt2, monkeypatch, capsys):
+    _offline(monkeypatch)
+    assert sources.main() == 0
+    out = capsys.readouterr().out
+    assert str(sources.shakespeare_cache_path()) in out and str(sources.gpt2_ranks_cache_path()) in out

@@ -1,0 +1,175 @@
+"""data/tokenizer.py: char + GPT-2 BPE tokenizers, dict round-trips, offline errors, StreamDecoder."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from data import sources
+from data.tokenizer import (CharTokenizer, GPT2Tokenizer, StreamDecoder, check_same_tokenizer, load_ranks,
+                            tokenizer_from_dict)
+
+MULTIBYTE = "héllo wörld — 你好，世界。🤗🚀 naïve café 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👩‍👩‍👧 ok\n"
+
+
+def _no_tiktoken_download(monkeypatch):
+    import tiktoken
+
+    def boom(name):
+        raise ConnectionError("Failed to resolve 'openaipublic.blob.core.windows.net'")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", boom)
+
+
+# ------------------------------------------------------------------------------------------------ char
+def test_char_roundtrip_and_sorted_vocab():
+    tok = CharTokenizer.from_text("hello world\n")
+    assert tok.chars == sorted(set("hello world\n"))
+    assert tok.vocab_size == 9 and tok.eot_id is None
+    ids = tok.encode("hello\nworld")
+    assert ids == [tok.stoi[c] for c in "hello\nworld"]
+    assert tok.decode(ids) == "hello\nworld"
+    assert tok.decode_bytes(ids) == b"hello\nworld"
+
+
+def test_char_unknown_characters_listed_in_one_line():
+    tok = CharTokenizer.from_text("abc ")
+    with pytest.raises(ValueError) as ei:
+        tok.encode("abc ßé\nx")
+    msg = str(ei.value)
+    assert "\n" not in msg
+    assert msg.startswith("characters not in the vocabulary: '\\n', 'x', 'ß', 'é' (the model was trained on a "
+                          "4-character vocabulary)")
+
+
+def test_char_decode_out_of_range():
+    tok = CharTokenizer("ab")
+    with pytest.raises(ValueError, match=r"\[2, 7\]"):
+        tok.decode([0, 2, 7])
+    with pytest.raises(ValueError):
+        tok.decode([-1])
+
+
+def test_char_dict_roundtrip_is_json():
+    tok = CharTokenizer.from_text(MULTIBYTE)
+    d = json.loads(json.dumps(tok.to_dict()))
+    tok2 = tokenizer_from_dict(d)
+    assert isinstance(tok2, CharTokenizer) and tok2 == tok
+    assert tok2.decode(tok.encode(MULTIBYTE)) == MULTIBYTE
+
+
+def test_unknown_dict():
+    with pytest.raises(ValueError, match="unknown tokenizer"):
+        tokenizer_from_dict({"type": "sentencepiece"})
+
+
+def test_check_same_tokenizer():
+    a, b = CharTokenizer("abc").to_dict(), CharTokenizer("abd").to_dict()
+    check_same_tokenizer(a, dict(a))
+    with pytest.raises(ValueError, match="vocabulary mismatch.*3-character.*different characters"):
+        check_same_tokenizer(a, b)
+    with pytest.raises(ValueError, match="gpt2"):
+        check_same_tokenizer(a, {"type": "gpt2"})
+
+
+# ------------------------------------------------------------------------------------------------ gpt2
+def test_gpt2_hello_world(cache_with_gpt2, monkeypatch):
+    _no_tiktoken_download(monkeypatch)  # must come from the local ranks file
+    tok = GPT2Tokenizer()
+    assert tok.encode("Hello world") == [15496, 995]
+    assert tok.vocab_size == 50257 and tok.eot_id == 50256
+    assert tok.decode([15496, 995]) == "Hello world"
+    assert tok.decode(tok.encode(MULTIBYTE)) == MULTIBYTE
+
+
+def test_gpt2_special_token_handling(cache_with_gpt2):
+    tok = GPT2Tokenizer()
+    assert tok.encode("a<|endoftext|>b")[1] == 50256          # prompts: the special token
+    ordinary = tok.encode_ordinary("a<|endoftext|>b")          # corpus: plain text
+    assert 50256 not in ordinary and tok.decode(ordinary) == "a<|endoftext|>b"
+    with pytest.raises(ValueError, match="outside the GPT-2 vocabulary"):
+        tok.decode([50257])
+
+
+def test_gpt2_dict_roundtrip(cache_with_gpt2):
+    tok = GPT2Tokenizer()
+    assert tok.to_dict() == {"type": "gpt2"}
+    tok2 = tokenizer_from_dict(json.loads(json.dumps(tok.to_dict())))
+    assert isinstance(tok2, GPT2Tokenizer) and tok2.encode("Hello world") == [15496, 995]
+
+
+def test_gpt2_offline_without_ranks_says_where(monkeypatch):
+    _no_tiktoken_download(monkeypatch)
+    for make in (GPT2Tokenizer, lambda: tokenizer_from_dict({"type": "gpt2"})):
+        with pytest.raises(FileNotFoundError) as ei:
+            make()
+        msg = str(ei.value)
+        assert "\n" not in msg
+        assert str(sources.gpt2_ranks_cache_path()) in msg and "Failed to resolve" in msg
+
+
+def test_gpt2_online_fallback_seeds_the_cache(shared_data_dir, monkeypatch):
+    """No local file, tiktoken works (simulated): its ranks are saved for later offline runs."""
+    import tiktoken
+    from data.tokenizer import GPT2_PAT_STR
+    ranks = load_ranks(shared_data_dir / "gpt2.tiktoken")
+    enc = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
+                            special_tokens={"<|endoftext|>": 50256})
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: enc)
+    assert GPT2Tokenizer().encode("Hello world") == [15496, 995]
+    saved = sources.gpt2_ranks_cache_path()
+    assert saved.is_file() and load_ranks(saved) == ranks
+    _no_tiktoken_download(monkeypatch)
+    assert GPT2Tokenizer().encode("Hello world") == [15496, 995]
+
+
+def test_gpt2_bad_ranks_file(monkeypatch):
+    _no_tiktoken_download(monkeypatch)
+    p = sources.gpt2_ranks_cache_path()
+    p.parent.mkdir(parents=True)
+    p.write_text("this is not base64 at all\n")
+    with pytest.raises(ValueError, match="not a tiktoken ranks file") as ei:
+        GPT2Tokenizer()
+    assert str(p) in str(ei.value)
+    p.write_text("SGVsbG8= 15496\n")
+    with pytest.raises(ValueError, match="does not hold the GPT-2 BPE ranks"):
+        GPT2Tokenizer()
+
+
+# ------------------------------------------------------------------------------------------ streaming
+def _stream(tok, ids):
+    dec = StreamDecoder(tok)
+    parts = [dec.push([i]) for i in ids]
+    parts.append(dec.flush())
+    return parts
+
+
+def test_stream_decoder_gpt2_holds_back_partial_utf8(cache_with_gpt2):
+    tok = GPT2Tokenizer()
+    ids = tok.encode(MULTIBYTE)
+    # the premise: some single tokens are not valid UTF-8 on their own
+    assert any("\ufffd" in tok.decode([i]) for i in ids)
+    parts = _stream(tok, ids)
+    assert "".join(parts) == MULTIBYTE
+    assert all("\ufffd" not in p for p in parts)
+    assert "" in parts  # something was held back
+
+
+def test_stream_decoder_char_and_batches(cache_with_gpt2):
+    tok = CharTokenizer.from_text(MULTIBYTE)
+    assert "".join(_stream(tok, tok.encode(MULTIBYTE))) == MULTIBYTE
+    g = GPT2Tokenizer()
+    dec = StreamDecoder(g)
+    ids = g.encode(MULTIBYTE)
+    out = dec.push(ids[:5]) + dec.push(ids[5:9]) + dec.push(ids[9:]) + dec.flush()
+    assert out == MULTIBYTE
+
+
+def test_stream_decoder_invalid_bytes_become_replacement_char(cache_with_gpt2):
+    tok = GPT2Tokenizer()
+    lead = tok.encode("🤗")[0]  # a token holding only the first bytes of the emoji
+    dec = StreamDecoder(tok)
+    assert dec.push([lead]) == ""
+    assert dec.push(tok.encode("A")) == "\ufffdA"  # the lead bytes can never complete now
+    dec.push([lead])
+    assert dec.flush() == "\ufffd"
