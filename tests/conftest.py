@@ -57,6 +57,16 @@ def _hermetic(tmp_path, monkeypatch):
     yield
 
 
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """In-process tests use tiny tensors: threads only add OpenMP waits (10-50x slower on a busy 2-core box)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture
 def shared_data_dir() -> Path:
     if SHARED_DATA is None:

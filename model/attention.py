@@ -1,0 +1,78 @@
+"""Causal multi-head self-attention with two interchangeable paths.
+
+Design: one fused Linear `c_attn` produces q, k, v for all heads at once (n_embd -> 3*n_embd); heads are
+split with view/transpose into (B, nh, T, hs), attended, merged back and projected by `c_proj`.
+The two paths compute the same function from the same weights:
+  - "sdpa":   F.scaled_dot_product_attention, which dispatches to flash/memory-efficient kernels.
+              Without a cache it uses is_causal=True; with a KV cache it takes an explicit boolean mask
+              (query at position p may attend to key positions 0..p) because the queries no longer
+              start at position 0.
+  - "manual": the textbook computation, softmax(q @ k^T / sqrt(hs) + causal -inf mask) -> dropout -> @ v.
+              It can also return the attention weights (for attention-map pictures and tests).
+Dropout (on the attention weights and on the output) is active only in training mode.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from model.config import GPTConfig
+
+
+def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
+    """Boolean (Tq, Tk) mask, True where key position <= query position (the keys a query may see)."""
+    return k_pos[None, :] <= q_pos[:, None]
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int = 0):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.attention = config.attention
+        self.layer_idx = layer_idx  # which slice of a shared KVCache belongs to this layer
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused q, k, v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, *, cache=None, input_pos=None, mask=None, need_weights=False):
+        """x (B, T, C) -> (y (B, T, C), weights (B, nh, T, Tk) if need_weights else None).
+
+        With `cache`, this layer's k/v are written at `input_pos` and attention runs over the whole
+        cache under `mask` (Tq, Tk) (True = may attend); without it, plain causal attention over x.
+        """
+        B, T, C = x.size()
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        if cache is not None:
+            assert mask is not None and input_pos is not None, "a cached forward needs input_pos and mask"
+            k, v = cache.update(self.layer_idx, input_pos, k, v)  # (B, nh, max_len, hs)
+
+        weights = None
+        if need_weights or self.attention == "manual":
+            y, weights = self.manual_attention(q, k, v, mask)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                is_causal=mask is None)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side: (B, T, C)
+        y = self.resid_dropout(self.c_proj(y))
+        return y, (weights if need_weights else None)
+
+    def manual_attention(self, q, k, v, mask=None):
+        """Textbook attention on (B, nh, Tq, hs) queries and (B, nh, Tk, hs) keys/values -> (y, weights)."""
+        Tq, Tk = q.size(-2), k.size(-2)
+        if mask is None:  # plain causal self-attention: lower-triangular, key j visible iff j <= i
+            mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
+        att = att.masked_fill(~mask, float("-inf"))  # future positions get zero weight after softmax
+        att = F.softmax(att, dim=-1)
+        y = self.attn_dropout(att) @ v  # (B, nh, Tq, Tk) @ (B, nh, Tk, hs) -> (B, nh, Tq, hs)
+        return y, att

@@ -1,0 +1,123 @@
+"""Load a local Hugging Face GPT-2 checkpoint directory into our GPT (no network, no transformers needed).
+
+Design: read `config.json`, map its keys onto GPTConfig, build the model on the meta device (no wasted
+random init for 1.5B parameters), then assign the checkpoint's tensors. Hugging Face GPT-2 stores its
+projections as `Conv1D` layers whose weight is (in, out), the transpose of nn.Linear's (out, in), so the
+c_attn / c_proj / c_fc weights are transposed. Key names otherwise match ours (we use GPT-2's names),
+with or without the `transformer.` prefix (GPT2LMHeadModel vs GPT2Model / the original hub files).
+
+Weights: `model.safetensors` (needs the `safetensors` package, imported lazily) or `pytorch_model.bin`
+(read with torch.load(weights_only=True): tensors only, never arbitrary pickled code), or a sharded
+`*.index.json` of either. Tensors are loaded as float32 on the CPU; dropout is set to 0 (inference).
+GPT-2 uses tanh-approximated GELU ("gelu_new"), which is what our MLP computes, so logits match exactly.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from model.config import GPTConfig
+from model.gpt import GPT
+
+_CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+_TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # names HF uses for the same tanh formula
+
+
+def config_from_hf(hf: dict) -> GPTConfig:
+    """Map a Hugging Face GPT-2 config.json dict onto GPTConfig (dropout 0: loaded models are for inference)."""
+    if hf.get("model_type", "gpt2") != "gpt2":
+        raise ValueError(f"model_type={hf.get('model_type')!r} is not supported: only GPT-2 checkpoints (model_type gpt2) load")
+    act = hf.get("activation_function", "gelu_new")
+    if act not in _TANH_GELU:
+        raise ValueError(f"activation_function={act!r} is not supported: tinygpt's MLP computes tanh GELU (gelu_new)")
+    unsupported = {"scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False, "scale_attn_weights": True}
+    for key, ours in unsupported.items():
+        if hf.get(key, ours) != ours:
+            raise ValueError(f"{key}={hf[key]} is not supported: tinygpt's attention assumes {key}={ours}")
+    if hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 0)):
+        raise ValueError(f"n_inner={hf['n_inner']} is not supported: tinygpt's MLP width is 4 * n_embd")
+    if abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
+        raise ValueError(f"layer_norm_epsilon={hf['layer_norm_epsilon']} is not supported: tinygpt uses 1e-5")
+    try:
+        return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", hf.get("n_ctx")),
+                         n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0,
+                         bias=True, tie_weights=hf.get("tie_word_embeddings", True), attention="sdpa")
+    except KeyError as e:
+        raise ValueError(f"config.json lacks {e.args[0]!r}: is this a GPT-2 checkpoint directory?") from None
+
+
+def _load_file(path: Path) -> dict:
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.torch import load_file
+        except ImportError:
+            raise ValueError(f"{path} needs the safetensors package: pip install safetensors "
+                             "(or provide pytorch_model.bin instead)") from None
+        return load_file(str(path))
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # truncated file, or pickled objects that weights_only refuses
+        raise ValueError(f"cannot read {path} as a tensor-only checkpoint ({type(e).__name__}): "
+                         "re-download it or convert it to safetensors") from None
+
+
+def load_hf_state_dict(path: Path) -> dict:
+    """The raw tensors of a HF checkpoint dir: safetensors first, then pytorch_model.bin, sharded or not."""
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        if (path / name).is_file():
+            return _load_file(path / name)
+        index = path / f"{name}.index.json"
+        if index.is_file():
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+            sd = {}
+            for shard in shards:
+                sd.update(_load_file(path / shard))
+            return sd
+    raise FileNotFoundError(f"no weights in {path}: expected model.safetensors or pytorch_model.bin "
+                            "(e.g. `huggingface-cli download gpt2 --local-dir <dir>`)")
+
+
+def convert_hf_state_dict(sd: dict, config: GPTConfig) -> dict:
+    """HF GPT-2 tensor names/layouts -> ours (float32; Conv1D weights transposed to nn.Linear layout)."""
+    out = {}
+    for key, t in sd.items():
+        key = key.removeprefix("transformer.")
+        if key.endswith((".attn.bias", ".attn.masked_bias")):
+            continue  # old checkpoints store the causal-mask buffers; we build masks on the fly
+        if key != "lm_head.weight":
+            key = "transformer." + key
+        t = t.to(torch.float32)
+        out[key] = t.t().contiguous() if key.endswith(_CONV1D) else t
+    if config.tie_weights:  # HF saves a tied head once (or not at all): the embedding is the head
+        out["lm_head.weight"] = out.get("transformer.wte.weight")
+    return out
+
+
+def from_pretrained(path) -> GPT:
+    """Build a GPT from a local Hugging Face GPT-2 directory (any size: 124M to 1.5B)."""
+    path = Path(path).expanduser()
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}/config.json not found: point from_pretrained at a local HF GPT-2 "
+                                "directory (config.json + model.safetensors or pytorch_model.bin)")
+    try:
+        hf_config = json.loads((path / "config.json").read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}/config.json is not valid JSON ({e.msg} at line {e.lineno}): re-download it") from None
+    config = config_from_hf(hf_config)
+    sd = convert_hf_state_dict(load_hf_state_dict(path), config)
+
+    with torch.device("meta"):  # shapes only: the checkpoint provides every value
+        model = GPT(config)
+    expected = model.state_dict()
+    missing = sorted(k for k in expected if sd.get(k) is None)
+    unexpected = sorted(set(sd) - set(expected))
+    wrong = sorted(k for k in expected if sd.get(k) is not None and sd[k].shape != expected[k].shape)
+    if missing or unexpected or wrong:
+        raise ValueError(f"weights in {path} do not match config.json: missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]}")
+    model.load_state_dict(sd, assign=True)
+    if config.tie_weights:  # assign=True replaced the shared Parameter with two tensors: tie them again
+        model.lm_head.weight = model.transformer.wte.weight
+    return model.eval()

@@ -1,0 +1,192 @@
+"""Sampling ladder: logits_to_probs filters, reproducible sampling, cached == uncached generation."""
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from model import GPT
+from model.generate import generate, generate_tokens, logits_to_probs, sample
+
+
+
+
+def spiky_model(config, seed=0):
+    """A random model with large weights: well-separated logits, so argmax ties cannot hide bugs."""
+    torch.manual_seed(seed)
+    model = GPT(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+# ---- logits_to_probs ------------------------------------------------------------------------
+
+def test_temperature_zero_is_one_hot_argmax():
+    probs = logits_to_probs(torch.tensor([[0.1, 2.0, -1.0], [5.0, 0.0, 4.9]]), temperature=0)
+    assert probs.tolist() == [[0, 1, 0], [1, 0, 0]]
+
+
+def test_temperature_scales_logits():
+    logits = torch.tensor([1.0, 2.0, 3.0])
+    assert torch.allclose(logits_to_probs(logits, 1.0), torch.softmax(logits, -1))
+    assert torch.allclose(logits_to_probs(logits, 0.5), torch.softmax(logits / 0.5, -1))
+    hot, cold = logits_to_probs(logits, 10.0), logits_to_probs(logits, 0.1)
+    assert hot.max() < 0.4 and cold.max() > 0.99
+
+
+def test_top_k_keeps_k_tokens_and_is_clamped():
+    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
+    probs = logits_to_probs(logits, top_k=2)
+    assert (probs > 0).tolist() == [[False, True, True, False]]
+    assert torch.allclose(probs.sum(), torch.tensor(1.0))
+    assert torch.allclose(logits_to_probs(logits, top_k=100), torch.softmax(logits, -1))  # clamped to V
+
+
+def test_top_p_keeps_smallest_set_reaching_p():
+    logits = torch.tensor([0.6, 0.25, 0.1, 0.05]).log()[[2, 0, 3, 1]]  # shuffled: [0.1, 0.6, 0.05, 0.25]
+    assert (logits_to_probs(logits, top_p=0.7) > 0).tolist() == [False, True, False, True]  # 0.6 + 0.25
+    assert (logits_to_probs(logits, top_p=0.9) > 0).tolist() == [True, True, False, True]  # + 0.1
+    assert (logits_to_probs(logits, top_p=0.5) > 0).tolist() == [False, True, False, False]
+    assert (logits_to_probs(logits, top_p=1e-9) > 0).tolist() == [False, True, False, False]  # top always kept
+    assert torch.allclose(logits_to_probs(logits, top_p=1.0), torch.softmax(logits, -1))
+    kept = logits_to_probs(logits, top_p=0.7)
+    assert torch.allclose(kept[[1, 3]], torch.tensor([0.6, 0.25]) / 0.85)  # renormalised
+
+
+def test_top_p_boundary_is_inclusive():
+    logits = torch.tensor([0.125, 0.5, 0.125, 0.25]).log()  # powers of two: exact in float32
+    assert (logits_to_probs(logits, top_p=0.75) > 0).tolist() == [False, True, False, True]  # 0.5 + 0.25 >= 0.75
+    assert (logits_to_probs(logits, top_p=0.5) > 0).tolist() == [False, True, False, False]
+
+
+def test_top_k_then_top_p_compose():
+    logits = torch.tensor([[0.6, 0.25, 0.1, 0.05]]).log()
+    probs = logits_to_probs(logits, top_k=3, top_p=0.95)  # top-k renormalises to 0.6/0.95, ...
+    assert (probs > 0).tolist() == [[True, True, True, False]]
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(temperature=-0.5), "temperature"),
+    (dict(temperature=float("nan")), "temperature"),
+    (dict(top_k=0), "top_k"),
+    (dict(top_k=2.5), "top_k"),
+    (dict(top_p=0.0), "top_p"),
+    (dict(top_p=1.5), "top_p"),
+])
+def test_bad_sampling_parameters_raise(kwargs, field):
+    with pytest.raises(ValueError, match=field):
+        logits_to_probs(torch.zeros(1, 4), **kwargs)
+    with pytest.raises(ValueError, match=field):
+        sample(torch.zeros(1, 4), **{"temperature": 1.0, **kwargs})
+
+
+# ---- sample ---------------------------------------------------------------------------------
+
+def test_sample_is_reproducible_and_follows_probs():
+    logits = torch.tensor([0.5, 0.3, 0.2, 0.0]).log().expand(40_000, 4)
+    a = sample(logits, generator=torch.Generator().manual_seed(7))
+    b = sample(logits, generator=torch.Generator().manual_seed(7))
+    assert a.shape == (40_000, 1) and a.dtype == torch.long and torch.equal(a, b)
+    freq = torch.bincount(a.flatten(), minlength=4).float() / 40_000
+    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.015)
+    assert not torch.equal(a, sample(logits, generator=torch.Generator().manual_seed(8)))
+    assert torch.equal(sample(logits[:3], temperature=0), torch.zeros(3, 1, dtype=torch.long))
+
+
+# ---- generation -----------------------------------------------------------------------------
+
+def reference_generate(model, idx, max_new_tokens, pick=lambda logits: logits.argmax(-1, keepdim=True),
+                       keep=None):
+    """The documented overflow strategy, written out: crop the prompt to block_size; when the window
+    would exceed block_size, restart it at the last `keep` (default block_size // 2) tokens."""
+    block = model.config.block_size
+    keep = keep or block // 2
+    seq, start = idx, max(0, idx.size(1) - block)
+    with torch.no_grad():
+        for _ in range(max_new_tokens):
+            if seq.size(1) - start > block:
+                start = seq.size(1) - keep
+            logits, _ = model(seq[:, start:])
+            seq = torch.cat([seq, pick(logits[:, -1])], dim=1)
+    return seq
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "manual"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_cached_equals_uncached_past_block_size(tiny_gpt_config, attention, batch):
+    model = spiky_model(dataclasses.replace(tiny_gpt_config, attention=attention))
+    n = 3 * tiny_gpt_config.block_size
+    idx = torch.randint(0, tiny_gpt_config.vocab_size, (batch, 5), generator=torch.Generator().manual_seed(1))
+    cached = model.generate(idx, n, temperature=0)
+    uncached = model.generate(idx, n, temperature=0, use_kv_cache=False)
+    assert cached.shape == (batch, 5 + n) and torch.equal(cached[:, :5], idx)
+    assert torch.equal(cached, uncached)
+    assert torch.equal(cached, reference_generate(model, idx, n))
+
+
+def test_sampling_with_same_generator_is_identical_cached_and_uncached(tiny_gpt_config):
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    n, kw = 3 * tiny_gpt_config.block_size, dict(temperature=2.0, top_k=20, top_p=0.95)
+    a = model.generate(idx, n, **kw, generator=torch.Generator().manual_seed(5))
+    b = model.generate(idx, n, **kw, use_kv_cache=False, generator=torch.Generator().manual_seed(5))
+    c = model.generate(idx, n, **kw, generator=torch.Generator().manual_seed(6))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+
+    def ref(keep):
+        g = torch.Generator().manual_seed(5)
+        return reference_generate(model, idx, n, lambda logits: sample(logits, **kw, generator=g), keep=keep)
+    assert torch.equal(a, ref(keep=None))  # exactly the documented windows...
+    assert not torch.equal(a, ref(keep=tiny_gpt_config.block_size))  # ...which do matter (sensitivity)
+
+
+def test_prompt_longer_than_block_size_is_cropped_consistently(tiny_gpt_config):
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.randint(0, 32, (1, 2 * tiny_gpt_config.block_size + 3))
+    out = model.generate(idx, 20, temperature=0)
+    assert torch.equal(out, model.generate(idx, 20, temperature=0, use_kv_cache=False))
+    assert torch.equal(out, reference_generate(model, idx, 20))
+
+
+def test_stream_yields_b_by_1_tokens_matching_generate(tiny_gpt_config):
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.zeros(2, 1, dtype=torch.long)
+    stream = model.generate_stream(idx, 10, temperature=0)
+    tokens = list(stream)
+    assert len(tokens) == 10 and all(t.shape == (2, 1) and t.dtype == torch.long for t in tokens)
+    assert torch.equal(torch.cat([idx, *tokens], 1), model.generate(idx, 10, temperature=0))
+    assert torch.equal(generate(model, idx, 0), idx)
+
+
+def test_generation_does_not_leak_no_grad(tiny_gpt_config):
+    model = spiky_model(tiny_gpt_config)
+    stream = generate_tokens(model, torch.zeros(1, 1, dtype=torch.long), 3)
+    next(stream)
+    assert torch.is_grad_enabled()  # no_grad is active only while the generator runs
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(temperature=-1.0), "temperature"),
+    (dict(top_p=2.0), "top_p"),
+    (dict(max_new_tokens=-1), "max_new_tokens"),
+    (dict(idx=torch.zeros(1, 0, dtype=torch.long)), "empty"),
+    (dict(idx=torch.zeros(4, dtype=torch.long)), "batch, time"),
+    (dict(compile=True, use_kv_cache=False), "compile"),
+])
+def test_bad_generation_arguments_raise_at_call_time(tiny_gpt_config, kwargs, match):
+    model = GPT(tiny_gpt_config)
+    args = {"idx": torch.zeros(1, 1, dtype=torch.long), "max_new_tokens": 2, **kwargs}
+    with pytest.raises(ValueError, match=match):
+        model.generate_stream(**args)  # an iterator, but validated before the first token
+
+
+def test_compile_on_cpu_falls_back_with_a_warning(tiny_gpt_config):
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.zeros(1, 2, dtype=torch.long)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = model.generate(idx, 20, temperature=0, compile=True)
+    assert any("CUDA" in str(w.message) for w in caught)
+    assert torch.equal(out, model.generate(idx, 20, temperature=0))

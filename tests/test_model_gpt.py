@@ -1,0 +1,119 @@
+"""GPT: shapes, loss, GPT-2 layout and initialisation, parameter counts, learning."""
+import dataclasses
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from model import GPT, GPTConfig
+from tests.helpers import REPO
+
+
+
+
+def test_forward_shapes_and_loss(tiny_gpt_config):
+    torch.manual_seed(0)
+    model = GPT(tiny_gpt_config)
+    idx = torch.randint(0, 32, (3, 10))
+    logits, loss = model(idx)
+    assert logits.shape == (3, 10, 32) and logits.dtype == torch.float32 and loss is None
+    targets = torch.randint(0, 32, (3, 10))
+    _, loss = model(idx, targets)
+    expected = torch.nn.functional.cross_entropy(logits.view(-1, 32), targets.view(-1))
+    assert torch.allclose(loss, expected)
+    masked = targets.clone()
+    masked[:, :5] = -1  # ignore_index=-1: these positions do not count
+    _, loss_masked = model(idx, masked)
+    assert torch.allclose(loss_masked, torch.nn.functional.cross_entropy(logits[:, 5:].reshape(-1, 32),
+                                                                         targets[:, 5:].reshape(-1)))
+
+
+def test_sequence_longer_than_block_size_raises(tiny_gpt_config):
+    model = GPT(tiny_gpt_config)
+    model(torch.zeros(1, tiny_gpt_config.block_size, dtype=torch.long))  # exactly block_size is fine
+    with pytest.raises(ValueError, match="block_size=16"):
+        model(torch.zeros(1, tiny_gpt_config.block_size + 1, dtype=torch.long))
+
+
+def test_gpt2_module_names(tiny_gpt_config):
+    names = set(GPT(dataclasses.replace(tiny_gpt_config, n_layer=1)).state_dict())
+    assert names == {
+        "transformer.wte.weight", "transformer.wpe.weight", "lm_head.weight",
+        "transformer.ln_f.weight", "transformer.ln_f.bias",
+        *(f"transformer.h.0.{m}.{p}" for m in ("ln_1", "ln_2", "attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+          for p in ("weight", "bias")),
+    }
+    no_bias = GPT(dataclasses.replace(tiny_gpt_config, n_layer=1, bias=False))
+    assert not [n for n in no_bias.state_dict() if n.endswith(".bias")]
+
+
+def test_gpt2_initialisation_and_tied_head():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=512, block_size=64, n_layer=4, n_head=4, n_embd=128)
+    model = GPT(config)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    h = model.transformer.h
+    assert abs(h[0].mlp.c_fc.weight.std().item() - 0.02) < 0.002
+    assert abs(model.transformer.wte.weight.std().item() - 0.02) < 0.002
+    scaled = 0.02 / math.sqrt(2 * config.n_layer)
+    assert abs(torch.cat([b.attn.c_proj.weight.flatten() for b in h]).std().item() - scaled) < 0.001
+    assert abs(torch.cat([b.mlp.c_proj.weight.flatten() for b in h]).std().item() - scaled) < 0.001
+    assert all((b.attn.c_attn.bias == 0).all() for b in h)
+    untied = GPT(dataclasses.replace(config, tie_weights=False))
+    assert untied.lm_head.weight is not untied.transformer.wte.weight
+
+
+def test_loss_at_init_is_close_to_ln_vocab():
+    torch.manual_seed(0)
+    config = GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=4, n_embd=64)
+    model = GPT(config)
+    idx, targets = torch.randint(0, 65, (2, 16, 64)).unbind(0)
+    with torch.no_grad():
+        _, loss = model(idx, targets)
+    assert abs(loss.item() - math.log(65)) < 0.1
+
+
+def test_num_params_follows_nanogpt_convention():
+    config = GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16)
+    C, V, T = 16, 50, 8
+    block = 2 * (2 * C) + (C * 3 * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C)
+    tied = GPT(config)
+    total = V * C + T * C + block + 2 * C  # wte (= lm_head) + wpe + block + ln_f
+    assert tied.num_params(non_embedding=False) == total
+    assert tied.num_params() == total - T * C  # position embeddings subtracted
+    untied = GPT(dataclasses.replace(config, tie_weights=False))
+    assert untied.num_params(non_embedding=False) == total + V * C  # separate lm_head
+    assert untied.num_params() == total + V * C - T * C - V * C  # and the token embedding too
+
+
+def test_tiny_model_overfits_one_batch(tiny_gpt_config):
+    torch.manual_seed(0)
+    model = GPT(tiny_gpt_config)
+    seq = torch.randint(0, tiny_gpt_config.vocab_size, (4, tiny_gpt_config.block_size + 1))
+    x, y = seq[:, :-1], seq[:, 1:]
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    start = time.perf_counter()
+    for step in range(300):
+        _, loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if loss.item() < 0.1:
+            break
+    assert loss.item() < 0.1, f"loss {loss.item():.3f} after {step + 1} steps"
+    assert time.perf_counter() - start < 20
+
+
+def test_bad_constructor_argument():
+    with pytest.raises(ValueError, match="GPTConfig"):
+        GPT({"vocab_size": 10})
+
+
+def test_model_package_imports_no_framework():
+    code = ("import sys, model, model.generate, model.hf; "
+            "bad = [m for m in ('hydra', 'omegaconf', 'data', 'training', 'transformers') if m in sys.modules]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)

@@ -1,0 +1,122 @@
+"""from_pretrained: a transformers GPT2LMHeadModel saved locally loads with identical logits (no network)."""
+import json
+import sys
+
+import pytest
+import torch
+
+from model import GPT
+from model.hf import from_pretrained
+
+transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
+
+
+
+
+HF_CONFIG = dict(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=100, bos_token_id=0, eos_token_id=0)
+
+
+@pytest.fixture(scope="module")
+def hf_model():
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(transformers.GPT2Config(**HF_CONFIG)).eval()
+    with torch.no_grad():  # larger weights than GPT-2's init, so a missed mapping or wrong GELU shows
+        for name, p in model.named_parameters():
+            p.normal_(1.0 if name.endswith("ln_1.weight") or name.endswith("ln_2.weight") else 0.0, 0.2)
+    return model
+
+
+def hf_logits(model, idx):
+    with torch.no_grad():
+        return model(idx).logits
+
+
+def assert_parity(hf, ours):
+    idx = torch.randint(0, HF_CONFIG["vocab_size"], (2, HF_CONFIG["n_positions"]),
+                        generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        logits, _ = ours(idx)
+    assert (logits - hf_logits(hf, idx)).abs().max() <= 1e-5
+
+
+def test_safetensors_parity(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    assert (tmp_path / "model.safetensors").is_file()
+    model = GPT.from_pretrained(tmp_path)
+    c = model.config
+    assert (c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd, c.dropout) == (100, 32, 2, 2, 32, 0.0)
+    assert model.lm_head.weight is model.transformer.wte.weight and not model.training
+    assert_parity(hf_model, model)
+
+
+def write_bin_checkpoint(hf_model, path, *, strip_prefix=False, with_mask_buffers=False):
+    """A pytorch_model.bin directory (transformers 5 always writes safetensors, so build it by hand)."""
+    path.mkdir()
+    hf_model.config.to_json_file(path / "config.json")
+    sd = {k: v.clone() for k, v in hf_model.state_dict().items()}
+    if strip_prefix:  # the original hub files: GPT2Model keys, no lm_head, plus causal-mask buffers
+        sd = {k.removeprefix("transformer."): v for k, v in sd.items() if k != "lm_head.weight"}
+    if with_mask_buffers:
+        for i in range(HF_CONFIG["n_layer"]):
+            sd[f"h.{i}.attn.bias"] = torch.ones(1, 1, 32, 32).tril()
+            sd[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    torch.save(sd, path / "pytorch_model.bin")
+    return path
+
+
+def test_pytorch_model_bin_parity(hf_model, tmp_path):
+    assert_parity(hf_model, from_pretrained(write_bin_checkpoint(hf_model, tmp_path / "bin")))
+    original = write_bin_checkpoint(hf_model, tmp_path / "hub", strip_prefix=True, with_mask_buffers=True)
+    assert_parity(hf_model, from_pretrained(original))
+
+
+def test_untied_head_parity(tmp_path):
+    torch.manual_seed(1)
+    hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**HF_CONFIG, tie_word_embeddings=False)).eval()
+    hf.save_pretrained(tmp_path)
+    model = from_pretrained(tmp_path)
+    assert not model.config.tie_weights
+    assert_parity(hf, model)
+
+
+def test_pickled_objects_are_refused(hf_model, tmp_path):
+    path = write_bin_checkpoint(hf_model, tmp_path / "evil")
+    torch.save({"transformer.wte.weight": torch.zeros(1), "x": object()}, path / "pytorch_model.bin")
+    with pytest.raises(ValueError, match="tensor-only"):
+        from_pretrained(path)
+
+
+def test_missing_and_mismatched_checkpoints(hf_model, tmp_path):
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        from_pretrained(tmp_path / "nope")
+    hf_model.save_pretrained(tmp_path / "ok")
+    (tmp_path / "ok" / "model.safetensors").unlink()
+    with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
+        from_pretrained(tmp_path / "ok")
+    cfg = json.loads((tmp_path / "ok" / "config.json").read_text())
+    bad = write_bin_checkpoint(hf_model, tmp_path / "bad")
+    (bad / "config.json").write_text(json.dumps({**cfg, "n_layer": 3}))
+    with pytest.raises(ValueError, match="do not match"):
+        from_pretrained(bad)
+    (bad / "config.json").write_text(json.dumps({**cfg, "activation_function": "relu"}))
+    with pytest.raises(ValueError, match="activation_function"):
+        from_pretrained(bad)
+
+
+def test_safetensors_without_package_gives_clear_error(hf_model, tmp_path, monkeypatch):
+    hf_model.save_pretrained(tmp_path)
+    monkeypatch.setitem(sys.modules, "safetensors", None)  # makes `import safetensors...` fail
+    monkeypatch.setitem(sys.modules, "safetensors.torch", None)
+    with pytest.raises(ValueError, match="pip install safetensors"):
+        from_pretrained(tmp_path)
+
+
+def test_loaded_model_generates_like_hf_greedy(hf_model, tmp_path):
+    hf_model.save_pretrained(tmp_path)
+    model = from_pretrained(tmp_path)
+    idx = torch.tensor([[1, 2, 3]])
+    ours = model.generate(idx, 10, temperature=0)
+    seq = idx
+    for _ in range(10):  # HF greedy by hand (no generate() config surprises)
+        seq = torch.cat([seq, hf_logits(hf_model, seq)[:, -1].argmax(-1, keepdim=True)], 1)
+    assert torch.equal(ours, seq)
