@@ -1,0 +1,180 @@
+"""The bad-input table: user mistakes across train.py, sample.py and `python -m data.prepare`.
+
+Every row runs the real script in a subprocess and asserts what issue 7 promises for a mistake:
+exit code 2 (never 0), stderr's last non-empty line is the one `error: ...` line and it names the
+problem and the fix (key words per row), no Python traceback anywhere, and no existing file damaged:
+the sha256 of every file of a real training run (last.pt, best.pt, metrics.jsonl, loss.png, .hydra/,
+train.log), of the inputs and of the prepared-data cache is the same after the row, and the run
+directory gains no files. The run is made once per module with train() and its prepared data is
+reused by every row through TINYGPT_CACHE, so no row prepares data twice.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO
+
+TINY = ["experiment=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+        "train.batch_size=8", "train.eval_iters=2", "optim.warmup_iters=2", "train.eval_interval=2"]
+BAD_BYTE_AT = 1234  # the non-UTF-8 corpus has byte 0xff here
+
+
+def _corpus(n_chars: int = 20_000) -> str:
+    rng = random.Random(7)
+    words = ["the", "king", "queen", "sword", "love", "night", "day", "speak", "thou", "art", "my", "lord"]
+    lines = []
+    while sum(len(s) for s in lines) < n_chars:
+        sent = " ".join(rng.choice(words) for _ in range(rng.randint(4, 12)))
+        lines.append(f"{rng.choice(['ROMEO', 'JULIET', 'KING'])}:\n{sent.capitalize()}.\n")
+    return "".join(lines)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    """A project dir with inputs/ (good and bad corpora, bad checkpoints), cache/ and run/ (a real run)."""
+    import torch
+    from hydra import compose, initialize_config_dir
+
+    from training.config import register_configs
+    from training.loop import train
+
+    p = tmp_path_factory.mktemp("bad_input")
+    inputs, cache = p / "inputs", p / "cache"
+    inputs.mkdir()
+    cache.mkdir()
+    (inputs / "corpus.txt").write_text(_corpus(), encoding="utf-8")
+    (inputs / "empty.txt").write_bytes(b"")
+    (inputs / "short.txt").write_text("to be or not\n", encoding="utf-8")  # 13 chars: splits << block_size+1
+    good = _corpus(3000).encode()
+    (inputs / "latin1.txt").write_bytes(good[:BAD_BYTE_AT] + b"\xff" + good[BAD_BYTE_AT:])
+    (inputs / "garbage.pt").write_bytes(random.Random(3).randbytes(50_000))
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose("config", overrides=[*TINY, "data=text", f"data.path={inputs / 'corpus.txt'}",
+                                           "train.max_iters=2"])
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TINYGPT_CACHE", str(cache))
+        mp.setenv("WANDB_MODE", "disabled")
+        mp.setenv("MPLCONFIGDIR", str(p / "mpl"))
+        train(cfg, p / "run")
+    torch.set_num_threads(threads)
+    (p / "run" / ".hydra").mkdir()  # what a CLI run also has
+    (p / "run" / ".hydra" / "config.yaml").write_text("# the run's config\n")
+    (p / "run" / "train.log").write_text("[..][INFO] step 2/2: ...\n")
+    last = (p / "run" / "last.pt").read_bytes()
+    (inputs / "half.pt").write_bytes(last[: len(last) // 2])
+    assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png"} <= {f.name for f in (p / "run").iterdir()}
+    return p
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """sha256 of every file under root (relative path -> digest); scratch/ (the rows' cwds) excluded."""
+    out = {}
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root).as_posix()
+        if f.is_file() and not rel.startswith("scratch/"):
+            out[rel] = hashlib.sha256(f.read_bytes()).hexdigest()
+    return out
+
+
+TRAIN = ["train.py", *TINY, "data=text", "data.path={inputs}/corpus.txt"]
+SAMPLE = ["sample.py", "--run", "{run}", "--max-new-tokens", "5"]
+PREPARE = ["-m", "data.prepare", "--data", "text", "--quiet"]
+
+# (id, argv, key words the error line must contain, extra env, env vars to remove)
+ROWS = [
+    # --- data preparation
+    ("prepare-missing-corpus", [*PREPARE, "--path", "{inputs}/missing.txt"],
+     ["--path {inputs}/missing.txt does not exist", "give an existing text file"], {}, []),
+    ("prepare-empty-corpus", [*PREPARE, "--path", "{inputs}/empty.txt"],
+     ["{inputs}/empty.txt is empty", "give a text file with some content"], {}, []),
+    ("prepare-non-utf8-corpus", [*PREPARE, "--path", "{inputs}/latin1.txt"],
+     ["latin1.txt is not valid UTF-8", f"byte 0xff at byte offset {BAD_BYTE_AT:,}", "re-save the file as UTF-8",
+      "--encoding-errors replace"], {}, []),
+    # --- training: corpus
+    ("train-missing-corpus", ["train.py", *TINY, "data=text", "data.path={inputs}/missing.txt"],
+     ["data.path={inputs}/missing.txt does not exist", "give an existing text file"], {}, []),
+    ("train-too-short-corpus", ["train.py", *TINY, "data=text", "data.path={inputs}/short.txt"],
+     ["split has only", "block_size=32 needs at least 33", "use more text"], {}, []),
+    # --- training: configuration
+    ("train-unknown-key", [*TRAIN, "train.max_iter=5"],
+     ["unknown config key 'train.max_iter'", "did you mean train.max_iters?"], {}, []),
+    ("train-wrong-type", [*TRAIN, "train.max_iters=abc"],
+     ["cannot set train.max_iters=abc", "give a value of the right type"], {}, []),
+    ("train-n_embd-not-divisible", [*TRAIN, "model.n_embd=33"],
+     ["model.n_embd=33 is not divisible by model.n_head=2", "choose n_embd as a multiple of n_head"], {}, []),
+    ("train-negative-lr", [*TRAIN, "optim.lr=-0.001"],
+     ["optim.lr=-0.001 must be a positive number", "e.g. optim.lr=1e-3"], {}, []),
+    # --- training: resuming
+    ("train-resume-other-shape", [*TRAIN, "model.n_layer=3", "train.resume={run}/last.pt"],
+     ["the model does not match the checkpoint", "n_layer=3", "resume with the checkpoint's model settings",
+      "model.n_layer=2"], {}, []),
+    ("train-resume-corrupt", [*TRAIN, "train.resume={inputs}/garbage.pt"],
+     ["garbage.pt is not a PyTorch checkpoint", "use a last.pt or best.pt written by train.py"], {}, []),
+    ("train-resume-truncated", [*TRAIN, "train.resume={inputs}/half.pt"],
+     ["checkpoint {inputs}/half.pt is truncated", "use another checkpoint"], {}, []),
+    ("train-wandb-online-without-key", [*TRAIN, "logger=wandb", "logger.mode=online"],
+     ["logger.mode=online needs a W&B API key", "add logger.mode=offline"], {"HOME": "{cwd}"},
+     ["WANDB_MODE", "WANDB_API_KEY"]),
+    # --- sampling
+    ("sample-corrupt-checkpoint", ["sample.py", "--checkpoint", "{inputs}/garbage.pt"],
+     ["garbage.pt is not a PyTorch checkpoint", "use a last.pt or best.pt"], {}, []),
+    ("sample-truncated-checkpoint", ["sample.py", "--checkpoint", "{inputs}/half.pt"],
+     ["{inputs}/half.pt is truncated", "use another checkpoint"], {}, []),
+    ("sample-prompt-outside-vocab", [*SAMPLE, "--prompt", "Zed ñ"],
+     ["2 character(s) outside the model's vocabulary: 'Z', 'ñ'", "only the characters of its training text"],
+     {}, []),
+    ("sample-negative-temperature", [*SAMPLE, "--temperature", "-0.5"],
+     ["--temperature -0.5 is invalid", "use 0 (greedy) or a positive number"], {}, []),
+    ("sample-top-p-zero", [*SAMPLE, "--top-p", "0"], ["--top-p 0.0 is outside (0, 1]", "e.g. --top-p 0.9"], {}, []),
+    ("sample-top-k-zero", [*SAMPLE, "--top-k", "0"], ["--top-k 0 is invalid", "whole number >= 1"], {}, []),
+    ("sample-negative-max-new-tokens", [*SAMPLE, "--max-new-tokens", "-3"],
+     ["--max-new-tokens -3 is negative", "use 0 or more"], {}, []),
+    ("sample-zero-samples", [*SAMPLE, "--num-samples", "0"], ["--num-samples 0 is invalid", "use 1 or more"], {}, []),
+    ("sample-no-run", ["sample.py", "--prompt", "KING:"],
+     ["no trained model found under ./outputs or ./multirun", "train one with `python train.py`"], {}, []),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("row_id, argv, words, env_extra, env_unset", ROWS, ids=[r[0] for r in ROWS])
+def test_mistake_gives_one_error_line_and_damages_nothing(project, row_id, argv, words, env_extra, env_unset):
+    cwd = project / "scratch" / row_id  # an empty directory (sample-no-run relies on it)
+    cwd.mkdir(parents=True)
+    fill = {"inputs": str(project / "inputs"), "run": str(project / "run"), "cwd": str(cwd)}
+    argv = [a.format(**fill) for a in argv]
+    words = [w.format(**fill) for w in words]
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",
+               TINYGPT_CACHE=str(project / "cache"), WANDB_MODE="disabled", MPLCONFIGDIR=str(project / "mpl"),
+               HOME=str(cwd))
+    env.update({k: v.format(**fill) for k, v in env_extra.items()})
+    for k in env_unset:
+        env.pop(k, None)
+    if argv[0].endswith(".py"):
+        argv = [str(REPO / argv[0]), *argv[1:]]
+    before = _snapshot(project)
+    run_files = sorted(f.name for f in (project / "run").iterdir())
+
+    proc = subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+
+    assert proc.returncode == 2, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert lines and lines[-1].startswith("error: "), proc.stderr
+    assert sum(ln.startswith("error:") for ln in lines) == 1, proc.stderr
+    for w in words:
+        assert w in lines[-1], f"{w!r} not in {lines[-1]!r}"
+    after = _snapshot(project)
+    changed = sorted(k for k in before if after.get(k) != before[k])
+    assert changed == [], f"files damaged or removed: {changed}"
+    assert sorted(f.name for f in (project / "run").iterdir()) == run_files

@@ -1,0 +1,103 @@
+"""`python train.py ...` as a user runs it: overrides, run directories, one-line errors, signals, sweeps."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import REPO, run_cli
+from training import checkpoint as ck
+
+TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "train.batch_size=4",
+        "train.eval_iters=2", "train.log_interval=2", "optim.warmup_iters=2"]
+
+
+def _no_traceback(proc):
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
+
+
+def test_run_with_overrides(tmp_path, tiny_corpus):
+    proc = run_cli(["train.py", *TINY, "data=text", f"data.path={tiny_corpus}", "train.max_iters=4",
+                    "train.eval_interval=2", "hydra.run.dir=run"], cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    _no_traceback(proc)
+    run = tmp_path / "run"
+    assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png", "train.log", ".hydra"} <= {p.name for p in run.iterdir()}
+    assert ck.load_checkpoint(run / "last.pt")["step"] == 4
+    assert "model: " in proc.stdout and "global batch: 64 tokens per step" in proc.stdout
+    assert "val loss" in (run / "train.log").read_text()
+    summary = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary["type"] == "summary" and summary["status"] == "completed"
+    if "cuda" not in proc.stdout:  # the automatic CPU preset said so, in one line, and was applied
+        line = [ln for ln in proc.stderr.splitlines() if "no CUDA GPU found" in ln]
+        assert len(line) == 1 and "experiment=cpu" in line[0]
+        assert ck.load_checkpoint(run / "last.pt")["config"]["train"]["batch_size"] == 4
+
+
+@pytest.mark.parametrize("args, expect", [
+    (["train.max_iter=5"], "unknown config key 'train.max_iter' (did you mean train.max_iters?)"),
+    (["train.max_iters=abc"], "cannot set train.max_iters=abc"),
+    (["model=huge"], "model=huge is not a preset: available model presets are baby, gpt2, tiny"),
+    (["model.n_embd=130"], "model.n_embd=130 is not divisible by model.n_head=4"),
+    (["optim.lr=-0.1"], "optim.lr=-0.1 must be a positive number"),
+    (["data=text"], "data=text needs your text"),
+    (["-m", "optim.lr=1e-3,-1"], "optim.lr=-1.0 must be a positive number"),  # every sweep job, up front
+])
+def test_config_mistakes_are_one_line_before_any_run_dir(tmp_path, args, expect):
+    proc = run_cli(["train.py", "experiment=cpu", *args], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    _no_traceback(proc)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(errors) == 1 and expect in errors[0], proc.stderr
+    assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()  # before any run dir
+
+
+def test_runtime_mistake_is_one_line(tmp_path, tiny_corpus):
+    proc = run_cli(["train.py", *TINY, "data=text", f"data.path={tiny_corpus}", "train.resume=missing.pt"],
+                   cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    _no_traceback(proc)
+    assert proc.stderr.strip().splitlines()[-1] == "error: checkpoint missing.pt does not exist: check the path " \
+                                                   "(a run directory holds last.pt and best.pt)"
+
+
+@pytest.mark.slow
+def test_sigterm_saves_last_pt_and_exits_143(tmp_path, tiny_corpus):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    args = [sys.executable, str(REPO / "train.py"), *TINY, "data=text", f"data.path={tiny_corpus}",
+            "train.max_iters=100000", "train.eval_interval=100000", "train.log_interval=1", "hydra.run.dir=run"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 120
+        for line in proc.stdout:  # wait until training is under way
+            if line.startswith("step ") or time.time() > deadline:
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    assert "stopped by SIGTERM" in out and "train.resume=true" in out
+    ckpt = ck.load_checkpoint(tmp_path / "run" / "last.pt")
+    assert 1 <= ckpt["step"] < 100000
+    summary = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert summary["status"] == "interrupted" and summary["step"] == ckpt["step"]
+
+
+@pytest.mark.slow
+def test_sweep_gets_one_run_dir_per_job(tmp_path, tiny_corpus):
+    proc = run_cli(["train.py", "-m", "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
+                    "train.max_iters=2", "train.eval_interval=2", "optim.lr=1e-3,3e-3", "hydra.sweep.dir=sweep"],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    runs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())
+    assert [p.name for p in runs] == ["0", "1"]
+    lrs = [ck.load_checkpoint(p / "last.pt")["config"]["optim"]["lr"] for p in runs]
+    assert lrs == [1e-3, 3e-3]

@@ -1,0 +1,190 @@
+"""training/checkpoint.py: atomic saves, safe loads with one-line errors, RNG capture, model rebuild."""
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from training import checkpoint as ck
+
+
+def _ckpt(tiny_gpt_config, **extra):
+    from model import GPT
+    torch.manual_seed(0)
+    model = GPT(tiny_gpt_config)
+    d = {"format": "tinygpt", "version": 1, "step": 3, "best_val_loss": 1.5,
+         "model": model.state_dict(), "model_config": tiny_gpt_config.to_dict(),
+         "tokenizer": {"type": "char", "chars": "ab"}, "optimizer": None, "scaler": None, "config": {},
+         "rng": ck.capture_rng_state(), "loader": {"step": 3, "micro": 0}, "wandb_run_id": None}
+    d.update(extra)
+    return d, model
+
+
+@pytest.fixture
+def rd(tmp_path):
+    """An empty directory (tmp_path itself also holds the hermetic fixture's cache dir)."""
+    out = tmp_path / "run"
+    out.mkdir()
+    return out
+
+
+def _sha(p):
+    return hashlib.sha256(p.read_bytes()).hexdigest()
+
+
+def test_round_trip_is_plain_and_weights_only(rd, tiny_gpt_config):
+    d, model = _ckpt(tiny_gpt_config)
+    assert ck.find_non_plain(d) is None
+    p = ck.save_checkpoint(d, rd / "last.pt")
+    raw = torch.load(p, weights_only=True)  # the contract: plain containers only
+    assert raw["step"] == 3
+    loaded = ck.load_checkpoint(p)
+    rebuilt = ck.model_from_checkpoint(loaded)
+    assert not rebuilt.training
+    for k, v in model.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[k], v)
+    assert [f.name for f in rd.iterdir()] == ["last.pt"]  # no temp files left
+
+
+def test_failed_save_keeps_the_previous_file(rd, tiny_gpt_config, monkeypatch):
+    d, _ = _ckpt(tiny_gpt_config)
+    p = ck.save_checkpoint(d, rd / "last.pt")
+    before = _sha(p)
+    real_save = torch.save
+
+    def half_then_fail(obj, f, *a, **kw):
+        f.write(b"PK\x03\x04 partial bytes")
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(torch, "save", half_then_fail)
+    with pytest.raises(OSError, match="could not write checkpoint .*No space left on device.*intact") as info:
+        ck.save_checkpoint(dict(d, step=4), p)
+    assert "\n" not in str(info.value)
+    assert _sha(p) == before
+    assert [f.name for f in rd.iterdir()] == ["last.pt"]
+
+    def runtime_fail(obj, f, *a, **kw):  # torch's zip writer reports a full disk as RuntimeError
+        real_save({"x": 1}, f)
+        raise RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", runtime_fail)
+    with pytest.raises(OSError, match="could not write checkpoint"):
+        ck.save_checkpoint(dict(d, step=5), p)
+    assert _sha(p) == before and ck.load_checkpoint(p)["step"] == 3
+
+
+def test_unwritable_directory_is_one_line_oserror(rd, tiny_gpt_config):
+    d, _ = _ckpt(tiny_gpt_config)
+    (rd / "file").write_text("a file where a directory should be")  # fails even for root
+    with pytest.raises(OSError, match="could not write checkpoint") as info:
+        ck.save_checkpoint(d, rd / "file" / "last.pt")
+    assert "\n" not in str(info.value)
+
+
+def test_link_keeps_old_bytes_when_source_is_replaced(rd, tiny_gpt_config):
+    d, _ = _ckpt(tiny_gpt_config)
+    last = ck.save_checkpoint(d, rd / "last.pt")
+    best = ck.link_checkpoint(last, rd / "best.pt")
+    ck.save_checkpoint(dict(d, step=9), last)
+    assert ck.load_checkpoint(best)["step"] == 3
+    assert ck.load_checkpoint(last)["step"] == 9
+
+
+class Payload:  # a class the weights-only unpickler must refuse
+    def __init__(self):
+        self.x = 1
+
+
+def test_pickled_object_is_refused(rd):
+    p = rd / "evil.pt"
+    torch.save({"format": "tinygpt", "version": 1, "obj": Payload()}, p)
+    with pytest.raises(ck.CheckpointError, match="pickled Python object .*Payload.*refuses to load") as info:
+        ck.load_checkpoint(p)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("kind, match", [
+    ("missing", "does not exist"),
+    ("empty", "is empty"),
+    ("truncated", "truncated or corrupt"),
+    ("garbage", "not a PyTorch checkpoint"),
+    ("raw_pickle", "not a PyTorch checkpoint"),
+    ("not_tinygpt", "not a tinygpt checkpoint"),
+    ("newer", "newer tinygpt"),
+    ("incomplete", "lacks model"),
+    ("directory", "is a directory"),
+])
+def test_unusable_files_give_one_line_errors(rd, tiny_gpt_config, kind, match):
+    p = rd / "x.pt"
+    d, _ = _ckpt(tiny_gpt_config)
+    if kind == "empty":
+        p.write_bytes(b"")
+    elif kind == "truncated":
+        ck.save_checkpoint(d, p)
+        p.write_bytes(p.read_bytes()[: p.stat().st_size // 2])
+    elif kind == "garbage":
+        p.write_bytes(b"this is not a checkpoint at all" * 10)
+    elif kind == "raw_pickle":
+        p.write_bytes(pickle.dumps({"a": 1}, protocol=4))
+    elif kind == "not_tinygpt":
+        torch.save({"weights": torch.ones(2)}, p)
+    elif kind == "newer":
+        ck.save_checkpoint(dict(d, version=99), p)
+    elif kind == "incomplete":
+        ck.save_checkpoint({k: v for k, v in d.items() if k != "model"}, p)
+    elif kind == "directory":
+        p.mkdir()
+    with pytest.raises(ck.CheckpointError, match=match) as info:
+        ck.load_checkpoint(p)
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+
+
+def test_model_shape_mismatch_is_one_line(tiny_gpt_config):
+    from model import GPT, GPTConfig
+    d, _ = _ckpt(tiny_gpt_config)
+    d["model_config"]["n_embd"] = 64
+    with pytest.raises(ValueError, match="do not match the model") as info:
+        ck.model_from_checkpoint(d)
+    assert "\n" not in str(info.value)
+    other = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=3, n_head=2, n_embd=32))
+    with pytest.raises(ValueError, match="missing"):
+        ck.load_model_weights(other, d["model"])
+
+
+def test_wrapper_prefixes_are_stripped(tiny_gpt_config):
+    d, model = _ckpt(tiny_gpt_config)
+    d["model"] = {f"_orig_mod.{k}": v for k, v in d["model"].items()}
+    rebuilt = ck.model_from_checkpoint(d)
+    assert torch.equal(rebuilt.lm_head.weight, model.lm_head.weight)
+    compiled_like = torch.nn.Module()
+    compiled_like._orig_mod = model
+    assert ck.unwrap_model(compiled_like) is model
+
+
+def test_rng_state_round_trip(rd):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    np.random.randn()  # a cached gaussian in numpy's state
+    state = ck.capture_rng_state()
+    assert ck.find_non_plain(state) is None
+    p = ck.save_checkpoint({"format": "tinygpt", "version": 1, "rng": state}, rd / "rng.pt")
+    expect = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    ck.restore_rng_state(torch.load(p, weights_only=True)["rng"])
+    got = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
+    assert got[:3] == expect[:3] and torch.equal(got[3], expect[3])
+
+
+def test_stale_temp_files_are_removed(rd):
+    (rd / ".last.pt.123.abcd.tmp").write_bytes(b"x")
+    (rd / "last.pt").write_bytes(b"keep")
+    assert ck.remove_stale_temp_files(rd) == 1
+    assert [f.name for f in rd.iterdir()] == ["last.pt"]

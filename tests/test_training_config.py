@@ -1,0 +1,111 @@
+"""The Hydra config tree (conf/) and its structured schema (training/config.py), through the compose API."""
+from __future__ import annotations
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from tests.helpers import REPO
+from training.config import Config, register_configs, to_dataclass, to_container
+
+register_configs()
+
+
+def _compose(*overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return compose("config", overrides=list(overrides))
+
+
+def test_default_is_the_gpu_baby_run():
+    c = to_dataclass(_compose())
+    assert isinstance(c, Config)
+    m, t, o = c.model, c.train, c.optim
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (6, 6, 384, 256, 0.2, False)
+    assert (t.max_iters, t.batch_size, t.eval_interval, t.eval_iters) == (5000, 64, 250, 200)
+    assert (o.lr, o.min_lr, o.beta2, o.warmup_iters, o.decay_iters) == (1e-3, 1e-4, 0.99, 100, None)
+    assert c.data.name == "shakespeare_char" and c.logger.name is None
+    assert (t.device, t.dtype, t.compile, t.resume) == ("auto", "auto", "auto", False)
+
+
+def test_cpu_experiment_is_nanogpts_readme_cpu_run():
+    c = to_dataclass(_compose("experiment=cpu"))
+    m, t = c.model, c.train
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (4, 4, 128, 64, 0.0)
+    assert (t.batch_size, t.eval_iters) == (12, 20)
+    assert to_dataclass(_compose("experiment=shakespeare_char")).model.n_layer == 6
+
+
+def test_command_line_beats_the_experiment_preset():
+    c = to_dataclass(_compose("experiment=cpu", "model=baby", "train.max_iters=7"))
+    assert c.model.n_layer == 6 and c.train.max_iters == 7 and c.train.batch_size == 12
+
+
+def test_gpt2_preset_pads_the_vocabulary():
+    c = to_dataclass(_compose("model=gpt2"))
+    assert (c.model.n_layer, c.model.n_embd, c.model.block_size, c.model.pad_vocab_to) == (12, 768, 1024, 64)
+
+
+def test_wandb_logger_group():
+    c = to_dataclass(_compose("logger=wandb", "logger.mode=offline", "logger.project=p"))
+    assert (c.logger.name, c.logger.mode, c.logger.project) == ("wandb", "offline", "p")
+
+
+@pytest.mark.parametrize("override", ["train.max_iter=5", "model.foo=1", "optim.learning_rate=1e-3", "foo=1"])
+def test_unknown_key_fails_at_compose(override):
+    with pytest.raises(ConfigCompositionException, match="Could not override"):
+        _compose(override)
+
+
+def test_unknown_key_added_with_plus_is_refused_by_to_dataclass():
+    with pytest.raises(ValueError, match="unknown config key 'model.foo'"):
+        to_dataclass(_compose("+model.foo=1"))
+
+
+@pytest.mark.parametrize("override", ["train.max_iters=abc", "train.batch_size=1.5", "model.dropout=high",
+                                      "model.bias=maybe", "optim.lr=fast"])
+def test_wrong_type_fails_at_compose(override):
+    with pytest.raises(ConfigCompositionException) as info:
+        _compose(override)
+    assert "could not be converted" in str(info.value.__cause__) or "Error merging" in str(info.value)
+
+
+def test_unknown_preset():
+    with pytest.raises(MissingConfigException):
+        _compose("model=huge")
+
+
+@pytest.mark.parametrize("override, match", [
+    ("model.n_embd=130", "model.n_embd=130 is not divisible by model.n_head=6"),
+    ("optim.lr=-1", "optim.lr=-1.0 must be a positive number"),
+    ("optim.min_lr=0.1", "optim.min_lr=0.1 is above optim.lr"),
+    ("optim.beta2=1.5", "optim.beta2=1.5 must be in"),
+    ("optim.schedule=step", "optim.schedule='step' is not known"),
+    ("train.device=tpu", "train.device='tpu' is not valid"),
+    ("train.dtype=int8", "train.dtype='int8' is not valid"),
+    ("train.compile=maybe", "train.compile='maybe' is not valid"),
+    ("train.batch_size=0", "train.batch_size=0 must be >= 1"),
+    ("model.dropout=1.0", "model.dropout=1.0 is outside"),
+    ("logger.mode=loud", "logger.mode='loud' is not valid"),
+    ("data=text", "data=text needs your text"),
+])
+def test_invalid_values_are_one_line_value_errors(override, match):
+    with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")) as info:
+        to_dataclass(_compose(override))
+    assert "\n" not in str(info.value)
+
+
+def test_multi_type_keys_are_normalised():
+    assert to_dataclass(_compose("train.resume=true")).train.resume is True
+    assert to_dataclass(_compose("train.resume=runs/a/last.pt")).train.resume == "runs/a/last.pt"
+    assert to_dataclass(_compose("train.compile=false")).train.compile is False
+    assert to_dataclass(_compose("train.compile=true")).train.compile is True
+    assert to_dataclass(_compose("train.dtype=bf16")).train.dtype == "bfloat16"
+
+
+def test_plain_dict_round_trip():
+    c = to_dataclass(_compose("experiment=cpu"))
+    d = to_container(c)
+    assert isinstance(d, dict) and d["model"]["n_layer"] == 4
+    assert to_dataclass(d) == c
+    with pytest.raises(ValueError, match="invalid config"):
+        to_dataclass({"model": {"n_layer": "many"}})

@@ -1,0 +1,249 @@
+"""training/loop.py: short CPU runs through train(cfg, run_dir) with a tiny model on a tiny corpus."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from tests.helpers import REPO
+from training import checkpoint as ck
+from training import loop as loop_mod
+from training.config import register_configs
+from training.loop import TrainingDiverged, train
+
+register_configs()
+
+TINY = ["experiment=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
+        "train.batch_size=4", "train.eval_iters=2", "train.log_interval=2", "train.eval_at_start=false",
+        "optim.warmup_iters=2"]
+
+
+def make_cfg(corpus, *overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return compose("config", overrides=[*TINY, "data=text", f"data.path={corpus}", *overrides])
+
+
+def records(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_short_run_writes_checkpoints_metrics_and_plot(tmp_path, tiny_corpus):
+    run = tmp_path / "run"
+    res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=3"), run)
+    assert (res.status, res.step, res.exit_code) == ("completed", 6, 0)
+    assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png"} <= {p.name for p in run.iterdir()}
+    last = ck.load_checkpoint(run / "last.pt")
+    assert last["step"] == 6 and last["format"] == "tinygpt" and last["version"] == 1
+    assert ck.find_non_plain(last) is None
+    assert torch.load(run / "last.pt", weights_only=True)["loader"] == {"step": 6, "micro": 0}
+    assert not any(k.startswith("_orig_mod.") for k in last["model"])
+    assert last["tokenizer"]["type"] == "char" and last["model_config"]["n_layer"] == 2
+    assert last["config"]["train"]["max_iters"] == 6 and last["wandb_run_id"] is None
+    assert set(last["rng"]) == {"python", "numpy", "torch", "cuda"}
+    assert ck.model_from_checkpoint(last).config.vocab_size == last["model_config"]["vocab_size"]
+
+    recs = records(run)
+    evals = [r for r in recs if r["type"] == "eval"]
+    trains = [r for r in recs if r["type"] == "train"]
+    assert [e["step"] for e in evals] == [3, 6] and [t["step"] for t in trains] == [2, 4, 6]
+    assert set(evals[0]) >= {"step", "train_loss", "val_loss", "lr", "tokens", "elapsed_s"}
+    assert set(trains[0]) >= {"step", "loss", "lr", "tokens", "elapsed_s", "tokens_per_s"}
+    assert "mfu" not in trains[0]  # no MFU on CPU
+    assert evals[1]["tokens"] == 6 * 4 * 16
+    summary = recs[-1]
+    assert summary["type"] == "summary" and summary["status"] == "completed"
+    assert summary["best_val_loss"] == pytest.approx(min(e["val_loss"] for e in evals))
+    assert set(summary) >= {"best_val_loss", "tokens", "wall_s", "mean_tokens_per_s"}
+    best = ck.load_checkpoint(run / "best.pt")
+    assert best["step"] == summary["best_step"] and best["best_val_loss"] == summary["best_val_loss"]
+
+
+def _tensors(ckpt):
+    out = {f"model.{k}": v for k, v in ckpt["model"].items()}
+    for pid, st in ckpt["optimizer"]["state"].items():
+        for k, v in st.items():
+            out[f"opt.{pid}.{k}"] = v
+    return out
+
+
+def test_resume_is_bitwise_exact(tmp_path, tiny_corpus):
+    """8 steps straight == 4 steps + resume + 4 steps (dropout on, so RNG state matters)."""
+    common = ["model.dropout=0.2", "optim.decay_iters=8", "train.eval_interval=4"]
+    straight = tmp_path / "straight"
+    train(make_cfg(tiny_corpus, *common, "train.max_iters=8"), straight)
+    split = tmp_path / "split"
+    train(make_cfg(tiny_corpus, *common, "train.max_iters=4"), split)
+    res = train(make_cfg(tiny_corpus, *common, "train.max_iters=8", "train.resume=true"), split)
+    assert res.step == 8
+    a, b = ck.load_checkpoint(straight / "last.pt"), ck.load_checkpoint(split / "last.pt")
+    ta, tb = _tensors(a), _tensors(b)
+    assert ta.keys() == tb.keys() and len(ta) > 10
+    for k in ta:
+        assert torch.equal(ta[k], tb[k]), k
+    assert a["best_val_loss"] == b["best_val_loss"]
+    strip = lambda rs: [{k: v for k, v in r.items() if k not in ("elapsed_s", "tokens_per_s")}  # noqa: E731
+                        for r in rs if r["type"] != "summary"]
+    assert strip(records(straight)) == strip(records(split))
+
+
+def test_resume_from_path_into_a_new_run_dir(tmp_path, tiny_corpus):
+    first = tmp_path / "first"
+    train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=2", "optim.decay_iters=6"), first)
+    second = tmp_path / "second"
+    res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=2", "optim.decay_iters=6",
+                         f"train.resume={first}"), second)  # a run dir means its last.pt
+    assert res.step == 6 and ck.load_checkpoint(second / "last.pt")["step"] == 6
+    assert ck.load_checkpoint(first / "last.pt")["step"] == 4  # the source is left alone
+    assert [r["step"] for r in records(second) if r["type"] == "eval"] == [2, 4, 6]
+
+
+def test_resume_refusals(tmp_path, tiny_corpus):
+    run = tmp_path / "run"
+    train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), run)
+    before = (run / "last.pt").read_bytes()
+    with pytest.raises(ValueError, match="already holds last.pt"):
+        train(make_cfg(tiny_corpus, "train.max_iters=2"), run)
+    with pytest.raises(ValueError, match=r"the model does not match the checkpoint.*n_layer=3.*model.n_layer=2"):
+        train(make_cfg(tiny_corpus, "train.max_iters=4", "train.resume=true", "model.n_layer=3"), run)
+    other = tmp_path / "other.txt"
+    other.write_text("completely different characters 0123456789 XYZ\n" * 200)
+    with pytest.raises(ValueError, match="vocabulary .* differs from the checkpoint's"):
+        train(make_cfg(other, "train.max_iters=4", f"train.resume={run / 'last.pt'}"), tmp_path / "x")
+    with pytest.raises(ValueError, match="has no last.pt"):
+        train(make_cfg(tiny_corpus, "train.resume=true"), tmp_path / "empty")
+    assert (run / "last.pt").read_bytes() == before
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus):
+    run = tmp_path / "run"
+    train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), run)
+    good = (run / "last.pt").read_bytes()
+    blowup = ["optim.lr=1e6", "optim.min_lr=0", "optim.warmup_iters=0", "optim.grad_clip=0"]
+    with pytest.raises(TrainingDiverged, match=r"the loss became (nan|inf) at step \d+ .*last good checkpoint "
+                                               r".*last.pt \(step 2\) is intact") as info:
+        train(make_cfg(tiny_corpus, "train.max_iters=40", "train.eval_interval=4", "train.resume=true", *blowup),
+              run)
+    assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
+    assert (run / "last.pt").read_bytes() == good  # never overwritten with a diverged state
+    assert records(run)[-1]["status"] == "diverged"
+    with pytest.raises(TrainingDiverged, match="no checkpoint had been written yet"):
+        train(make_cfg(tiny_corpus, "train.max_iters=40", *blowup), tmp_path / "fresh")
+
+
+def test_sigterm_finishes_the_step_and_saves(tmp_path, tiny_corpus, monkeypatch):
+    real_step = loop_mod._Trainer._train_step
+
+    def step_then_signal(self, step):
+        out = real_step(self, step)
+        if step == 4:  # the signal lands mid-run, after 5 finished steps
+            os.kill(os.getpid(), signal.SIGTERM)
+        return out
+
+    monkeypatch.setattr(loop_mod._Trainer, "_train_step", step_then_signal)
+    run = tmp_path / "run"
+    res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=100"), run)
+    assert (res.status, res.exit_code, res.step) == ("interrupted", 143, 5)
+    assert ck.load_checkpoint(run / "last.pt")["step"] == 5
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+    assert records(run)[-1]["status"] == "interrupted"
+
+
+def test_ctrl_c_during_a_long_eval_stops_promptly(tmp_path, tiny_corpus, monkeypatch):
+    from data.loader import BatchLoader
+    real_eval_batch = BatchLoader.eval_batch
+    calls = []
+
+    def eval_batch_then_sigint(self, split, i):
+        calls.append(i)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real_eval_batch(self, split, i)
+
+    monkeypatch.setattr(BatchLoader, "eval_batch", eval_batch_then_sigint)
+    run = tmp_path / "run"
+    res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=3", "train.eval_iters=500"), run)
+    assert (res.exit_code, res.step, len(calls)) == (130, 3, 1)  # not 1000 eval batches first
+    assert ck.load_checkpoint(run / "last.pt")["step"] == 3
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_compile_failure_falls_back_to_eager(tmp_path, tiny_corpus, monkeypatch, caplog):
+    """A compiled module that fails on first use: one warning, then the same result as eager."""
+    class Broken(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *a, **kw):
+            raise RuntimeError("backend compiler failed: no C++ compiler\nmore detail")
+
+    monkeypatch.setattr(torch, "compile", lambda m, *a, **kw: Broken(m))
+    eager = tmp_path / "eager"
+    train(make_cfg(tiny_corpus, "train.max_iters=3", "model.dropout=0.1", "train.eval_interval=3"), eager)
+    comp = tmp_path / "comp"
+    with caplog.at_level("WARNING"):
+        train(make_cfg(tiny_corpus, "train.max_iters=3", "model.dropout=0.1", "train.eval_interval=3",
+                       "train.compile=true"), comp)
+    assert sum("torch.compile failed" in r.message for r in caplog.records) == 1
+    a, b = ck.load_checkpoint(eager / "last.pt"), ck.load_checkpoint(comp / "last.pt")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def test_grad_accumulation_matches_a_bigger_batch(tmp_path, tiny_corpus):
+    """batch 2 x accum 2 sees the same windows as batch 4 x accum 1: same loss, near-same weights."""
+    a = train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2", "train.batch_size=4"),
+              tmp_path / "a")
+    b = train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2", "train.batch_size=2",
+                       "train.grad_accum_steps=2"), tmp_path / "b")
+    ra, rb = records(a.run_dir), records(b.run_dir)
+    assert ra[0]["loss"] == pytest.approx(rb[0]["loss"], abs=1e-5)
+    ca, cb = ck.load_checkpoint(a.run_dir / "last.pt"), ck.load_checkpoint(b.run_dir / "last.pt")
+    for k in ca["model"]:
+        assert torch.allclose(ca["model"][k], cb["model"][k], atol=1e-5), k
+
+
+def test_wandb_online_without_key_is_one_line(tmp_path, tiny_corpus, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    with pytest.raises(ValueError, match="logger.mode=offline") as info:
+        train(make_cfg(tiny_corpus, "train.max_iters=2", "logger=wandb", "logger.mode=online"), tmp_path / "run")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.slow
+def test_wandb_offline_run_keeps_its_id_across_resume(tmp_path, tiny_corpus, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("WANDB_CACHE_DIR", str(tmp_path / "wandb-cache"))
+    run = tmp_path / "run"
+    wb = ["logger=wandb", "logger.mode=offline", "train.eval_interval=2", "optim.decay_iters=4"]
+    train(make_cfg(tiny_corpus, "train.max_iters=2", *wb), run)
+    run_id = ck.load_checkpoint(run / "last.pt")["wandb_run_id"]
+    assert run_id and list((run / "wandb").glob(f"offline-run-*-{run_id}"))
+    train(make_cfg(tiny_corpus, "train.max_iters=4", "train.resume=true", *wb), run)
+    assert ck.load_checkpoint(run / "last.pt")["wandb_run_id"] == run_id
+
+
+@pytest.mark.slow
+def test_loss_decreases_on_tiny_shakespeare(tmp_path, cache_with_shakespeare):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose("config", overrides=[
+            "experiment=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.block_size=32",
+            "train.batch_size=16", "train.max_iters=150", "train.eval_interval=150", "train.eval_iters=10",
+            "train.log_interval=50", "optim.lr=3e-3", "optim.warmup_iters=10", "optim.min_lr=3e-4"])
+    res = train(cfg, tmp_path / "run")
+    evals = [r for r in records(tmp_path / "run") if r["type"] == "eval"]
+    assert evals[0]["step"] == 0 and evals[0]["val_loss"] == pytest.approx(math.log(65), abs=0.15)
+    assert res.best_val_loss < 2.75 < evals[0]["val_loss"] - 1.2

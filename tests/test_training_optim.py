@@ -1,0 +1,112 @@
+"""training/optim.py (AdamW groups, LR schedule), plus the small pure helpers of device.py and metrics.py."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from training import device as dv
+from training import metrics as mt
+from training.optim import build_optimizer, lr_at, param_groups
+
+
+def test_weight_decay_only_on_matrices(tiny_gpt_config):
+    from model import GPT
+    model = GPT(tiny_gpt_config)
+    decay, no_decay = param_groups(model, 0.1)
+    assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    n_group = sum(p.numel() for g in (decay, no_decay) for p in g["params"])
+    assert n_group == sum(p.numel() for p in model.parameters())  # every parameter once (tied head counted once)
+    assert any(p is model.lm_head.weight for p in decay["params"])
+
+
+def test_optimizer_implementation_per_device(tiny_gpt_config):
+    from model import GPT
+    opt = build_optimizer(GPT(tiny_gpt_config), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    assert isinstance(opt, torch.optim.AdamW)
+    assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0].get("fused")
+    assert opt.param_groups[0]["betas"] == (0.9, 0.99)
+
+
+def test_schedule_warmup_cosine_floor():
+    kw = dict(lr=1e-3, min_lr=1e-4, warmup_iters=10, decay_iters=110)
+    assert lr_at(0, **kw) == pytest.approx(1e-3 / 11)
+    assert lr_at(9, **kw) == pytest.approx(1e-3 * 10 / 11)
+    assert lr_at(10, **kw) == pytest.approx(1e-3)  # peak right after warmup
+    assert lr_at(60, **kw) == pytest.approx((1e-3 + 1e-4) / 2)  # cosine midpoint
+    assert lr_at(110, **kw) == pytest.approx(1e-4)
+    assert lr_at(10_000, **kw) == pytest.approx(1e-4)
+    values = [lr_at(s, **kw) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))  # monotone decay
+
+
+def test_schedule_linear_and_constant():
+    kw = dict(lr=1.0, min_lr=0.0, warmup_iters=0, decay_iters=100)
+    assert lr_at(50, schedule="linear", **kw) == pytest.approx(0.5)
+    assert lr_at(99, schedule="constant", **kw) == 1.0
+    with pytest.raises(ValueError, match="optim.schedule"):
+        lr_at(50, schedule="step", **kw)
+
+
+@pytest.mark.parametrize("name, expect", [
+    ("NVIDIA H100 80GB HBM3", 989e12),
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A100 80GB PCIe", 312e12),
+    ("NVIDIA A10", 125e12),
+    ("NVIDIA A10G", None),  # not the A10: unknown -> no MFU rather than a wrong one
+    ("NVIDIA L4", 121e12),
+    ("NVIDIA L40S", 362e12),
+    ("NVIDIA GeForce RTX 4090", 165.2e12),
+    ("NVIDIA GeForce RTX 3090", 71e12),
+    ("NVIDIA GeForce RTX 3090 Ti", None),
+    ("Tesla V100-SXM2-16GB", 125e12),
+    ("Some Future GPU", None),
+])
+def test_peak_flops_table(name, expect):
+    got = dv.peak_flops(name)
+    assert (got[1] if got else None) == expect
+
+
+def test_cpu_device_and_dtype():
+    assert dv.resolve_device("cpu").type == "cpu"
+    assert dv.resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert dv.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ValueError, match="float16 needs a GPU"):
+        dv.resolve_dtype("float16", torch.device("cpu"))
+    setup = dv.setup_device("cpu", "auto")
+    assert setup.peak_flops is None and not setup.use_grad_scaler  # no MFU on CPU
+    assert dv.resolve_compile("auto", torch.device("cpu")) is False
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            dv.resolve_device("cuda")
+
+
+def test_flops_and_mfu():
+    # nanoGPT's GPT-2 small estimate: 6N + 12*L*H*Q*T
+    f = mt.flops_per_token(124_000_000, 12, 12, 64, 1024)
+    assert f == 6 * 124e6 + 12 * 12 * 12 * 64 * 1024
+    assert mt.mfu(1000.0, f, None) is None
+    assert mt.mfu(1e5, f, 312e12) == pytest.approx(1e5 * f / 312e12)
+
+
+def test_metrics_records_and_plot(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    w = mt.MetricsWriter(path)
+    w.write({"type": "train", "step": 1, "loss": 3.0})
+    w.write({"type": "eval", "step": 2, "train_loss": 2.5, "val_loss": 2.6})
+    w.write({"type": "train", "step": 3, "loss": math.nan})
+    w.write({"type": "summary", "best_val_loss": 2.6})
+    w.close()
+    with open(path, "a") as f:
+        f.write('{"type": "train", "st')  # a torn line from a killed run
+    recs = mt.read_metrics(path)
+    assert [r["type"] for r in recs] == ["train", "eval", "train", "summary"]
+    assert recs[2]["loss"] == "nan"  # JSON has no NaN: written as a string
+    assert [r["step"] for r in mt.records_up_to(recs, 2)] == [1, 2]
+    assert mt.plot_loss(recs, tmp_path / "loss.png").stat().st_size > 1000
+    assert mt.plot_loss([], tmp_path / "none.png") is None

@@ -1,0 +1,318 @@
+"""Checkpoints: plain dicts, written atomically, loaded safely.
+
+Design:
+- A checkpoint is one plain dict of tensors, numbers, strings, lists and dicts, so it loads with
+  `torch.load(weights_only=True)`; nothing in tinygpt ever unpickles arbitrary objects. Layout
+  (format "tinygpt", version 1):
+      format, version, step, best_val_loss, model (state_dict of the *uncompiled, unwrapped* module),
+      model_config (GPTConfig.to_dict()), tokenizer (tokenizer.to_dict()), optimizer, scaler (or None),
+      config (the resolved run config), rng (python/numpy/torch/cuda states as plain containers),
+      loader (the batch loader's state), wandb_run_id, elapsed_s (training time so far).
+- `save_checkpoint` never leaves a half-written file under the real name: it writes a temp file in the
+  same directory, fsyncs it, `os.replace`s it over the target (atomic on POSIX), then fsyncs the
+  directory. A failure (disk full, unwritable directory, kill -9) leaves the previous file intact and
+  is reported as one-line `OSError`. `link_checkpoint` publishes a second name for the same bytes
+  (best.pt = last.pt at an improving eval) by hard link, atomically, with a copy as fallback.
+- `load_checkpoint` turns every way a file can be wrong (missing, empty, truncated, not a checkpoint,
+  pickled objects, a newer format) into a one-line `CheckpointError` (a `ValueError`).
+"""
+from __future__ import annotations
+
+import errno
+import os
+import pickle
+import random
+import re
+import shutil
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+FORMAT = "tinygpt"
+VERSION = 1
+REQUIRED_KEYS = ("model", "model_config", "step")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message is one line saying what is wrong and what to do."""
+
+
+# ----------------------------------------------------------------------------------------------- writing
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def _fsync_dir(d: Path) -> None:
+    try:
+        fd = os.open(d, os.O_RDONLY)
+    except OSError:  # e.g. platforms where directories cannot be opened
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _save_error(path: Path, e: BaseException) -> OSError:
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e) else type(e).__name__
+    err = OSError(getattr(e, "errno", None) or 0,
+                  f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact; "
+                  f"free some disk space or fix the directory's permissions, then resume)")
+    return err
+
+
+def save_checkpoint(obj: dict, path: str | os.PathLike) -> Path:
+    """Write `obj` to `path` atomically: temp file in the same dir, fsync, os.replace, fsync dir."""
+    path = Path(path)
+    tmp = _tmp_name(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "xb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except (OSError, RuntimeError) as e:  # RuntimeError: torch's zip writer on a full disk
+        _remove_quietly(tmp)
+        raise _save_error(path, e) from None
+    except BaseException:  # KeyboardInterrupt, pickling bugs: clean up, keep the real error
+        _remove_quietly(tmp)
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def link_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Atomically make `dst` hold the same bytes as `src` (hard link; copy where links are unsupported).
+
+    A hard link shares the inode, so when `src` is later replaced by os.replace, `dst` keeps the old bytes.
+    """
+    src, dst = Path(src), Path(dst)
+    tmp = _tmp_name(dst)
+    try:
+        try:
+            os.link(src, tmp)
+        except OSError:
+            with open(src, "rb") as fi, open(tmp, "xb") as fo:
+                shutil.copyfileobj(fi, fo, 1 << 20)
+                fo.flush()
+                os.fsync(fo.fileno())
+        os.replace(tmp, dst)
+    except OSError as e:
+        _remove_quietly(tmp)
+        raise _save_error(dst, e) from None
+    except BaseException:
+        _remove_quietly(tmp)
+        raise
+    _fsync_dir(dst.parent)
+    return dst
+
+
+def _remove_quietly(p: Path) -> None:
+    try:
+        os.unlink(p)
+    except OSError:
+        pass
+
+
+def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
+    """Delete temp files a killed save left behind (`.last.pt.<pid>.<id>.tmp`); returns how many."""
+    n = 0
+    for p in Path(run_dir).glob(".*.pt.*.tmp"):
+        _remove_quietly(p)
+        n += 1
+    return n
+
+
+# ----------------------------------------------------------------------------------------------- reading
+
+def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
+    """A checkpoint file, or a run directory (-> its last.pt)."""
+    p = Path(os.path.expanduser(str(path)))
+    if p.is_dir():
+        if (p / "last.pt").is_file():
+            return p / "last.pt"
+        raise CheckpointError(f"{p} is a directory without last.pt: point at a run directory that has one, "
+                              f"or at a checkpoint file")
+    return p
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
+    """Load and check a tinygpt checkpoint with torch.load(weights_only=True); CheckpointError if unusable."""
+    p = Path(os.path.expanduser(str(path)))
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p} does not exist: check the path (a run directory holds last.pt "
+                              f"and best.pt)")
+    if p.is_dir():
+        raise CheckpointError(f"{p} is a directory, not a checkpoint file: give {p / 'last.pt'} or {p / 'best.pt'}")
+    if p.stat().st_size == 0:
+        raise CheckpointError(f"checkpoint {p} is empty (0 bytes; an interrupted copy?): use another checkpoint, "
+                              f"e.g. best.pt, or train again")
+    try:
+        with warnings.catch_warnings():  # torch warns about pickle protocols of files it is about to refuse
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            ckpt = torch.load(p, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:
+        msg = str(e)
+        m = re.search(r"GLOBAL ([\w.]+)", msg)
+        if m or "Unsupported global" in msg:
+            what = f" ({m.group(1)})" if m else ""
+            raise CheckpointError(f"checkpoint {p} contains a pickled Python object{what}, which tinygpt refuses to "
+                                  f"load (torch.load weights_only=True, for safety): use a checkpoint written by "
+                                  f"tinygpt's train.py") from None
+        raise CheckpointError(f"{p} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or "
+                              f"best.pt written by train.py") from None
+    except EOFError:
+        raise CheckpointError(f"checkpoint {p} is truncated (unexpected end of file): use another checkpoint, "
+                              f"e.g. best.pt, or train again") from None
+    except RuntimeError as e:
+        msg = str(e)
+        if "zip archive" in msg or "central directory" in msg or "PytorchStreamReader" in msg:
+            raise CheckpointError(f"checkpoint {p} is truncated or corrupt (its zip archive is incomplete): use "
+                                  f"another checkpoint, e.g. best.pt, or train again") from None
+        raise CheckpointError(f"checkpoint {p} could not be read ({msg.splitlines()[0] if msg else 'RuntimeError'}): "
+                              f"use a last.pt or best.pt written by train.py") from None
+    except OSError as e:
+        if e.errno in (errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR, errno.EIO):
+            raise CheckpointError(f"cannot read checkpoint {p}: {e.strerror or e}: check the path and its "
+                                  f"permissions") from None
+        # torch seeks to offsets a truncated archive does not have -> EINVAL
+        raise CheckpointError(f"checkpoint {p} is truncated or corrupt ({e.strerror or e}): use another "
+                              f"checkpoint, e.g. best.pt, or train again") from None
+    except Exception as e:  # noqa: BLE001 - garbage bytes raise all sorts (KeyError, ValueError, ...)
+        raise CheckpointError(f"{p} is not a PyTorch checkpoint ({type(e).__name__}): use a last.pt or best.pt "
+                              f"written by train.py") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
+        raise CheckpointError(f"{p} is a PyTorch file but not a tinygpt checkpoint (no format='tinygpt' key): "
+                              f"use a last.pt or best.pt written by train.py")
+    version = ckpt.get("version")
+    if not isinstance(version, int) or version < 1:
+        raise CheckpointError(f"checkpoint {p} has an invalid format version {version!r}: it is corrupt; use "
+                              f"another checkpoint")
+    if version > VERSION:
+        raise CheckpointError(f"checkpoint {p} was written by a newer tinygpt (format version {version}; this one "
+                              f"reads up to {VERSION}): upgrade tinygpt")
+    missing = [k for k in REQUIRED_KEYS if k not in ckpt]
+    if missing:
+        raise CheckpointError(f"checkpoint {p} lacks {', '.join(missing)}: it is incomplete; use another "
+                              f"checkpoint")
+    return ckpt
+
+
+# ----------------------------------------------------------------------------------------------- models
+
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The plain module under torch.compile (`_orig_mod`) and DDP/FSDP-style wrappers (`module`)."""
+    while True:
+        if hasattr(model, "_orig_mod"):
+            model = model._orig_mod
+        elif isinstance(getattr(model, "module", None), torch.nn.Module):
+            model = model.module
+        else:
+            return model
+
+
+def clean_state_dict(sd: dict) -> dict:
+    """Strip the `_orig_mod.` / `module.` prefixes wrappers add to parameter names."""
+    out = {}
+    for k, v in sd.items():
+        while k.startswith(("_orig_mod.", "module.")):
+            k = k.split(".", 1)[1]
+        out[k] = v
+    return out
+
+
+def load_model_weights(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> None:
+    """load_state_dict(strict) with a one-line ValueError when names or shapes differ."""
+    own = model.state_dict()
+    sd = clean_state_dict(state_dict)
+    missing = [k for k in own if k not in sd]
+    unexpected = [k for k in sd if k not in own]
+    if missing or unexpected:
+        parts = []
+        if missing:
+            parts.append(f"missing {len(missing)} (e.g. {missing[0]})")
+        if unexpected:
+            parts.append(f"unexpected {len(unexpected)} (e.g. {unexpected[0]})")
+        raise ValueError(f"the weights in {source} do not match the model ({'; '.join(parts)}): use the model "
+                         f"settings the checkpoint was trained with")
+    for k, v in own.items():
+        if tuple(sd[k].shape) != tuple(v.shape):
+            raise ValueError(f"the weights in {source} do not match the model: {k} has shape {tuple(sd[k].shape)} "
+                             f"there but {tuple(v.shape)} here: use the model settings the checkpoint was trained with")
+    model.load_state_dict(sd, strict=True)
+
+
+def model_from_checkpoint(ckpt: dict):
+    """Rebuild the GPT a checkpoint describes (on CPU, in eval mode); ValueError if the weights do not fit."""
+    from model import GPT, GPTConfig
+    cfg = GPTConfig.from_dict(dict(ckpt["model_config"]))
+    model = GPT(cfg)
+    load_model_weights(model, ckpt["model"])
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------------------------- RNG
+
+def capture_rng_state() -> dict:
+    """Every RNG that can influence training, as plain containers (weights_only-loadable)."""
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    state = {
+        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        "numpy": {"bit_generator": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+    }
+    return state
+
+
+def restore_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    n = state["numpy"]
+    np.random.set_state((n["bit_generator"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        n_dev = torch.cuda.device_count()
+        if len(cuda) == n_dev:
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
+        else:  # a different GPU count: restore what lines up (exactness is only promised on the same setup)
+            for i, s in enumerate(cuda[:n_dev]):
+                torch.cuda.set_rng_state(s.cpu(), i)
+
+
+# ----------------------------------------------------------------------------------------------- checks
+
+_PLAIN = (torch.Tensor, int, float, str, bool, type(None))
+
+
+def find_non_plain(obj: Any, where: str = "checkpoint") -> str | None:
+    """Path of the first value that is not a plain container (None when all are plain). For tests/asserts."""
+    if isinstance(obj, _PLAIN):
+        return None
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            if not isinstance(k, (str, int)):
+                return f"{where}[{k!r}] (key of type {type(k).__name__})"
+            bad = find_non_plain(v, f"{where}[{k!r}]")
+            if bad:
+                return bad
+        return None
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            bad = find_non_plain(v, f"{where}[{i}]")
+            if bad:
+                return bad
+        return None
+    return f"{where} (a {type(obj).__name__})"

@@ -1,0 +1,823 @@
+"""The training loop: `train(cfg, run_dir=None)`, a plain function (train.py is a thin Hydra wrapper).
+
+Design, in the order train() runs:
+1. Config: `to_dataclass(cfg)` validates the composed config; from here on only dataclasses.
+2. Process and device: `Runtime` (rank, world_size, local_rank; only rank 0 writes files, logs, draws
+   the bar and talks to wandb), `setup_device` (CUDA > MPS > CPU; bf16/fp16/fp32 autocast; TF32).
+   Multi-process launch (torchrun) is the scale-out issue's; the loop already has its seams: rank-aware
+   loader and eval split, rank-0-only writes, `_no_sync` around all but the last micro-step.
+3. Resume: `train.resume=true` -> <run_dir>/last.pt; `train.resume=PATH` -> that file (or run dir's
+   last.pt). The checkpoint must match the model shape and the prepared data's vocabulary (one-line
+   ValueError otherwise); other differing settings are listed in one warning. Without resume, a run dir
+   that already holds last.pt is refused rather than overwritten.
+4. Data (`data.prepare.prepare`, cached) -> tokenizer and token files -> `BatchLoader`.
+5. Model, seeded; AdamW (optim.py); GradScaler for fp16; optional torch.compile. State, RNGs and the
+   loader position are restored from the checkpoint last, so a resumed run continues bitwise exactly
+   (CPU): same weights, optimizer state, dropout masks and batches as an uninterrupted run.
+6. The loop. The hot path never synchronises with the host: each step's loss goes into a small device
+   buffer, the learning rate is a Python float, `zero_grad(set_to_none=True)`; `.tolist()` happens once
+   per `log_interval` (loss, NaN check, tokens/s, MFU) and at evals. A non-finite loss stops the run
+   naming the first bad step; weights are checked finite before every save, so a checkpoint never holds
+   a diverged state.
+7. Every `eval_interval` steps and at the end: mean train/val loss over `eval_iters` fixed batches,
+   last.pt (atomic), best.pt on improvement (a hard link to the same bytes), metrics.jsonl records.
+8. SIGINT/SIGTERM set a flag: the current step finishes, last.pt is written, and train() returns with
+   exit code 130/143 (a second Ctrl-C aborts at once; atomic saves keep the files intact).
+9. At exit (also on error): a summary record, loss.png, wandb.finish().
+
+torch.compile (on by default on CUDA) compiles lazily, so the first train step and the first eval run
+under a guard: if compilation fails, the RNG and loader state are rolled back, one warning is logged and
+the step is redone eagerly. Progress is a tqdm bar on terminals; console log lines go through
+tqdm.write while it is shown, and the per-interval train lines (always in train.log) are hidden from a
+console that shows the bar.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import math
+import os
+import secrets
+import shlex
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+
+from training import checkpoint as ckpt_lib
+from training.config import Config, to_dataclass
+from training.device import DeviceSetup, resolve_compile, setup_device
+from training.metrics import (MetricsWriter, flops_per_token, format_count, format_duration, mfu as compute_mfu,
+                              plot_loss, read_metrics, records_up_to, write_records_atomic)
+from training.optim import build_optimizer, lr_at, set_lr
+
+log = logging.getLogger(__name__)
+
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+
+
+class _EvalInterrupted(BaseException):  # not Exception: the compile guard must not catch it
+    """A stop signal arrived during an evaluation (internal)."""
+
+
+class TrainingDiverged(ValueError):
+    """The loss became NaN/inf; the message names the step and the last good checkpoint."""
+
+
+@dataclass
+class TrainResult:
+    status: str  # "completed" | "interrupted"
+    step: int
+    best_val_loss: float
+    run_dir: Path
+    exit_code: int = 0  # 0, or 130 (SIGINT) / 143 (SIGTERM)
+    last_checkpoint: Optional[Path] = None
+
+
+@dataclass
+class Runtime:
+    """This process's place in a (possibly distributed) job. Single process: rank 0 of 1."""
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def runtime_from_env() -> Runtime:
+    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK. Multi-process training is not wired up yet."""
+    ws = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if ws > 1:
+        raise ValueError(f"train.py was launched with WORLD_SIZE={ws} (torchrun), but multi-process training is "
+                         f"not available in this version: run it as a single process (python train.py ...)")
+    return Runtime(rank=int(os.environ.get("RANK", "0") or 0), world_size=ws,
+                   local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0))
+
+
+# ------------------------------------------------------------------------------------------- console
+
+class _TqdmHandler(logging.Handler):
+    """Writes records with tqdm.write so they appear above the progress bar instead of through it."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+
+    def emit(self, record):
+        try:
+            from tqdm import tqdm
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging must never break training
+            self.handleError(record)
+
+
+def _hide_progress(record: logging.LogRecord) -> bool:
+    return not getattr(record, "progress", False)
+
+
+@contextlib.contextmanager
+def _console_with_bar(enabled: bool):
+    """While the bar is shown: route console log handlers through tqdm.write, hide per-interval lines."""
+    if not enabled:
+        yield
+        return
+    root = logging.getLogger()
+    swapped = []
+    for h in list(root.handlers):
+        if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stdout, sys.stderr):
+            th = _TqdmHandler(h.stream)
+            th.setLevel(h.level)
+            th.setFormatter(h.formatter)
+            for f in h.filters:
+                th.addFilter(f)
+            th.addFilter(_hide_progress)
+            root.removeHandler(h)
+            root.addHandler(th)
+            swapped.append((h, th))
+    try:
+        yield
+    finally:
+        for h, th in swapped:
+            root.removeHandler(th)
+            root.addHandler(h)
+
+
+# ------------------------------------------------------------------------------------------- signals
+
+class _StopRequest:
+    """SIGINT/SIGTERM -> a flag the loop polls between steps. A second SIGINT aborts immediately."""
+
+    def __init__(self):
+        self.signum: Optional[int] = None
+        self._previous = {}
+
+    def _handler(self, signum, frame):
+        if self.signum is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal handlers can only be set from the main thread
+        for s in (signal.SIGINT, signal.SIGTERM):
+            self._previous[s] = signal.signal(s, self._handler)
+
+    def restore(self) -> None:
+        for s, h in self._previous.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
+        self._previous.clear()
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum else ""
+
+
+# ------------------------------------------------------------------------------------------- wandb
+
+class _Wandb:
+    """Lazy wrapper around wandb (slow to import): only touched with logger=wandb, on rank 0."""
+
+    def __init__(self):
+        self.run = None
+        self._wandb = None
+
+    @staticmethod
+    def effective_mode(mode: str) -> str:
+        env = os.environ.get("WANDB_MODE", "").strip().lower()
+        if env == "dryrun":
+            env = "offline"
+        return env if env in ("online", "offline", "disabled") else mode
+
+    def start(self, c: Config, resolved: dict, run_dir: Path, run_id: str) -> None:
+        mode = self.effective_mode(c.logger.mode)
+        import wandb
+        self._wandb = wandb
+        if mode == "online" and not os.environ.get("WANDB_API_KEY"):
+            try:
+                has_key = bool(wandb.login(prompt=False, verify=False))
+            except Exception:  # noqa: BLE001 - any failure here means: no usable key
+                has_key = False
+            if not has_key:
+                raise ValueError("logger.mode=online needs a W&B API key and none was found (WANDB_API_KEY, "
+                                 "`wandb login`): add logger.mode=offline to log locally and `wandb sync` later, "
+                                 "or run `wandb login`")
+        try:
+            self.run = wandb.init(project=c.logger.project, entity=c.logger.entity, mode=mode,
+                                  name=c.logger.run_name, config=resolved, id=run_id, resume="allow",
+                                  dir=str(run_dir))
+        except Exception as e:  # noqa: BLE001 - network/auth/usage errors from wandb: one line, not a traceback
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise ValueError(f"wandb could not start a {mode} run ({type(e).__name__}: {first}): check the network "
+                             f"and logger.project/logger.entity, or use logger.mode=offline") from None
+        log.info(f"wandb: {mode} run {run_id} (project {c.logger.project})")
+
+    def log(self, data: dict, step: int) -> None:
+        if self.run is not None:
+            self.run.log(data, step=step)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self.run is not None:
+            try:
+                self.run.finish(exit_code=exit_code)
+            finally:
+                self.run = None
+
+
+# ------------------------------------------------------------------------------------------- helpers
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+_DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile", "logger.")
+
+
+def _config_diff(old: dict, new: dict) -> list[str]:
+    a, b = _flatten(old or {}), _flatten(new)
+    keys = sorted(set(a) | set(b))
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in keys
+            if a.get(k) != b.get(k) and not k.startswith(_DIFF_IGNORED)]
+
+
+def _padded_vocab(vocab_size: int, multiple: int) -> int:
+    return ((vocab_size + multiple - 1) // multiple) * multiple
+
+
+def _weights_finite(params: list[torch.Tensor]) -> bool:
+    if not params:
+        return True
+    total = torch.nn.utils.get_total_norm(params, foreach=True)
+    return bool(torch.isfinite(total).item())
+
+
+def _default_run_dir() -> Path:
+    now = datetime.now()
+    return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
+
+
+def _resume_command(run_dir: Path, cli_overrides: Optional[list[str]]) -> str:
+    keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
+    parts = ["python", "train.py", *keep, f"hydra.run.dir={run_dir}", "train.resume=true"]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+# ------------------------------------------------------------------------------------------- the trainer
+
+class _Trainer:
+    """One training run's state. train() below is its only user; split into methods for readability."""
+
+    def __init__(self, c: Config, run_dir: Path, rt: Runtime, cli_overrides: Optional[list[str]]):
+        self.c = c
+        self.run_dir = run_dir
+        self.rt = rt
+        self.cli_overrides = cli_overrides
+        self.resolved = dataclasses.asdict(c)
+        self.t_start = time.perf_counter()
+        self.stop = _StopRequest()
+        self.wandb = _Wandb()
+        self.metrics = MetricsWriter(None)
+        self.bar = None
+        self.step = 0
+        self.start_step = 0
+        self.best_val_loss = math.inf
+        self.best_step: Optional[int] = None
+        self.last_saved_step: Optional[int] = None
+        self.last_checkpoint: Optional[Path] = None
+        self.elapsed_before = 0.0  # training seconds of earlier sessions (resume)
+        self.train_seconds = 0.0  # this session, steps only (no evals/saves)
+        self.session_tokens = 0
+        self.compiled = False
+        self.compile_verified = {"train": False, "eval": False}
+        self.wandb_run_id: Optional[str] = None
+        self.num_params = 0
+
+    # -- setup ---------------------------------------------------------------------------------------
+    def setup(self) -> None:
+        c, rt = self.c, self.rt
+        self.dev: DeviceSetup = setup_device(c.train.device, c.train.dtype, rt.local_rank)
+        device = self.dev.device
+
+        ckpt = self._load_resume_checkpoint()
+        self.ckpt_path: Optional[Path] = self._ckpt_path
+
+        from data.prepare import prepare
+        prepared = prepare(c.data, progress=rt.is_main)
+        self.tokenizer = prepared.tokenizer
+        if ckpt is not None and ckpt.get("tokenizer") is not None and ckpt["tokenizer"] != self.tokenizer.to_dict():
+            old = ckpt["tokenizer"]
+            raise ValueError(f"the prepared data's vocabulary ({self.tokenizer.describe()}) differs from the "
+                             f"checkpoint's ({old.get('type', '?')}, {_vocab_len(old)}): resume with the data "
+                             f"settings the checkpoint was trained with ({_data_settings(ckpt)})")
+
+        from model import GPT, GPTConfig
+        m = c.model
+        self.gpt_config = GPTConfig(vocab_size=_padded_vocab(self.tokenizer.vocab_size, m.pad_vocab_to),
+                                    block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+                                    dropout=m.dropout, bias=m.bias, tie_weights=m.tie_weights, attention=m.attention)
+        if ckpt is not None:
+            self._check_model_matches(ckpt)
+
+        torch.manual_seed(c.train.seed)
+        import random
+        import numpy as np
+        random.seed(c.train.seed)
+        np.random.seed(c.train.seed)
+        model = GPT(self.gpt_config)
+        if ckpt is not None:
+            ckpt_lib.load_model_weights(model, ckpt["model"], source=str(self.ckpt_path))
+        self.model = model.to(device)
+        self.model.train()
+        if rt.rank:
+            torch.manual_seed(c.train.seed + rt.rank)  # different dropout masks per process
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.num_params = self.model.num_params()
+
+        o = c.optim
+        self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
+                                         device_type=device.type)
+        self.scaler = torch.amp.GradScaler(device.type, enabled=True) if self.dev.use_grad_scaler else None
+
+        from data.loader import BatchLoader
+        t = c.train
+        self.loader = BatchLoader(prepared.train_path, prepared.val_path, m.block_size, t.batch_size, seed=t.seed,
+                                  grad_accum_steps=t.grad_accum_steps, rank=rt.rank, world_size=rt.world_size,
+                                  device=device)
+        self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
+        self.decay_iters = o.decay_iters if o.decay_iters is not None else t.max_iters
+        self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, m.n_embd // m.n_head,
+                                               m.block_size)
+
+        if ckpt is not None:
+            self._restore_training_state(ckpt)
+
+        self.step = self.start_step
+        self.want_compile = resolve_compile(t.compile, device)
+        self.compiled = self.want_compile
+        self.model_c = self._wrap(torch.compile(self.model) if self.want_compile else self.model)
+
+        if rt.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            ckpt_lib.remove_stale_temp_files(self.run_dir)
+            if c.logger.name == "wandb":  # first: a missing API key must not leave files behind
+                if self.wandb_run_id is None:
+                    self.wandb_run_id = secrets.token_hex(4)
+                self.wandb.start(c, self.resolved, self.run_dir, self.wandb_run_id)
+            self._init_metrics(resumed=ckpt is not None)
+        self._log_start(prepared, ckpt)
+        # the window of per-step losses read at each log interval (one host sync per interval)
+        self.win = torch.zeros(max(1, t.log_interval), device=device, dtype=torch.float32)
+        self.win_n = 0
+        self.win_first_step = self.step
+        self.rng_restore = ckpt["rng"] if ckpt is not None else None
+
+    def _load_resume_checkpoint(self) -> Optional[dict]:
+        r = self.c.train.resume
+        self._ckpt_path = None
+        last = self.run_dir / "last.pt"
+        if r is False:
+            if last.exists():
+                raise ValueError(f"{self.run_dir} already holds last.pt from an earlier run: continue it with "
+                                 f"train.resume=true, or choose another hydra.run.dir (nothing was overwritten)")
+            return None
+        if r is True:
+            if not last.is_file():
+                raise ValueError(f"train.resume=true but {self.run_dir} has no last.pt (every run gets a new "
+                                 f"directory): pass the earlier run's directory with hydra.run.dir=<run dir> "
+                                 f"train.resume=true, or give train.resume=<path to last.pt>")
+            path = last
+        else:
+            path = ckpt_lib.resolve_checkpoint_path(r)
+        ckpt = ckpt_lib.load_checkpoint(path, map_location="cpu")
+        self._ckpt_path = path
+        return ckpt
+
+    def _check_model_matches(self, ckpt: dict) -> None:
+        mine = self.gpt_config.to_dict()
+        theirs = dict(ckpt["model_config"])
+        diffs = [k for k in mine if k != "dropout" and theirs.get(k) != mine[k]]
+        if diffs:
+            here = ", ".join(f"{k}={mine[k]}" for k in diffs)
+            there = ", ".join(f"model.{k}={theirs.get(k)}" for k in diffs if k != "vocab_size")
+            fix = f"resume with the checkpoint's model settings ({there})" if there else \
+                "resume with the data the checkpoint was trained on"
+            raise ValueError(f"the model does not match the checkpoint {self.ckpt_path}: here {here}, in the "
+                             f"checkpoint " + ", ".join(f"{k}={theirs.get(k)}" for k in diffs) + f": {fix}")
+
+    def _restore_training_state(self, ckpt: dict) -> None:
+        opt_state = ckpt.get("optimizer")
+        if opt_state is None:
+            raise ValueError(f"checkpoint {self.ckpt_path} has no optimizer state, so it cannot be resumed: "
+                             f"start a new run")
+        try:
+            impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
+            self.optimizer.load_state_dict(opt_state)
+            for g, flags in zip(self.optimizer.param_groups, impl):
+                g.update(flags)  # the implementation is this device's choice, not the checkpoint's
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise ValueError(f"the optimizer state in {self.ckpt_path} does not fit this model "
+                             f"({str(e).splitlines()[0]}): resume with the settings it was trained with") from None
+        if self.scaler is not None and ckpt.get("scaler"):
+            self.scaler.load_state_dict(ckpt["scaler"])
+        if ckpt.get("loader") is not None:
+            self.loader.load_state_dict(ckpt["loader"])
+        self.start_step = int(ckpt["step"])
+        if self.loader.step != self.start_step:
+            raise ValueError(f"checkpoint {self.ckpt_path} is inconsistent (step {self.start_step}, loader at step "
+                             f"{self.loader.step}): it is corrupt; use another checkpoint")
+        bv = ckpt.get("best_val_loss")
+        self.best_val_loss = float(bv) if bv is not None else math.inf
+        self.best_step = ckpt.get("best_step")
+        self.elapsed_before = float(ckpt.get("elapsed_s") or 0.0)
+        self.wandb_run_id = ckpt.get("wandb_run_id")
+        self.last_saved_step = self.start_step
+        self.last_checkpoint = self.ckpt_path  # the last good checkpoint, until this run writes one
+        diff = _config_diff(ckpt.get("config") or {}, self.resolved)
+        if diff and self.rt.is_main:
+            log.warning("resuming with settings that differ from the checkpoint's: " + "; ".join(diff))
+
+    def _init_metrics(self, resumed: bool) -> None:
+        path = self.run_dir / "metrics.jsonl"
+        if resumed:
+            # keep the records up to the checkpoint's step (from wherever the checkpoint came from)
+            src = self.ckpt_path.parent / "metrics.jsonl"
+            records = records_up_to(read_metrics(src), self.start_step) if src.is_file() else []
+            write_records_atomic(path, records)
+        elif path.exists():
+            path.unlink()  # a run that died before its first checkpoint: start the file afresh
+        self.metrics = MetricsWriter(path)
+
+    def _log_start(self, prepared, ckpt) -> None:
+        if not self.rt.is_main:
+            return
+        c, m, t = self.c, self.c.model, self.c.train
+        log.info(f"run dir: {self.run_dir}")
+        log.info(f"data: {c.data.name}, {self.tokenizer.describe()}, {format_count(len(self.loader.files['train']))} "
+                 f"train / {format_count(len(self.loader.files['val']))} val tokens ({prepared.dir})")
+        log.info(f"model: {self.num_params / 1e6:.2f}M parameters ({m.n_layer} layers, {m.n_head} heads, "
+                 f"{m.n_embd} wide, context {m.block_size}, vocab {self.gpt_config.vocab_size}, "
+                 f"dropout {m.dropout:g})")
+        comp = "torch.compile on" if self.compiled else "eager (no torch.compile)"
+        log.info(f"device: {self.dev.device} ({self.dev.name}), {self.dev.dtype_name}"
+                 f"{' + GradScaler' if self.scaler else ''}, {comp}")
+        total = (t.max_iters - self.start_step) * self.tokens_per_step
+        log.info(f"global batch: {self.tokens_per_step:,} tokens per step ({t.batch_size} sequences x "
+                 f"{m.block_size} tokens x {t.grad_accum_steps} accumulation x {self.rt.world_size} process"
+                 f"{'es' if self.rt.world_size > 1 else ''}); {t.max_iters - self.start_step} steps to go = "
+                 f"{format_count(total)} tokens")
+        if ckpt is not None:
+            log.info(f"resumed from {self.ckpt_path} at step {self.start_step} (best val loss "
+                     f"{self.best_val_loss:.4f})")
+
+    # -- the pieces of a step --------------------------------------------------------------------------
+    def _no_sync(self, micro: int):
+        last = micro == self.c.train.grad_accum_steps - 1
+        if not last and hasattr(self.model_c, "no_sync"):
+            return self.model_c.no_sync()  # DDP: all-reduce gradients only on the last micro-step
+        return contextlib.nullcontext()
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module the steps call. Single process: `model` itself. (The scale-out code wraps it in DDP here;
+        `_no_sync` already uses the wrapper's no_sync(), and the compile fallback re-wraps the eager module.)"""
+        return model
+
+    def _should_stop(self) -> bool:
+        """Whether a stop signal arrived. (Distributed: every rank must agree on the step it stops at, so the
+        scale-out code all-reduces this flag; single process it is just the local flag, no sync.)"""
+        return self.stop.signum is not None
+
+    def _train_step(self, step: int) -> torch.Tensor:
+        """One optimizer step (all micro-steps). Returns the step's mean loss as a device tensor (no sync)."""
+        lr = lr_at(step, lr=self.c.optim.lr, min_lr=self.c.optim.min_lr, warmup_iters=self.c.optim.warmup_iters,
+                   decay_iters=self.decay_iters, schedule=self.c.optim.schedule)
+        set_lr(self.optimizer, lr)
+        accum = self.c.train.grad_accum_steps
+        total = None
+        for micro in range(accum):
+            x, y = self.loader.next_batch()
+            with self._no_sync(micro):
+                with self.dev.autocast():
+                    _, loss = self.model_c(x, y)
+                if accum > 1:
+                    loss = loss / accum
+                if self.scaler is not None:
+                    self.scaler.scale(loss).backward()
+                else:
+                    loss.backward()
+            total = loss.detach() if total is None else total + loss.detach()
+        if self.c.optim.grad_clip > 0:
+            if self.scaler is not None:
+                self.scaler.unscale_(self.optimizer)
+            torch.nn.utils.clip_grad_norm_(self.params, self.c.optim.grad_clip, foreach=True)
+        if self.scaler is not None:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self._lr = lr
+        return total
+
+    @torch.no_grad()
+    def _evaluate(self) -> dict:
+        """Mean loss over eval_iters fixed batches per split (this rank's share; summed across ranks)."""
+        self.model.eval()
+        out = {}
+        try:
+            for split in ("train", "val"):
+                idx = range(self.rt.rank, self.c.train.eval_iters, self.rt.world_size)
+                losses = torch.zeros(len(idx), device=self.dev.device)
+                for j, i in enumerate(idx):
+                    if self.stop.signum is not None:
+                        raise _EvalInterrupted  # Ctrl-C during a long evaluation: stop now, not in minutes
+                    x, y = self.loader.eval_batch(split, i)
+                    with self.dev.autocast():
+                        _, loss = self.model_c(x, y)
+                    losses[j] = loss.float()
+                stats = torch.stack([losses.sum(), torch.tensor(float(len(idx)), device=losses.device)])
+                if self.rt.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
+                    torch.distributed.all_reduce(stats)
+                s, n = stats.tolist()
+                out[split] = s / max(n, 1.0)
+        finally:
+            self.model.train()
+        return out
+
+    def _guarded(self, kind: str, fn):
+        """Run fn(); on its first compiled run, fall back to eager if compilation fails."""
+        if not self.compiled or self.compile_verified[kind]:
+            return fn()
+        rng = ckpt_lib.capture_rng_state()
+        loader_state = self.loader.state_dict()
+        try:
+            result = fn()
+            self.compile_verified[kind] = True
+            return result
+        except Exception as e:  # noqa: BLE001 - any compile failure: eager will surface real errors again
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            log.warning(f"torch.compile failed ({type(e).__name__}: {first}): continuing without compilation "
+                        f"(train.compile=false skips the attempt)")
+            self.model_c = self._wrap(self.model)
+            self.compiled = False
+            self.optimizer.zero_grad(set_to_none=True)
+            ckpt_lib.restore_rng_state(rng)
+            self.loader.load_state_dict(loader_state)
+            return fn()
+
+    # -- reading the loss window ------------------------------------------------------------------------
+    def _read_window(self) -> list[float]:
+        """The losses of the steps since the last reading (one host sync); raises on NaN/inf."""
+        if self.win_n == 0:
+            return []
+        vals = self.win[: self.win_n].tolist()
+        for i, v in enumerate(vals):
+            if not math.isfinite(v):
+                self._diverged(self.win_first_step + i + 1, v)
+        return vals
+
+    def _diverged(self, step: int, value: float) -> None:
+        if self.last_checkpoint is not None:
+            kept = f"the last good checkpoint {self.last_checkpoint} (step {self.last_saved_step}) is intact"
+        else:
+            kept = "no checkpoint had been written yet"
+        lr = lr_at(step - 1, lr=self.c.optim.lr, min_lr=self.c.optim.min_lr, warmup_iters=self.c.optim.warmup_iters,
+                   decay_iters=self.decay_iters, schedule=self.c.optim.schedule)
+        self.status = "diverged"
+        raise TrainingDiverged(f"the loss became {value} at step {step} (lr {lr:.3g}): training stopped and {kept}: "
+                               f"lower optim.lr (now {self.c.optim.lr:g}) or keep optim.grad_clip > 0, then "
+                               f"start again or resume from the last good checkpoint")
+
+    def _log_train(self, step: int) -> None:
+        vals = self._read_window()
+        now = time.perf_counter()
+        dt = now - self.t_mark
+        steps = len(vals)
+        self.win_n = 0
+        self.win_first_step = step
+        self.t_mark = now
+        self.train_seconds += dt
+        if not self.rt.is_main or steps == 0:
+            return
+        loss = sum(vals) / steps
+        tps = steps * self.tokens_per_step / dt if dt > 0 else 0.0
+        mfu = compute_mfu(tps, self.flops_per_token, self.dev.peak_flops)
+        rec = {"type": "train", "step": step, "loss": loss, "lr": self._lr, "tokens": step * self.tokens_per_step,
+               "elapsed_s": round(self._elapsed(), 3), "tokens_per_s": round(tps, 1)}
+        if mfu is not None:
+            rec["mfu"] = round(mfu, 4)
+        self.metrics.write(rec)
+        self.wandb.log({"train/loss": loss, "lr": self._lr, "tokens": rec["tokens"], "tokens_per_s": tps,
+                        **({"mfu": mfu} if mfu is not None else {})}, step=step)
+        mfu_s = f" | mfu {mfu * 100:.1f}%" if mfu is not None else ""
+        if self.bar is not None and not self.bar.disable:
+            self.bar.set_postfix_str(f"loss {loss:.4f} | lr {self._lr:.2e} | {tps / 1e3:.1f}k tok/s{mfu_s}",
+                                     refresh=False)
+        log.info(f"step {step}/{self.c.train.max_iters}: loss {loss:.4f} | lr {self._lr:.2e} | "
+                 f"{tps / 1e3:.1f}k tok/s{mfu_s}", extra={"progress": True})
+
+    def _elapsed(self) -> float:
+        return self.elapsed_before + (time.perf_counter() - self.t_loop)
+
+    # -- evaluation + checkpoints -----------------------------------------------------------------------
+    def _eval_and_save(self, step: int, save: bool = True) -> None:
+        self._read_window()  # NaN check before evaluating (and before any save)
+        t0 = time.perf_counter()
+        try:
+            losses = self._guarded("eval", self._evaluate)
+        except _EvalInterrupted:
+            if self.rt.is_main:
+                log.info(f"evaluation at step {step} skipped: stopping")
+            return
+        improved = False
+        for split in ("train", "val"):
+            if not math.isfinite(losses[split]):
+                self._diverged(step, losses[split])
+        if save and losses["val"] < self.best_val_loss:
+            self.best_val_loss, self.best_step, improved = losses["val"], step, True
+        lr = getattr(self, "_lr", None)
+        if lr is None:
+            lr = lr_at(max(0, step - 1), lr=self.c.optim.lr, min_lr=self.c.optim.min_lr,
+                       warmup_iters=self.c.optim.warmup_iters, decay_iters=self.decay_iters,
+                       schedule=self.c.optim.schedule)
+        if self.rt.is_main:
+            self.metrics.write({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"],
+                                "lr": lr, "tokens": step * self.tokens_per_step,
+                                "elapsed_s": round(self._elapsed(), 3)})
+            self.wandb.log({"eval/train_loss": losses["train"], "eval/val_loss": losses["val"]}, step=step)
+            log.info(f"step {step}/{self.c.train.max_iters}: train loss {losses['train']:.4f}, val loss "
+                     f"{losses['val']:.4f}{' (best)' if improved else ''} | {format_count(step * self.tokens_per_step)} "
+                     f"tokens | {format_duration(self._elapsed())}")
+        if save:
+            self._save(step, best=improved)
+        self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
+
+    def _save(self, step: int, best: bool = False) -> None:
+        if not _weights_finite(self.params):
+            self._diverged(step, float("nan"))
+        if not self.rt.is_main:
+            return
+        state = {
+            "format": ckpt_lib.FORMAT, "version": ckpt_lib.VERSION, "step": step,
+            "best_val_loss": self.best_val_loss, "best_step": self.best_step,
+            "model": ckpt_lib.clean_state_dict(self.model.state_dict()),
+            "model_config": self.gpt_config.to_dict(), "tokenizer": self.tokenizer.to_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "config": self.resolved, "rng": ckpt_lib.capture_rng_state(), "loader": self.loader.state_dict(),
+            "wandb_run_id": self.wandb_run_id, "elapsed_s": self._elapsed(),
+        }
+        last = ckpt_lib.save_checkpoint(state, self.run_dir / "last.pt")
+        if best:
+            ckpt_lib.link_checkpoint(last, self.run_dir / "best.pt")
+        self.last_saved_step = step
+        self.last_checkpoint = last
+
+    # -- the loop ------------------------------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        c, t = self.c, self.c.train
+        self.status = "completed"
+        resumed = self.rng_restore is not None
+        if resumed:
+            ckpt_lib.restore_rng_state(self.rng_restore)  # last: nothing may draw random numbers after this
+        self.t_loop = time.perf_counter()
+        self.t_mark = self.t_loop
+        if self.start_step >= t.max_iters:
+            if self.rt.is_main:
+                log.info(f"the checkpoint is at step {self.start_step} >= train.max_iters={t.max_iters}: nothing "
+                         f"to train (raise train.max_iters to continue)")
+            return self._result()
+        from tqdm import tqdm
+        show_bar = self.rt.is_main and sys.stderr.isatty()
+        self.stop.install()
+        try:
+            with _console_with_bar(show_bar):
+                self.bar = tqdm(total=t.max_iters, initial=self.start_step, unit="step", dynamic_ncols=True,
+                                disable=not show_bar, file=sys.stderr, smoothing=0.05, leave=True)
+                if not resumed and t.eval_at_start:
+                    self._eval_and_save(0, save=False)
+                while self.step < t.max_iters:
+                    if self._should_stop():
+                        break
+                    step = self.step
+                    loss = self._guarded("train", lambda: self._train_step(step))
+                    self.win[self.win_n] = loss
+                    self.win_n += 1
+                    self.step = step + 1
+                    self.session_tokens += self.tokens_per_step
+                    self.bar.update(1)
+                    if self.step % t.log_interval == 0 or self.step == t.max_iters:
+                        self._log_train(self.step)
+                    if self.step % t.eval_interval == 0 or self.step == t.max_iters:
+                        self._eval_and_save(self.step)
+                if self.win_n:
+                    self._log_train(self.step)
+                if self.stop.signum is not None:
+                    self.status = "interrupted"
+                    if self.last_saved_step != self.step:
+                        self._save(self.step)
+                    if self.rt.is_main:
+                        log.info(f"stopped by {self.stop.name} after step {self.step}: saved {self.last_checkpoint}; "
+                                 f"resume with: {_resume_command(self.run_dir, self.cli_overrides)}")
+                elif self.last_saved_step != self.step:
+                    self._save(self.step)
+        finally:
+            self.stop.restore()
+            if self.bar is not None:
+                self.bar.close()
+        return self._result()
+
+    def _result(self) -> TrainResult:
+        code = EXIT_CODES.get(self.stop.signum, 128 + int(self.stop.signum)) if self.stop.signum else 0
+        return TrainResult(status=self.status if self.stop.signum is None else "interrupted", step=self.step,
+                           best_val_loss=self.best_val_loss, run_dir=self.run_dir, exit_code=code,
+                           last_checkpoint=self.last_checkpoint)
+
+    def finish(self, status: str) -> None:
+        """Summary record, loss.png, wandb.finish: also after errors (best effort)."""
+        if not self.rt.is_main:
+            return
+        wall = time.perf_counter() - self.t_start
+        tokens = self.step * getattr(self, "tokens_per_step", 0)
+        summary = {"type": "summary", "status": status, "step": self.step,
+                   "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
+                   "best_step": self.best_step, "tokens": tokens, "wall_s": round(wall, 3),
+                   "train_s": round(self.train_seconds, 3),
+                   "mean_tokens_per_s": round(self.session_tokens / self.train_seconds, 1) if self.train_seconds else None,
+                   "num_params": self.num_params,
+                   "device": getattr(getattr(self, "dev", None), "name", None),
+                   "dtype": self.dev.dtype_name if hasattr(self, "dev") else None, "compiled": self.compiled}
+        try:
+            if self.metrics.path is not None:
+                self.metrics.write(summary)
+                self.metrics.close()
+                m = self.c.model
+                title = (f"{self.run_dir}  ({m.n_layer}L/{m.n_head}H/{m.n_embd}, ctx {m.block_size}; "
+                         f"best val {self.best_val_loss:.4f})")
+                plot_loss(read_metrics(self.run_dir / "metrics.jsonl"), self.run_dir / "loss.png", title=title)
+        except OSError as e:
+            log.warning(f"could not write the run summary or loss.png: {e}")
+        finally:
+            self.wandb.finish(exit_code=0 if status == "completed" else 1)
+        if status == "completed":
+            best = (f"best val loss {self.best_val_loss:.4f} at step {self.best_step}"
+                    if self.best_step is not None else "no evaluation")
+            log.info(f"done: {self.step} steps, {format_count(tokens)} tokens in {format_duration(wall)}, {best}; "
+                     f"sample with: python sample.py --run {shlex.quote(str(self.run_dir))}")
+
+
+def _vocab_len(tok: dict) -> str:
+    if tok.get("type") == "char":
+        return f"{len(tok.get('chars', ''))} characters"
+    return "GPT-2 BPE" if tok.get("type") == "gpt2" else "unknown"
+
+
+def _data_settings(ckpt: dict) -> str:
+    d = (ckpt.get("config") or {}).get("data") or {}
+    parts = [f"data={d['name']}"] if d.get("name") else []
+    for k in ("path", "tokenizer"):
+        if d.get(k) is not None:
+            parts.append(f"data.{k}={d[k]}")
+    return " ".join(parts) or "see the checkpoint's config"
+
+
+def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None
+          ) -> TrainResult:
+    """Train per `cfg` (a composed DictConfig, dict or Config) into `run_dir` (Hydra passes its output dir).
+
+    Returns a TrainResult; its exit_code is 130/143 when a signal stopped the run. User mistakes raise
+    ValueError/OSError with one-line messages; a diverged loss raises TrainingDiverged (a ValueError).
+    """
+    c = to_dataclass(cfg)
+    rt = runtime_from_env()
+    run_dir = Path(run_dir) if run_dir is not None else _default_run_dir()
+    trainer = _Trainer(c, run_dir, rt, cli_overrides)
+    status = "failed"
+    try:
+        trainer.setup()
+        result = trainer.run()
+        status = result.status
+        return result
+    except TrainingDiverged:
+        status = "diverged"
+        raise
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    finally:
+        if trainer.metrics.path is not None or trainer.wandb.run is not None:
+            trainer.finish(status)

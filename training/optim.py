@@ -1,0 +1,62 @@
+"""The optimizer and the learning-rate schedule.
+
+Design:
+- AdamW with two parameter groups, as in GPT-2/nanoGPT: weight decay on every parameter with >= 2
+  dimensions (matmul weights, embeddings) and none on 1-D ones (biases, LayerNorm gains). A tied
+  embedding/head matrix is one Parameter and is counted once.
+- The fastest correct implementation for the device: `fused=True` on CUDA (one kernel for the whole
+  update), `foreach=True` elsewhere (a handful of multi-tensor ops instead of a Python loop per tensor).
+- The schedule is a pure function of the step (`lr_at(step, ...)`): linear warmup from ~0 to `lr` over
+  `warmup_iters` steps, then `cosine` (nanoGPT's formula), `linear` or `constant` decay to `min_lr`
+  by `decay_iters`, and `min_lr` after that. Being pure makes resume exact: the lr of step s depends on
+  s alone. The loop writes it into the param groups as a Python float each step (no tensor, no sync).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """[{params: >=2-D, weight_decay}, {params: <2-D, weight_decay: 0}] over the trainable parameters."""
+    decay, no_decay = [], []
+    seen = set()
+    for p in model.parameters():  # parameters() yields a shared (tied) Parameter once
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        (decay if p.dim() >= 2 else no_decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
+                    device_type: str) -> torch.optim.AdamW:
+    """AdamW over `param_groups`; fused on CUDA, foreach elsewhere."""
+    kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
+    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, **kwargs)
+
+
+def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iters: int,
+          schedule: str = "cosine") -> float:
+    """Learning rate for optimizer step `step` (0-based)."""
+    if step < warmup_iters:
+        return lr * (step + 1) / (warmup_iters + 1)
+    if schedule == "constant":
+        return lr
+    if step >= decay_iters:
+        return min_lr
+    ratio = (step - warmup_iters) / max(1, decay_iters - warmup_iters)  # 0 -> 1 over the decay
+    if schedule == "cosine":
+        coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
+    elif schedule == "linear":
+        coeff = 1.0 - ratio
+    else:
+        raise ValueError(f"optim.schedule={schedule!r} is not known: use cosine, linear or constant")
+    return min_lr + coeff * (lr - min_lr)
+
+
+def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] = lr
