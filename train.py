@@ -6,7 +6,15 @@ What it adds around Hydra:
   preset) and says so in one line, so `python train.py` never starts a multi-hour run on a laptop.
 - A pre-flight compose (of every job of a `-m` sweep too; skipped for Hydra's other --flags) turns a
   config mistake (unknown key, wrong type, unknown preset, invalid value) into one `error: ...` line,
-  exit 2, before Hydra creates a run directory or runs a single job.
+  exit 2, before Hydra creates a run directory or runs a single job. It also refuses (single runs) a
+  hydra.run.dir that cannot be created, or that holds an earlier run's last.pt without train.resume,
+  before Hydra would (re)write that directory's .hydra/ files.
+- matplotlib's font cache goes to the tinygpt cache (MPLCONFIGDIR, unless set): a run writes only its
+  run directory and the cache directory.
+- Under torchrun (`torchrun --standalone --nproc_per_node=N train.py ...`) it joins the process group
+  before Hydra starts, so every rank runs in rank 0's run directory (Hydra's default directory is a
+  timestamp, which could differ by a second between ranks) and only rank 0 writes `.hydra/`; the group
+  is destroyed in a `finally`, also after errors and signals. See training/distributed.py.
 - User errors from training (ValueError, OSError, a diverged loss, CUDA out of memory) become one
   `error: ...` line on stderr (also written to the run's train.log) and exit code 2; a run stopped by
   SIGINT/SIGTERM exits 130/143 after saving last.pt. Real bugs keep Hydra's traceback.
@@ -48,7 +56,8 @@ def _log_to_files(message: str) -> None:
 
 
 def _fail(message: str, code: int = EXIT_USER_ERROR) -> None:
-    line = f"error: {_one_line(message)}"
+    rank = os.environ.get("RANK", "0").strip() or "0"
+    line = f"error: {'' if rank == '0' else f'[rank {rank}] '}{_one_line(message)}"
     _log_to_files(line)
     print(line, file=sys.stderr, flush=True)
     sys.exit(code)
@@ -98,6 +107,8 @@ def auto_cpu_preset(args: list[str]) -> list[str]:
     import torch
     if torch.cuda.is_available():
         return args
+    if os.environ.get("RANK", "0").strip() not in ("", "0"):  # under torchrun: rank 0 says it once
+        return [*args, "experiment=cpu"]
     print("no CUDA GPU found: using the CPU preset experiment=cpu (tiny model: 4 layers, 128 wide, context 64) "
           "instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run",
           file=sys.stderr, flush=True)
@@ -197,12 +208,75 @@ def preflight(args: list[str]) -> None:
                     cfg = compose("config", overrides=job)
                 except (HydraException, OmegaConfBaseException) as e:
                     _fail(_explain_compose_error(e, job) + where)
-                to_dataclass(cfg)
+                c = to_dataclass(cfg)
+                if not multirun:
+                    try:
+                        run_dir = str(compose("config", overrides=job, return_hydra_config=True).hydra.run.dir)
+                    except Exception:  # noqa: BLE001 - an unusual hydra.run.dir: Hydra reports it its own way
+                        run_dir = None
+                    if run_dir:
+                        check_run_dir(run_dir, c.train.resume)
         except ValueError as e:
             _fail(str(e) + where)
 
 
+def check_run_dir(run_dir: str, resume) -> None:
+    """Hydra creates the run directory and (re)writes its .hydra/ files before main() runs: a directory
+    that cannot be created, or an earlier run's directory without train.resume, is refused first."""
+    p = Path(run_dir)
+    if resume is False and (p / "last.pt").exists():
+        _fail(f"{p} already holds last.pt from an earlier run: continue it with train.resume=true, or choose "
+              f"another hydra.run.dir (nothing was overwritten)")
+    for parent in (p, *p.parents):
+        if parent.exists():
+            if not parent.is_dir():
+                _fail(f"hydra.run.dir={run_dir} cannot be created: {parent} is a file, not a directory: choose "
+                      f"another hydra.run.dir")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                _fail(f"hydra.run.dir={run_dir} cannot be created: {parent} is not writable: choose another "
+                      f"hydra.run.dir or fix its permissions")
+            return
+
+
+def torchrun_main(args: list[str]) -> None:
+    """Under torchrun: start the process group, agree on rank 0's run directory, run main(), end the group."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from training import distributed as dist_lib
+    from training.device import resolve_device
+    if any(a in ("-m", "--multirun") for a in args):
+        _fail("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
+    if any(a.startswith("-") for a in args):  # --cfg job, --help, ...: nothing is trained
+        main()
+        return
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base=None, job_name="train"):
+        cfg = compose("config", overrides=args, return_hydra_config=True)
+    try:
+        device = resolve_device(cfg.train.device, dist_lib.env_info()[2])
+        info = dist_lib.init(device, cfg.train.parallel)
+    except ValueError as e:
+        _fail(str(e))
+    try:
+        if info.distributed:
+            if not any(a.startswith("hydra.run.dir=") for a in args):
+                run_dir = dist_lib.broadcast_object(str(OmegaConf.select(cfg, "hydra.run.dir")), info)
+                sys.argv.append(f"hydra.run.dir={run_dir}")
+            if not info.is_main:
+                sys.argv.append("hydra.output_subdir=null")  # rank 0 alone records the config in .hydra/
+        main()
+    finally:
+        dist_lib.destroy(info)
+
+
 if __name__ == "__main__":
+    from data.sources import cache_dir
+    # matplotlib (loss.png) keeps its font cache in tinygpt's cache, not in ~/.cache or ~/.config
+    os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     sys.argv[1:] = auto_cpu_preset(sys.argv[1:])
     preflight(sys.argv[1:])
-    main()
+    from training.distributed import launched_by_torchrun
+    if launched_by_torchrun():
+        torchrun_main(sys.argv[1:])
+    else:
+        main()

@@ -115,6 +115,12 @@ ROWS = [
      ["model.n_embd=33 is not divisible by model.n_head=2", "choose n_embd as a multiple of n_head"], {}, []),
     ("train-negative-lr", [*TRAIN, "optim.lr=-0.001"],
      ["optim.lr=-0.001 must be a positive number", "e.g. optim.lr=1e-3"], {}, []),
+    # --- training: the run directory
+    ("train-run-dir-under-a-file", [*TRAIN, "hydra.run.dir={inputs}/corpus.txt/run"],
+     ["hydra.run.dir={inputs}/corpus.txt/run cannot be created", "{inputs}/corpus.txt is a file",
+      "choose another hydra.run.dir"], {}, []),
+    ("train-existing-run-without-resume", [*TRAIN, "hydra.run.dir={run}"],
+     ["{run} already holds last.pt", "continue it with train.resume=true", "choose another hydra.run.dir"], {}, []),
     # --- training: resuming
     ("train-resume-other-shape", [*TRAIN, "model.n_layer=3", "train.resume={run}/last.pt"],
      ["the model does not match the checkpoint", "n_layer=3", "resume with the checkpoint's model settings",

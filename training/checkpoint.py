@@ -8,6 +8,9 @@ Design:
       model_config (GPTConfig.to_dict()), tokenizer (tokenizer.to_dict()), optimizer, scaler (or None),
       config (the resolved run config), rng (python/numpy/torch/cuda states as plain containers),
       loader (the batch loader's state), wandb_run_id, elapsed_s (training time so far).
+  Distributed runs (training/distributed.py) add `rng_ranks` (every rank's RNG states, a list of the
+  same plain dicts as `rng`); an FSDP run's last.pt/best.pt are weights-only exports (`optimizer` None,
+  `sharded` True) beside the resumable sharded checkpoints last_dcp/ and best_dcp/.
 - `save_checkpoint` never leaves a half-written file under the real name: it writes a temp file in the
   same directory, fsyncs it, `os.replace`s it over the target (atomic on POSIX), then fsyncs the
   directory. A failure (disk full, unwritable directory, kill -9) leaves the previous file intact and
@@ -61,10 +64,13 @@ def _fsync_dir(d: Path) -> None:
 
 
 def _save_error(path: Path, e: BaseException) -> OSError:
-    reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e).splitlines()[0] if str(e) else type(e).__name__
-    err = OSError(getattr(e, "errno", None) or 0,
-                  f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact; "
+    if isinstance(e, OSError) and e.strerror:
+        reason = e.strerror
+    else:
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    err = OSError(f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact; "
                   f"free some disk space or fix the directory's permissions, then resume)")
+    err.errno = getattr(e, "errno", None) or 0  # set afterwards: OSError(errno, msg) would print "[Errno N] msg"
     return err
 
 

@@ -40,6 +40,7 @@ SCHEDULES = ("cosine", "linear", "constant")
 OPTIMIZERS = ("adamw",)
 LOGGERS = (None, "wandb")
 WANDB_MODES = ("online", "offline", "disabled")
+PARALLEL_MODES = ("none", "ddp", "fsdp")  # (training/distributed.py has the same tuple; no torch import here)
 
 
 @dataclass
@@ -84,6 +85,7 @@ class TrainConfig:
     log_interval: int = 10  # steps between train-loss readings (the only host syncs in the loop)
     seed: int = 1337
     resume: Any = False  # false | true (last.pt in the run dir) | path to a .pt file or run dir
+    parallel: str = "none"  # none (DDP when launched by torchrun with >1 process) | ddp | fsdp
 
 
 @dataclass
@@ -234,6 +236,8 @@ def validate(c: Config) -> None:
         v = getattr(t, name)
         _check(v >= 1, f"train.{name}={v} must be >= 1: give a positive whole number")
     _check(t.seed >= 0, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337")
+    _check(t.parallel in PARALLEL_MODES,
+           f"train.parallel={t.parallel!r} is not valid: use none (DDP under torchrun), ddp or fsdp")
     r = t.resume
     _check(isinstance(r, bool) or (isinstance(r, str) and r.strip() != ""),
            f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")

@@ -163,7 +163,7 @@ def init(device: torch.device, parallel: str = "none", timeout_s: Optional[float
     if device.type == "mps":
         raise ValueError("multi-process training does not support Apple's MPS device: use train.device=cpu "
                          "(gloo) or CUDA GPUs (NCCL)")
-    if device.type == "cuda" and device.index is not None and device.index != local_rank:
+    if device.type == "cuda" and device.index != local_rank % max(1, torch.cuda.device_count()):
         raise ValueError(f"train.device={device} but this process is LOCAL_RANK={local_rank}: use "
                          f"train.device=cuda (or auto) so each process takes cuda:LOCAL_RANK")
     if not dist.is_initialized():

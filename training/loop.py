@@ -2,10 +2,12 @@
 
 Design, in the order train() runs:
 1. Config: `to_dataclass(cfg)` validates the composed config; from here on only dataclasses.
-2. Process and device: `Runtime` (rank, world_size, local_rank; only rank 0 writes files, logs, draws
-   the bar and talks to wandb), `setup_device` (CUDA > MPS > CPU; bf16/fp16/fp32 autocast; TF32).
-   Multi-process launch (torchrun) is the scale-out issue's; the loop already has its seams: rank-aware
-   loader and eval split, rank-0-only writes, `_no_sync` around all but the last micro-step.
+2. Process and device: `setup_device` (CUDA > MPS > CPU; bf16/fp16/fp32 autocast; TF32) and, under
+   torchrun, `training.distributed` (its docstring has the design): a process group (NCCL on CUDA, gloo
+   on CPU), DDP or FSDP2 (`train.parallel`), the loader's rank/world_size share of the global batch,
+   no gradient all-reduce on all but the last micro-step, losses all-reduced only where they are read
+   (log and eval steps), every rank stopping after the same step on a signal. Only rank 0 writes files,
+   logs, draws the bar and talks to wandb. A plain `python train.py` starts no process group.
 3. Resume: `train.resume=true` -> <run_dir>/last.pt; `train.resume=PATH` -> that file (or run dir's
    last.pt). The checkpoint must match the model shape and the prepared data's vocabulary (one-line
    ValueError otherwise); other differing settings are listed in one warning. Without resume, a run dir
@@ -22,7 +24,10 @@ Design, in the order train() runs:
 7. Every `eval_interval` steps and at the end: mean train/val loss over `eval_iters` fixed batches,
    last.pt (atomic), best.pt on improvement (a hard link to the same bytes), metrics.jsonl records.
 8. SIGINT/SIGTERM set a flag: the current step finishes, last.pt is written, and train() returns with
-   exit code 130/143 (a second Ctrl-C aborts at once; atomic saves keep the files intact).
+   exit code 130/143 (a second Ctrl-C aborts at once; atomic saves keep the files intact). Every
+   checkpoint also holds the losses logged since the last log line and whether a stop cut its evaluation
+   short, so a resumed run writes the same metrics.jsonl as an uninterrupted one (the loss window is
+   restored, the evaluation redone) wherever the stop or kill landed.
 9. At exit (also on error): a summary record, loss.png, wandb.finish().
 
 torch.compile (on by default on CUDA) compiles lazily, so the first train step and the first eval run
@@ -52,8 +57,9 @@ from typing import Any, Optional
 import torch
 
 from training import checkpoint as ckpt_lib
+from training import distributed as dist_lib
 from training.config import Config, to_dataclass
-from training.device import DeviceSetup, resolve_compile, setup_device
+from training.device import DeviceSetup, resolve_compile, resolve_device, setup_device
 from training.metrics import (MetricsWriter, flops_per_token, format_count, format_duration, mfu as compute_mfu,
                               plot_loss, read_metrics, records_up_to, write_records_atomic)
 from training.optim import build_optimizer, lr_at, set_lr
@@ -81,26 +87,7 @@ class TrainResult:
     last_checkpoint: Optional[Path] = None
 
 
-@dataclass
-class Runtime:
-    """This process's place in a (possibly distributed) job. Single process: rank 0 of 1."""
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def runtime_from_env() -> Runtime:
-    """Read torchrun's RANK/WORLD_SIZE/LOCAL_RANK. Multi-process training is not wired up yet."""
-    ws = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if ws > 1:
-        raise ValueError(f"train.py was launched with WORLD_SIZE={ws} (torchrun), but multi-process training is "
-                         f"not available in this version: run it as a single process (python train.py ...)")
-    return Runtime(rank=int(os.environ.get("RANK", "0") or 0), world_size=ws,
-                   local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0))
+Runtime = dist_lib.DistInfo  # this process's place in the job: rank 0 of 1 without torchrun
 
 
 # ------------------------------------------------------------------------------------------- console
@@ -245,7 +232,7 @@ def _flatten(d: dict, prefix: str = "") -> dict:
     return out
 
 
-_DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile", "logger.")
+_DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile", "train.parallel", "logger.")
 
 
 def _config_diff(old: dict, new: dict) -> list[str]:
@@ -259,21 +246,20 @@ def _padded_vocab(vocab_size: int, multiple: int) -> int:
     return ((vocab_size + multiple - 1) // multiple) * multiple
 
 
-def _weights_finite(params: list[torch.Tensor]) -> bool:
-    if not params:
-        return True
-    total = torch.nn.utils.get_total_norm(params, foreach=True)
-    return bool(torch.isfinite(total).item())
-
-
 def _default_run_dir() -> Path:
     now = datetime.now()
     return Path("outputs") / now.strftime("%Y-%m-%d") / now.strftime("%H-%M-%S")
 
 
-def _resume_command(run_dir: Path, cli_overrides: Optional[list[str]]) -> str:
+def _resume_command(run_dir: Path, cli_overrides: Optional[list[str]], rt: Optional[Runtime] = None) -> str:
     keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
-    parts = ["python", "train.py", *keep, f"hydra.run.dir={run_dir}", "train.resume=true"]
+    launch = ["python"]
+    if rt is not None and rt.distributed:
+        nodes = max(1, rt.world_size // max(1, rt.local_world_size))
+        launch = ["torchrun", "--standalone", f"--nproc_per_node={rt.local_world_size}"] if nodes == 1 else \
+            ["torchrun", f"--nnodes={nodes}", "--node-rank=NODE_RANK", f"--nproc_per_node={rt.local_world_size}",
+             "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
+    parts = [*launch, "train.py", *keep, f"hydra.run.dir={run_dir}", "train.resume=true"]
     return " ".join(shlex.quote(p) for p in parts)
 
 
@@ -290,6 +276,7 @@ class _Trainer:
         self.resolved = dataclasses.asdict(c)
         self.t_start = time.perf_counter()
         self.stop = _StopRequest()
+        self.stop_agreement = dist_lib.StopAgreement(rt)
         self.wandb = _Wandb()
         self.metrics = MetricsWriter(None)
         self.bar = None
@@ -306,18 +293,24 @@ class _Trainer:
         self.compile_verified = {"train": False, "eval": False}
         self.wandb_run_id: Optional[str] = None
         self.num_params = 0
+        self.eval_skipped_step: Optional[int] = None  # an evaluation a stop signal cut short (redone on resume)
+        self.eval_pending = False  # resumed from a checkpoint whose evaluation was cut short
+        self.win_restored = 0  # losses in the window that came from the checkpoint (not timed this session)
 
     # -- setup ---------------------------------------------------------------------------------------
     def setup(self) -> None:
         c, rt = self.c, self.rt
         self.dev: DeviceSetup = setup_device(c.train.device, c.train.dtype, rt.local_rank)
         device = self.dev.device
+        dist_lib.check_dtype(rt, self.dev.dtype)
+        self.peak_flops = self.dev.peak_flops * rt.world_size if self.dev.peak_flops else None  # MFU of all GPUs
 
         ckpt = self._load_resume_checkpoint()
         self.ckpt_path: Optional[Path] = self._ckpt_path
 
         from data.prepare import prepare
-        prepared = prepare(c.data, progress=rt.is_main)
+        with dist_lib.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
+            prepared = prepare(c.data, progress=rt.is_main)
         self.tokenizer = prepared.tokenizer
         if ckpt is not None and ckpt.get("tokenizer") is not None and ckpt["tokenizer"] != self.tokenizer.to_dict():
             old = ckpt["tokenizer"]
@@ -339,12 +332,14 @@ class _Trainer:
         random.seed(c.train.seed)
         np.random.seed(c.train.seed)
         model = GPT(self.gpt_config)
-        if ckpt is not None:
+        if ckpt is not None and self.resume_sharded is None:
             ckpt_lib.load_model_weights(model, ckpt["model"], source=str(self.ckpt_path))
         self.model = model.to(device)
         self.model.train()
         if rt.rank:
             torch.manual_seed(c.train.seed + rt.rank)  # different dropout masks per process
+        # DDP(model), or the model sharded in place by FSDP2 (before the optimizer: its params become shards)
+        self.wrapped = dist_lib.wrap_model(self.model, rt, device, self.dev.dtype)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.num_params = self.model.num_params()
 
@@ -368,8 +363,8 @@ class _Trainer:
 
         self.step = self.start_step
         self.want_compile = resolve_compile(t.compile, device)
-        self.compiled = self.want_compile
-        self.model_c = self._wrap(torch.compile(self.model) if self.want_compile else self.model)
+        self.compiled = self.want_compile  # compile(DDP(model)): DDP's graph breaks overlap its all-reduces
+        self.model_c = torch.compile(self._wrap(self.model)) if self.want_compile else self._wrap(self.model)
 
         if rt.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -384,26 +379,36 @@ class _Trainer:
         self.win = torch.zeros(max(1, t.log_interval), device=device, dtype=torch.float32)
         self.win_n = 0
         self.win_first_step = self.step
-        self.rng_restore = ckpt["rng"] if ckpt is not None else None
+        if ckpt is not None:
+            self._restore_loss_window(ckpt.get("loss_window"))
+        self.rng_restore = dist_lib.rank_rng_state(ckpt, rt, c.train.seed) if ckpt is not None else None
 
     def _load_resume_checkpoint(self) -> Optional[dict]:
         r = self.c.train.resume
         self._ckpt_path = None
+        self.resume_sharded: Optional[Path] = None  # a DCP checkpoint directory (FSDP runs write them)
         last = self.run_dir / "last.pt"
         if r is False:
             if last.exists():
                 raise ValueError(f"{self.run_dir} already holds last.pt from an earlier run: continue it with "
                                  f"train.resume=true, or choose another hydra.run.dir (nothing was overwritten)")
             return None
-        if r is True:
-            if not last.is_file():
-                raise ValueError(f"train.resume=true but {self.run_dir} has no last.pt (every run gets a new "
-                                 f"directory): pass the earlier run's directory with hydra.run.dir=<run dir> "
-                                 f"train.resume=true, or give train.resume=<path to last.pt>")
-            path = last
+        if self.rt.is_main and self.run_dir.is_dir():
+            dist_lib.recover_sharded(self.run_dir)  # finish a sharded-checkpoint swap that a kill interrupted
+        dist_lib.barrier(self.rt)
+        kind, path = dist_lib.resume_source(r, self.run_dir)  # last.pt or last_dcp/, whichever is newer
+        if r is True and kind == "file" and not last.is_file():
+            raise ValueError(f"train.resume=true but {self.run_dir} has no last.pt (every run gets a new "
+                             f"directory): pass the earlier run's directory with hydra.run.dir=<run dir> "
+                             f"train.resume=true, or give train.resume=<path to last.pt>")
+        if kind == "sharded":
+            ckpt = dist_lib.read_sharded_meta(path)
+            self.resume_sharded = path
         else:
-            path = ckpt_lib.resolve_checkpoint_path(r)
-        ckpt = ckpt_lib.load_checkpoint(path, map_location="cpu")
+            ckpt = ckpt_lib.load_checkpoint(path, map_location="cpu")
+            if ckpt.get("optimizer") is None and ckpt.get("sharded"):
+                raise ValueError(f"{path} is the weights-only export of an FSDP run: resume from its sharded "
+                                 f"checkpoint with train.resume={path.parent / dist_lib.LAST_DCP}")
         self._ckpt_path = path
         return ckpt
 
@@ -421,14 +426,21 @@ class _Trainer:
 
     def _restore_training_state(self, ckpt: dict) -> None:
         opt_state = ckpt.get("optimizer")
-        if opt_state is None:
+        if opt_state is None and self.resume_sharded is None:
             raise ValueError(f"checkpoint {self.ckpt_path} has no optimizer state, so it cannot be resumed: "
                              f"start a new run")
+        if self.resume_sharded is not None:  # DCP: weights + optimizer, resharded onto this world size
+            dist_lib.load_sharded(self.resume_sharded, self.model, self.optimizer, self.rt)
         try:
-            impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
-            self.optimizer.load_state_dict(opt_state)
-            for g, flags in zip(self.optimizer.param_groups, impl):
-                g.update(flags)  # the implementation is this device's choice, not the checkpoint's
+            if self.resume_sharded is not None:
+                pass
+            elif self.rt.parallel == "fsdp":  # a single-file checkpoint (weights loaded before sharding)
+                dist_lib.load_full_optimizer_state(self.model, self.optimizer, opt_state, self.rt)
+            else:
+                impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
+                self.optimizer.load_state_dict(opt_state)
+                for g, flags in zip(self.optimizer.param_groups, impl):
+                    g.update(flags)  # the implementation is this device's choice, not the checkpoint's
         except (ValueError, KeyError, RuntimeError) as e:
             raise ValueError(f"the optimizer state in {self.ckpt_path} does not fit this model "
                              f"({str(e).splitlines()[0]}): resume with the settings it was trained with") from None
@@ -447,9 +459,21 @@ class _Trainer:
         self.wandb_run_id = ckpt.get("wandb_run_id")
         self.last_saved_step = self.start_step
         self.last_checkpoint = self.ckpt_path  # the last good checkpoint, until this run writes one
-        diff = _config_diff(ckpt.get("config") or {}, self.resolved)
-        if diff and self.rt.is_main:
-            log.warning("resuming with settings that differ from the checkpoint's: " + "; ".join(diff))
+        self.eval_pending = bool(ckpt.get("eval_pending"))
+        self.resume_diff = _config_diff(ckpt.get("config") or {}, self.resolved)
+
+    def _restore_loss_window(self, window: Optional[dict]) -> None:
+        """Put back the losses of the steps since the checkpoint's last log line (exact metrics on resume).
+        Skipped when train.log_interval changed so that they no longer fit one window."""
+        if not window or not window.get("losses"):
+            return
+        losses, first = [float(v) for v in window["losses"]], int(window["first_step"])
+        interval = self.c.train.log_interval
+        if first + len(losses) != self.step or first % interval or len(losses) >= interval:
+            return
+        self.win[: len(losses)] = torch.tensor(losses, dtype=self.win.dtype)
+        self.win_n = self.win_restored = len(losses)
+        self.win_first_step = first
 
     def _init_metrics(self, resumed: bool) -> None:
         path = self.run_dir / "metrics.jsonl"
@@ -475,31 +499,37 @@ class _Trainer:
         comp = "torch.compile on" if self.compiled else "eager (no torch.compile)"
         log.info(f"device: {self.dev.device} ({self.dev.name}), {self.dev.dtype_name}"
                  f"{' + GradScaler' if self.scaler else ''}, {comp}")
+        if self.rt.distributed:
+            log.info(f"parallel: {dist_lib.describe(self.rt)}")
         total = (t.max_iters - self.start_step) * self.tokens_per_step
         log.info(f"global batch: {self.tokens_per_step:,} tokens per step ({t.batch_size} sequences x "
                  f"{m.block_size} tokens x {t.grad_accum_steps} accumulation x {self.rt.world_size} process"
                  f"{'es' if self.rt.world_size > 1 else ''}); {t.max_iters - self.start_step} steps to go = "
                  f"{format_count(total)} tokens")
         if ckpt is not None:
-            log.info(f"resumed from {self.ckpt_path} at step {self.start_step} (best val loss "
-                     f"{self.best_val_loss:.4f})")
+            best = f"best val loss {self.best_val_loss:.4f}" if math.isfinite(self.best_val_loss) else "no eval yet"
+            log.info(f"resumed from {self.ckpt_path} at step {self.start_step} ({best})")
+            if self.resume_diff:
+                log.warning("resuming with settings that differ from the checkpoint's: "
+                            + "; ".join(self.resume_diff))
 
     # -- the pieces of a step --------------------------------------------------------------------------
     def _no_sync(self, micro: int):
-        last = micro == self.c.train.grad_accum_steps - 1
-        if not last and hasattr(self.model_c, "no_sync"):
-            return self.model_c.no_sync()  # DDP: all-reduce gradients only on the last micro-step
-        return contextlib.nullcontext()
+        """Gradients are reduced across ranks only on the last micro-step (DDP no_sync / FSDP2)."""
+        return dist_lib.grad_sync(self.wrapped, self.rt, last=micro == self.c.train.grad_accum_steps - 1)
 
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        """The module the steps call. Single process: `model` itself. (The scale-out code wraps it in DDP here;
-        `_no_sync` already uses the wrapper's no_sync(), and the compile fallback re-wraps the eager module.)"""
-        return model
+        """The module the steps call: DDP(model) or the FSDP2-sharded model (built once in setup, before the
+        optimizer), or `model` itself in a single process. The compile fallback calls it with the eager module."""
+        return self.wrapped if model is self.model else model
 
     def _should_stop(self) -> bool:
-        """Whether a stop signal arrived. (Distributed: every rank must agree on the step it stops at, so the
-        scale-out code all-reduces this flag; single process it is just the local flag, no sync.)"""
-        return self.stop.signum is not None
+        """Whether a stop signal arrived: this rank's or, under torchrun, any rank's, agreed through an
+        asynchronous all-reduce so that every rank stops after the same step (training/distributed.py)."""
+        agreed = self.stop_agreement.poll(self.stop.signum)  # single process: just the local flag, no sync
+        if agreed and self.stop.signum is None:
+            self.stop.signum = agreed  # another rank was signalled: stop (and exit) the same way
+        return bool(agreed)
 
     def _train_step(self, step: int) -> torch.Tensor:
         """One optimizer step (all micro-steps). Returns the step's mean loss as a device tensor (no sync)."""
@@ -540,18 +570,19 @@ class _Trainer:
         out = {}
         try:
             for split in ("train", "val"):
-                idx = range(self.rt.rank, self.c.train.eval_iters, self.rt.world_size)
-                losses = torch.zeros(len(idx), device=self.dev.device)
-                for j, i in enumerate(idx):
-                    if self.stop.signum is not None:
-                        raise _EvalInterrupted  # Ctrl-C during a long evaluation: stop now, not in minutes
+                plan = dist_lib.eval_plan(self.c.train.eval_iters, self.rt)  # [(i, counted)]: i % world == rank
+                losses = torch.zeros(len(plan), device=self.dev.device)
+                for j, (i, counted) in enumerate(plan):
+                    if self.stop.signum is not None and not self.rt.distributed:  # (torchrun: all ranks must
+                        raise _EvalInterrupted  # finish the eval's collectives; they stop at the next step)
                     x, y = self.loader.eval_batch(split, i)
                     with self.dev.autocast():
                         _, loss = self.model_c(x, y)
-                    losses[j] = loss.float()
-                stats = torch.stack([losses.sum(), torch.tensor(float(len(idx)), device=losses.device)])
-                if self.rt.world_size > 1 and torch.distributed.is_available() and torch.distributed.is_initialized():
-                    torch.distributed.all_reduce(stats)
+                    if counted:  # FSDP pads with uncounted forwards so every rank runs as many (collectives)
+                        losses[j] = loss.float()
+                n = sum(1 for _, counted in plan if counted)
+                stats = torch.stack([losses.sum(), torch.tensor(float(n), device=losses.device)])
+                dist_lib.all_reduce_sum(stats, self.rt)
                 s, n = stats.tolist()
                 out[split] = s / max(n, 1.0)
         finally:
@@ -584,7 +615,10 @@ class _Trainer:
         """The losses of the steps since the last reading (one host sync); raises on NaN/inf."""
         if self.win_n == 0:
             return []
-        vals = self.win[: self.win_n].tolist()
+        window = self.win[: self.win_n]
+        if self.rt.distributed:  # the mean over ranks: one all-reduce per reading, none per step
+            window = dist_lib.all_reduce_mean(window.clone(), self.rt)
+        vals = window.tolist()
         for i, v in enumerate(vals):
             if not math.isfinite(v):
                 self._diverged(self.win_first_step + i + 1, v)
@@ -607,6 +641,8 @@ class _Trainer:
         now = time.perf_counter()
         dt = now - self.t_mark
         steps = len(vals)
+        timed = steps - self.win_restored  # restored losses were trained (and timed) before the resume
+        self.win_restored = 0
         self.win_n = 0
         self.win_first_step = step
         self.t_mark = now
@@ -614,8 +650,8 @@ class _Trainer:
         if not self.rt.is_main or steps == 0:
             return
         loss = sum(vals) / steps
-        tps = steps * self.tokens_per_step / dt if dt > 0 else 0.0
-        mfu = compute_mfu(tps, self.flops_per_token, self.dev.peak_flops)
+        tps = timed * self.tokens_per_step / dt if dt > 0 else 0.0
+        mfu = compute_mfu(tps, self.flops_per_token, self.peak_flops)
         rec = {"type": "train", "step": step, "loss": loss, "lr": self._lr, "tokens": step * self.tokens_per_step,
                "elapsed_s": round(self._elapsed(), 3), "tokens_per_s": round(tps, 1)}
         if mfu is not None:
@@ -640,6 +676,7 @@ class _Trainer:
         try:
             losses = self._guarded("eval", self._evaluate)
         except _EvalInterrupted:
+            self.eval_skipped_step = step
             if self.rt.is_main:
                 log.info(f"evaluation at step {step} skipped: stopping")
             return
@@ -660,43 +697,56 @@ class _Trainer:
                                 "elapsed_s": round(self._elapsed(), 3)})
             self.wandb.log({"eval/train_loss": losses["train"], "eval/val_loss": losses["val"]}, step=step)
             log.info(f"step {step}/{self.c.train.max_iters}: train loss {losses['train']:.4f}, val loss "
-                     f"{losses['val']:.4f}{' (best)' if improved else ''} | {format_count(step * self.tokens_per_step)} "
-                     f"tokens | {format_duration(self._elapsed())}")
+                     f"{losses['val']:.4f}{' (best)' if improved else ''} | "
+                     f"{format_count(step * self.tokens_per_step)} tokens | {format_duration(self._elapsed())}")
         if save:
             self._save(step, best=improved)
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:
-        if not _weights_finite(self.params):
+        """last.pt (+ best.pt); with FSDP also last_dcp/ (+ best_dcp/). Every rank calls it (collectives)."""
+        if not dist_lib.weights_finite(self.params, self.rt):
             self._diverged(step, float("nan"))
-        if not self.rt.is_main:
-            return
+        rng_ranks = dist_lib.gather_rng_states(self.rt)  # every rank's dropout stream (None: one process)
         state = {
             "format": ckpt_lib.FORMAT, "version": ckpt_lib.VERSION, "step": step,
             "best_val_loss": self.best_val_loss, "best_step": self.best_step,
-            "model": ckpt_lib.clean_state_dict(self.model.state_dict()),
-            "model_config": self.gpt_config.to_dict(), "tokenizer": self.tokenizer.to_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+            "model": None, "model_config": self.gpt_config.to_dict(), "tokenizer": self.tokenizer.to_dict(),
+            "optimizer": None, "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "config": self.resolved, "rng": ckpt_lib.capture_rng_state(), "loader": self.loader.state_dict(),
             "wandb_run_id": self.wandb_run_id, "elapsed_s": self._elapsed(),
+            # exact metrics on resume: the losses logged since the last log line, and an evaluation to redo
+            "loss_window": {"first_step": self.win_first_step, "losses": self._read_window()},
+            "eval_pending": self.eval_skipped_step == step,
         }
+        if rng_ranks is not None:
+            state["rng_ranks"] = rng_ranks
+        if self.rt.parallel == "fsdp":  # sharded, resumable checkpoint + a weights-only single-file export
+            state["sharded"] = True
+            dist_lib.save_sharded(self.run_dir / dist_lib.LAST_DCP, self.model, self.optimizer, state, self.rt,
+                                  best_path=self.run_dir / dist_lib.BEST_DCP if best else None)
+            state["model"] = dist_lib.full_model_state_dict(self.model, self.rt)  # gathered on rank 0's CPU
+        elif self.rt.is_main:
+            state["model"] = ckpt_lib.clean_state_dict(self.model.state_dict())
+            state["optimizer"] = self.optimizer.state_dict()
+        self.last_saved_step = step
+        self.last_checkpoint = self.run_dir / "last.pt"
+        if not self.rt.is_main:
+            return
         last = ckpt_lib.save_checkpoint(state, self.run_dir / "last.pt")
         if best:
             ckpt_lib.link_checkpoint(last, self.run_dir / "best.pt")
-        self.last_saved_step = step
-        self.last_checkpoint = last
 
     # -- the loop ------------------------------------------------------------------------------------------
     def run(self) -> TrainResult:
-        c, t = self.c, self.c.train
+        t = self.c.train
         self.status = "completed"
         resumed = self.rng_restore is not None
         if resumed:
             ckpt_lib.restore_rng_state(self.rng_restore)  # last: nothing may draw random numbers after this
         self.t_loop = time.perf_counter()
         self.t_mark = self.t_loop
-        if self.start_step >= t.max_iters:
+        if self.start_step >= t.max_iters and not self.eval_pending:
             if self.rt.is_main:
                 log.info(f"the checkpoint is at step {self.start_step} >= train.max_iters={t.max_iters}: nothing "
                          f"to train (raise train.max_iters to continue)")
@@ -708,6 +758,8 @@ class _Trainer:
             with _console_with_bar(show_bar):
                 self.bar = tqdm(total=t.max_iters, initial=self.start_step, unit="step", dynamic_ncols=True,
                                 disable=not show_bar, file=sys.stderr, smoothing=0.05, leave=True)
+                if resumed and self.eval_pending:  # the evaluation the stop cut short, as the straight run did it
+                    self._eval_and_save(self.start_step, save=self.start_step > 0)
                 if not resumed and t.eval_at_start:
                     self._eval_and_save(0, save=False)
                 while self.step < t.max_iters:
@@ -724,15 +776,22 @@ class _Trainer:
                         self._log_train(self.step)
                     if self.step % t.eval_interval == 0 or self.step == t.max_iters:
                         self._eval_and_save(self.step)
-                if self.win_n:
+                self.stop_agreement.finish()  # the stop all-reduce still in flight (every rank has one)
+                if self.win_n and self.stop.signum is None:
                     self._log_train(self.step)
                 if self.stop.signum is not None:
                     self.status = "interrupted"
+                    # no partial log line: the window's losses go into last.pt and the resumed run logs them
+                    # where an uninterrupted run would (exact metrics); still checked for NaN on every rank
+                    self._read_window()
+                    now = time.perf_counter()
+                    self.train_seconds += now - self.t_mark
+                    self.t_mark = now
                     if self.last_saved_step != self.step:
                         self._save(self.step)
                     if self.rt.is_main:
                         log.info(f"stopped by {self.stop.name} after step {self.step}: saved {self.last_checkpoint}; "
-                                 f"resume with: {_resume_command(self.run_dir, self.cli_overrides)}")
+                                 f"resume with: {_resume_command(self.run_dir, self.cli_overrides, self.rt)}")
                 elif self.last_saved_step != self.step:
                     self._save(self.step)
         finally:
@@ -757,7 +816,8 @@ class _Trainer:
                    "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
                    "best_step": self.best_step, "tokens": tokens, "wall_s": round(wall, 3),
                    "train_s": round(self.train_seconds, 3),
-                   "mean_tokens_per_s": round(self.session_tokens / self.train_seconds, 1) if self.train_seconds else None,
+                   "mean_tokens_per_s": (round(self.session_tokens / self.train_seconds, 1)
+                                         if self.train_seconds else None),
                    "num_params": self.num_params,
                    "device": getattr(getattr(self, "dev", None), "name", None),
                    "dtype": self.dev.dtype_name if hasattr(self, "dev") else None, "compiled": self.compiled}
@@ -803,8 +863,16 @@ def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: 
     ValueError/OSError with one-line messages; a diverged loss raises TrainingDiverged (a ValueError).
     """
     c = to_dataclass(cfg)
-    rt = runtime_from_env()
-    run_dir = Path(run_dir) if run_dir is not None else _default_run_dir()
+    # under torchrun: join the process group (train.py has usually started it already; then this reuses it)
+    rt = dist_lib.init(resolve_device(c.train.device, dist_lib.env_info()[2]), c.train.parallel)
+    try:
+        run_dir = dist_lib.broadcast_object(Path(run_dir) if run_dir is not None else _default_run_dir(), rt)
+        return _train(c, rt, run_dir, cli_overrides)
+    finally:
+        dist_lib.destroy(rt)  # ends the process group if this call started it (also on errors and signals)
+
+
+def _train(c: Config, rt: Runtime, run_dir: Path, cli_overrides: Optional[list[str]]) -> TrainResult:
     trainer = _Trainer(c, run_dir, rt, cli_overrides)
     status = "failed"
     try:

@@ -124,8 +124,8 @@ def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path
     if ev_val:
         ax.plot(*zip(*ev_val), color="tab:orange", marker="o", markersize=3, label="val (eval)")
         best = min(ev_val, key=lambda p: p[1])
-        ax.annotate(f"best val {best[1]:.4f}", best, textcoords="offset points", xytext=(0, 10),
-                    ha="center", fontsize=8)
+        ax.annotate(f"best val {best[1]:.4f}", best, textcoords="offset points", xytext=(-4, 10),
+                    ha="right", fontsize=8)
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     if title:
