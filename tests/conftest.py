@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+import tempfile
 import sys
 from pathlib import Path
 
@@ -42,6 +43,10 @@ def _find_shared_data() -> Path | None:
 
 
 SHARED_DATA = _find_shared_data()
+
+# One matplotlib font cache for the whole session: CLI subprocesses would otherwise rebuild it under each
+# test's fresh cache dir (~0.5 s per run), and it must never land in the user's HOME.
+os.environ.setdefault("MPLCONFIGDIR", tempfile.mkdtemp(prefix="tinygpt-tests-mpl-"))
 
 
 @pytest.fixture(autouse=True)

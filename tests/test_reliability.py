@@ -1,9 +1,11 @@
 """Faults, end to end through `python train.py`: kill -9, Ctrl-C then an exact resume, a full disk, NaN.
 
-These are the reliability proofs of issue 7. They run the real CLI in subprocesses (the in-process
-versions of resume exactness, NaN and SIGTERM live in test_training_loop.py / test_train_cli.py and are
-not repeated here). Models are tiny (2 layers, 32 wide, context 32) and every child runs with one
-OpenMP thread, so the tests stay cheap on a busy 2-core machine.
+These are the reliability proofs of issue 7. Most run the real CLI in subprocesses (the in-process
+basics of resume exactness, NaN and SIGTERM live in test_training_loop.py / test_train_cli.py and are
+not repeated here); the in-process tests at the end pin down the awkward places a stop can land (mid
+log window, mid evaluation, a kill right after a checkpoint) deterministically. Models are tiny
+(2 layers, 32 wide, context 32) and every child runs with one OpenMP thread, so the tests stay cheap on
+a busy 2-core machine.
 """
 from __future__ import annotations
 

@@ -146,10 +146,11 @@ def test_sigterm_finishes_the_step_and_saves(tmp_path, tiny_corpus, monkeypatch)
 
     monkeypatch.setattr(loop_mod._Trainer, "_train_step", step_then_signal)
     run = tmp_path / "run"
+    before = signal.getsignal(signal.SIGTERM)
     res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=100"), run)
     assert (res.status, res.exit_code, res.step) == ("interrupted", 143, 5)
     assert ck.load_checkpoint(run / "last.pt")["step"] == 5
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers restored
+    assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
     assert records(run)[-1]["status"] == "interrupted"
 
 
@@ -166,10 +167,11 @@ def test_ctrl_c_during_a_long_eval_stops_promptly(tmp_path, tiny_corpus, monkeyp
 
     monkeypatch.setattr(BatchLoader, "eval_batch", eval_batch_then_sigint)
     run = tmp_path / "run"
+    before = signal.getsignal(signal.SIGINT)
     res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=3", "train.eval_iters=500"), run)
     assert (res.exit_code, res.step, len(calls)) == (130, 3, 1)  # not 1000 eval batches first
     assert ck.load_checkpoint(run / "last.pt")["step"] == 3
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is before
 
 
 def test_compile_failure_falls_back_to_eager(tmp_path, tiny_corpus, monkeypatch, caplog):
