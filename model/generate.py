@@ -86,7 +86,6 @@ def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> t
     return (probs / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(dim=-1, keepdim=True)
 
 
-@torch.compiler.disable  # a user's Generator cannot be captured in a CUDA graph: draw eagerly
 def _exponential(shape, generator) -> torch.Tensor:
     # on the generator's device, so a CPU generator gives the same draws whatever the model's device
     return torch.empty(shape, device=generator.device).exponential_(1.0, generator=generator)
@@ -109,8 +108,11 @@ _compiled_decode = None
 
 
 def _get_compiled_decode():
-    global _compiled_decode  # compile once per process; CUDA graphs are re-recorded per new cache
+    global _compiled_decode, _exponential  # compile once per process; CUDA graphs are re-recorded per new cache
     if _compiled_decode is None:
+        # a user's Generator cannot be captured in a CUDA graph: draw eagerly. Wrapped here rather than with a
+        # decorator: torch.compiler.disable imports torch._dynamo, ~1.3 s CPU at every start of train.py/sample.py
+        _exponential = torch.compiler.disable(_exponential)
         _compiled_decode = torch.compile(decode_one_token, mode="reduce-overhead")
     return _compiled_decode
 

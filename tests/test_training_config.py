@@ -31,13 +31,14 @@ def test_cpu_experiment_is_nanogpts_readme_cpu_run():
     c = to_dataclass(_compose("experiment=cpu"))
     m, t = c.model, c.train
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (4, 4, 128, 64, 0.0)
-    assert (t.batch_size, t.eval_iters) == (12, 20)
+    assert (t.batch_size, t.max_iters, t.eval_iters) == (24, 500, 50)  # fewer, better steps (issue 8)
+    assert (c.optim.name, c.optim.schedule) == ("muon", "linear")
     assert to_dataclass(_compose("experiment=shakespeare_char")).model.n_layer == 6
 
 
 def test_command_line_beats_the_experiment_preset():
     c = to_dataclass(_compose("experiment=cpu", "model=baby", "train.max_iters=7"))
-    assert c.model.n_layer == 6 and c.train.max_iters == 7 and c.train.batch_size == 12
+    assert c.model.n_layer == 6 and c.train.max_iters == 7 and c.train.batch_size == 24
 
 
 def test_gpt2_preset_pads_the_vocabulary():

@@ -37,7 +37,7 @@ DTYPES = {  # accepted spellings -> canonical torch dtype name
     "float16": "float16", "fp16": "float16",
 }
 SCHEDULES = ("cosine", "linear", "constant")
-OPTIMIZERS = ("adamw",)
+OPTIMIZERS = ("adamw", "muon")
 LOGGERS = (None, "wandb")
 WANDB_MODES = ("online", "offline", "disabled")
 PARALLEL_MODES = ("none", "ddp", "fsdp")  # (training/distributed.py has the same tuple; no torch import here)
@@ -69,6 +69,9 @@ class OptimConfig:
     decay_iters: Optional[int] = None  # null = train.max_iters
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     schedule: str = "cosine"  # cosine | linear | constant (each after linear warmup)
+    muon_lr: float = 0.02  # optim=muon: peak lr of the blocks' matrices (follows the same schedule as lr)
+    muon_momentum: float = 0.95  # optim=muon: Nesterov momentum of the Muon updates
+    muon_ns_steps: int = 5  # optim=muon: Newton-Schulz iterations per update
 
 
 @dataclass
@@ -224,6 +227,10 @@ def validate(c: Config) -> None:
            f"optim.decay_iters={o.decay_iters} must be >= 1: or null to decay over train.max_iters")
     _check(_finite(o.grad_clip) and o.grad_clip >= 0,
            f"optim.grad_clip={o.grad_clip} must be >= 0: use 0 to disable clipping or e.g. optim.grad_clip=1.0")
+    _check(_finite(o.muon_lr) and o.muon_lr > 0, f"optim.muon_lr={o.muon_lr} must be a positive number: e.g. "
+                                                  f"optim.muon_lr=0.02")
+    _check(0.0 <= o.muon_momentum < 1.0, f"optim.muon_momentum={o.muon_momentum} must be in [0, 1): e.g. 0.95")
+    _check(o.muon_ns_steps >= 1, f"optim.muon_ns_steps={o.muon_ns_steps} must be >= 1: e.g. optim.muon_ns_steps=5")
     _check(o.schedule in SCHEDULES, f"optim.schedule={o.schedule!r} is not known: use one of {', '.join(SCHEDULES)}")
 
     dev = t.device
@@ -238,6 +245,10 @@ def validate(c: Config) -> None:
     _check(t.seed >= 0, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337")
     _check(t.parallel in PARALLEL_MODES,
            f"train.parallel={t.parallel!r} is not valid: use none (DDP under torchrun), ddp or fsdp")
+    # Newton-Schulz needs whole matrices; FSDP holds only shards of them on each rank.
+    _check(not (t.parallel == "fsdp" and o.name == "muon"),
+           "optim=muon does not work with train.parallel=fsdp (Muon needs whole weight matrices): "
+           "use optim=adamw with FSDP, or train.parallel=ddp with Muon")
     r = t.resume
     _check(isinstance(r, bool) or (isinstance(r, str) and r.strip() != ""),
            f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")

@@ -345,7 +345,8 @@ class _Trainer:
 
         o = c.optim
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
-                                         device_type=device.type)
+                                         device_type=device.type, name=o.name, muon_lr=o.muon_lr,
+                                         muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
         self.scaler = torch.amp.GradScaler(device.type, enabled=True) if self.dev.use_grad_scaler else None
 
         from data.loader import BatchLoader

@@ -111,6 +111,10 @@ def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path
               if isinstance(r.get("val_loss"), (int, float)) and math.isfinite(r["val_loss"])]
     if not (train or ev_val):
         return None
+    import logging
+    mpl_log = logging.getLogger("matplotlib")
+    if mpl_log.getEffectiveLevel() < logging.WARNING:  # its INFO lines ("generated new fontManager") are noise
+        mpl_log.setLevel(logging.WARNING)
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 

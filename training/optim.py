@@ -32,8 +32,14 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-                    device_type: str) -> torch.optim.AdamW:
-    """AdamW over `param_groups`; fused on CUDA, foreach elsewhere."""
+                    device_type: str, name: str = "adamw", muon_lr: float = 0.02, muon_momentum: float = 0.95,
+                    muon_ns_steps: int = 5) -> torch.optim.Optimizer:
+    """AdamW over `param_groups` (fused on CUDA, foreach elsewhere), or with name="muon" Muon for the blocks'
+    matrices and AdamW for the rest (training/muon.py)."""
+    if name == "muon":
+        from training.muon import MuonAdamW, muon_param_groups
+        return MuonAdamW(muon_param_groups(model, weight_decay), lr=lr, muon_lr=muon_lr, betas=betas,
+                         weight_decay=weight_decay, momentum=muon_momentum, ns_steps=muon_ns_steps)
     kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, **kwargs)
 

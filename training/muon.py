@@ -1,0 +1,137 @@
+"""Muon for the hidden matrices, AdamW for everything else, in ONE torch.optim.Optimizer.
+
+`optim=muon` (conf/optim/muon.yaml). Design:
+
+- Muon (Keller Jordan et al., modded-nanogpt): SGD with Nesterov momentum whose update for each 2-D
+  weight is replaced by the nearest semi-orthogonal matrix, computed with a quintic Newton-Schulz
+  iteration (coefficients (3.4445, -4.7750, 2.0315), a few steps, on the smaller Gram side), then scaled
+  by sqrt(max(1, rows/cols)). Used for the transformer blocks' Linear weights (attention c_attn/c_proj,
+  MLP c_fc/c_proj): the ">= 2-D weights inside transformer.h".
+- Everything else (token embedding = tied output head, position embedding, LayerNorm gains, biases)
+  uses AdamW with the usual decay split (>= 2-D decayed, 1-D not), written with torch._foreach ops
+  (the same arithmetic as torch.optim.AdamW(foreach=True)).
+- One optimizer, so the loop is unchanged: one state_dict (exact resume: momentum buffers and Adam
+  moments are in `state`), GradScaler.unscale_/step work, and `set_lr(opt, lr)` keeps writing the
+  schedule's lr into every group's "lr": a Muon group multiplies it by its "lr_scale" (= muon_lr / lr),
+  so both learning rates follow the same warmup/decay shape.
+- Same-shaped matrices of all layers are stacked and orthogonalised in one batched matmul chain
+  (fewer, larger matmuls: on CPU this is most of Muon's cost).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """Approximately orthogonalise the last two dims of G (..., m, n): U V^T of its SVD, by a quintic iteration."""
+    a, b, c = NS_COEFFS
+    X = G / (G.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm <= Frobenius norm <= 1
+    tall = X.size(-2) > X.size(-1)
+    if tall:
+        X = X.mT  # iterate on the smaller Gram matrix
+    X = X.contiguous()
+    if X.dim() == 2:
+        X = X.unsqueeze(0)
+        squeeze = True
+    else:
+        X, squeeze = X.reshape(-1, *X.shape[-2:]), False
+    for _ in range(steps):  # X <- a X + (b A + c A^2) X, A = X X^T; baddbmm fuses the scalings (~20% faster on CPU)
+        A = torch.bmm(X, X.mT)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        X = torch.baddbmm(X, B, X, beta=a, alpha=1.0)
+    X = X.squeeze(0) if squeeze else X.reshape(*G.shape[:-2], *X.shape[-2:])
+    return X.mT if tall else X
+
+
+def muon_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """[muon: >=2-D weights inside transformer.h], [adamw decay: other >=2-D], [adamw no decay: <2-D]."""
+    muon, decay, no_decay, seen = [], [], [], set()
+    for name, p in model.named_parameters():  # a tied Parameter is yielded once
+        if not p.requires_grad or id(p) in seen:
+            continue
+        seen.add(id(p))
+        if p.dim() >= 2 and name.startswith("transformer.h."):
+            muon.append(p)
+        elif p.dim() >= 2:
+            decay.append(p)
+        else:
+            no_decay.append(p)
+    return [{"params": muon, "muon": True},
+            {"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    def __init__(self, params, *, lr: float, muon_lr: float = 0.02, betas=(0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0, momentum: float = 0.95, ns_steps: int = 5, muon_weight_decay: float = 0.0):
+        if not lr > 0 or not muon_lr > 0:
+            raise ValueError(f"optim.lr={lr} and optim.muon_lr={muon_lr} must be positive")
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, muon=False, lr_scale=1.0,
+                        momentum=momentum, ns_steps=ns_steps)
+        super().__init__(params, defaults)
+        for g in self.param_groups:
+            if g["muon"]:
+                g["lr_scale"] = muon_lr / lr
+                g["weight_decay"] = muon_weight_decay
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for g in self.param_groups:
+            params = [p for p in g["params"] if p.grad is not None]
+            if params:
+                (self._muon if g["muon"] else self._adamw)(g, params)
+        return loss
+
+    def _muon(self, g: dict, params: list[torch.Tensor]) -> None:
+        lr, mom, wd = g["lr"] * g["lr_scale"], g["momentum"], g["weight_decay"]
+        grads = [p.grad for p in params]
+        bufs = []
+        for p in params:
+            st = self.state[p]
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            bufs.append(st["momentum_buffer"])
+        torch._foreach_lerp_(bufs, grads, 1 - mom)           # buf = mom * buf + (1 - mom) * g
+        nesterov = torch._foreach_lerp(grads, bufs, mom)     # g' = (1 - mom) * g + mom * buf
+        by_shape: dict[tuple, list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault(tuple(p.shape), []).append(i)
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        for shape, idx in by_shape.items():
+            U = newton_schulz(torch.stack([nesterov[i] for i in idx]), g["ns_steps"])
+            scale = -lr * math.sqrt(max(1.0, shape[0] / shape[1]))
+            for j, i in enumerate(idx):
+                params[i].add_(U[j].to(params[i].dtype), alpha=scale)
+
+    def _adamw(self, g: dict, params: list[torch.Tensor]) -> None:
+        lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
+        grads, m, v = [p.grad for p in params], [], []
+        for p in params:
+            st = self.state[p]
+            if "exp_avg" not in st:
+                st["step"] = torch.tensor(0.0)
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["step"] += 1
+            m.append(st["exp_avg"])
+            v.append(st["exp_avg_sq"])
+        step = float(self.state[params[0]]["step"])  # all params of a group step together
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        torch._foreach_lerp_(m, grads, 1 - b1)
+        torch._foreach_mul_(v, b2)
+        torch._foreach_addcmul_(v, grads, grads, 1 - b2)
+        bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
+        denom = torch._foreach_sqrt(v)
+        torch._foreach_div_(denom, math.sqrt(bc2))
+        torch._foreach_add_(denom, eps)
+        torch._foreach_addcdiv_(params, m, denom, -lr / bc1)
