@@ -385,19 +385,6 @@ def _remove_stale_tmp(root: Path) -> None:
             pass
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # ------------------------------------------------------------------------------------------------ prepare
 def prepare(cfg: DataConfig, *, progress: bool = True) -> Prepared:
     """Prepared token files for `cfg`, from the cache when possible (see the module docstring)."""
@@ -477,7 +464,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True) -> Prepared:
             f.flush()
             os.fsync(f.fileno())
         (tmp / ".owner").unlink()
-        _fsync_dir(tmp)
+        sources.fsync_dir(tmp)
         try:
             os.rename(tmp, final)
         except OSError:
@@ -485,7 +472,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True) -> Prepared:
                 raise
             shutil.rmtree(tmp, ignore_errors=True)  # another process finished first: use its (identical) result
             return load_prepared(final, expect_key=key)
-        _fsync_dir(root)
+        sources.fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -62,6 +62,20 @@ def gpt2_ranks_path() -> Path | None:
     return p if p.is_file() else None
 
 
+def fsync_dir(path: Path) -> None:
+    """Make a rename in `path` durable (best effort: some platforms cannot open directories)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -131,6 +145,7 @@ def download(url: str, dest: Path, *, size: int | None = None, sha256: str | Non
             raise ValueError(f"download of {url} has the wrong sha256 ({h.hexdigest()[:12]}..., expected "
                              f"{sha256[:12]}...): try again, or copy the file to {dest} by hand")
         os.replace(tmp, dest)
+        fsync_dir(dest.parent)
     except BaseException:
         try:
             os.unlink(tmp)

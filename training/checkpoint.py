@@ -23,17 +23,19 @@ from __future__ import annotations
 
 import errno
 import os
-import pickle
 import random
 import re
 import shutil
 import uuid
 import warnings
 from pathlib import Path
+from pickle import UnpicklingError  # what torch.load(weights_only=True) raises on a refused object
 from typing import Any
 
 import numpy as np
 import torch
+
+from data.sources import fsync_dir
 
 FORMAT = "tinygpt"
 VERSION = 1
@@ -48,19 +50,6 @@ class CheckpointError(ValueError):
 
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
-def _fsync_dir(d: Path) -> None:
-    try:
-        fd = os.open(d, os.O_RDONLY)
-    except OSError:  # e.g. platforms where directories cannot be opened
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _save_error(path: Path, e: BaseException) -> OSError:
@@ -91,7 +80,7 @@ def save_checkpoint(obj: dict, path: str | os.PathLike) -> Path:
     except BaseException:  # KeyboardInterrupt, pickling bugs: clean up, keep the real error
         _remove_quietly(tmp)
         raise
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
 
 
@@ -117,7 +106,7 @@ def link_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     except BaseException:
         _remove_quietly(tmp)
         raise
-    _fsync_dir(dst.parent)
+    fsync_dir(dst.parent)
     return dst
 
 
@@ -165,7 +154,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
         with warnings.catch_warnings():  # torch warns about pickle protocols of files it is about to refuse
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             ckpt = torch.load(p, map_location=map_location, weights_only=True)
-    except pickle.UnpicklingError as e:
+    except UnpicklingError as e:
         msg = str(e)
         m = re.search(r"GLOBAL ([\w.]+)", msg)
         if m or "Unsupported global" in msg:

@@ -502,14 +502,14 @@ def recover_sharded(run_dir: str | os.PathLike) -> None:
 
 def _publish_dir(tmp: Path, path: Path) -> None:
     """Replace directory `path` by `tmp` (rename the old one away, rename in, delete the old one)."""
-    from training.checkpoint import _fsync_dir
+    from data.sources import fsync_dir
     old = _old_dir(path)
     if old.exists():
         shutil.rmtree(old)
     if path.exists():
         os.rename(path, old)
     os.rename(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     if old.exists():
         shutil.rmtree(old, ignore_errors=True)
 

@@ -70,8 +70,10 @@ class MuonAdamW(torch.optim.Optimizer):
                  weight_decay: float = 0.0, momentum: float = 0.95, ns_steps: int = 5, muon_weight_decay: float = 0.0):
         if not lr > 0 or not muon_lr > 0:
             raise ValueError(f"optim.lr={lr} and optim.muon_lr={muon_lr} must be positive")
+        # foreach/fused are unused here, but torch's checkpoint state-dict helpers add them on load;
+        # declaring them keeps a resumed optimizer's param_groups identical to the original's.
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, muon=False, lr_scale=1.0,
-                        momentum=momentum, ns_steps=ns_steps)
+                        momentum=momentum, ns_steps=ns_steps, foreach=None, fused=None)
         super().__init__(params, defaults)
         for g in self.param_groups:
             if g["muon"]:
