@@ -7,8 +7,9 @@ git commit (flagged "uncommitted" when the tree differs from it) and every setti
 Sections (all by default; pick with `--only`):
 - train    Training throughput per model preset (`conf/model/{tiny,baby,gpt2}.yaml`, read with OmegaConf):
            the training loop's step (BatchLoader batch -> autocast forward -> backward -> grad clip ->
-           AdamW with training/optim.py's groups (fused on CUDA, foreach elsewhere) -> zero_grad), with
-           torch.compile and bf16 autocast on CUDA as train.py does. The first step (it carries the
+           optimizer step -> zero_grad) with training/optim.py's optimizer (AdamW: fused on CUDA, foreach
+           elsewhere; `--optim muon`: Muon + AdamW, as experiment=cpu trains), with torch.compile and
+           bf16 autocast on CUDA as train.py does. The first step (it carries the
            compilation) and the warm-up steps are excluded and reported apart; tokens/s comes from the
            MEDIAN of the measured steps (>= 20 unless --quick on CPU says otherwise). GPU steps are timed
            with CUDA events (no host sync inside the loop); CPU steps with perf_counter. MFU uses
@@ -153,7 +154,8 @@ def _token_files(tmp: Path, vocab: int, n: int):
     return paths
 
 
-def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, compile_model: bool, tmp: Path) -> dict:
+def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, compile_model: bool, tmp: Path,
+                       optim: str = "adamw") -> dict:
     import torch
     from data.loader import BatchLoader
     from model import GPT
@@ -165,13 +167,13 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
     device = dev.device
     row = {"preset": name, "batch_size": batch, "block_size": cfg.block_size,
            "tokens_per_step": batch * cfg.block_size, "model_config": cfg.to_dict(), "dtype": dev.dtype_name,
-           "compile": compile_model, "warmup_steps": warmup, "measured_steps": steps, "load_avg_before": load_avg()}
+           "compile": compile_model, "optimizer": optim, "warmup_steps": warmup, "measured_steps": steps, "load_avg_before": load_avg()}
     torch.manual_seed(0)
     model = GPT(cfg).to(device).train()
     row["params"] = model.num_params()
     fpt = flops_per_token(row["params"], cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.block_size)
     params = [p for p in model.parameters() if p.requires_grad]
-    opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), device_type=device.type)
+    opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), device_type=device.type, name=optim)
     train_path, val_path = _token_files(tmp, preset_vocab(name), max(1 << 20, 4 * batch * (cfg.block_size + 1)))
     loader = BatchLoader(train_path, val_path, cfg.block_size, batch, seed=0, device=device)
     model_c = torch.compile(model) if compile_model else model
@@ -253,7 +255,7 @@ def section_train(args, dev) -> dict:
         for name in presets:
             batch = args.batch.get(name) or default_batch(name, dev.device.type, args.quick)
             print(f"[train] {name}: batch {batch}, {warmup} warm-up + {steps} measured steps ...", file=sys.stderr, flush=True)
-            rows.append(bench_train_preset(name, batch, steps, warmup, dev, compile_model, Path(tmp)))
+            rows.append(bench_train_preset(name, batch, steps, warmup, dev, compile_model, Path(tmp), args.optim))
             if compile_model:
                 torch._dynamo.reset()
             if dev.device.type == "cuda":
@@ -462,7 +464,8 @@ def print_table(result: dict, out=sys.stdout) -> None:
     print(f"load average at start: {result['load_avg_start']}", file=out)
     s = result["sections"]
     if "train" in s:
-        print("\n== training throughput (median step; warm-up and compile excluded) ==", file=out)
+        opts = sorted({r.get("optimizer", "adamw") for r in s["train"]["rows"]})
+        print(f"\n== training throughput ({', '.join(opts)}; median step; warm-up and compile excluded) ==", file=out)
         print(f"{'preset':7} {'params':>9} {'batch':>6} {'tok/step':>9} {'step ms':>9} {'tokens/s':>11} {'TFLOP/s':>8} "
               f"{'MFU':>6} {'compile s':>9} {'peak GiB':>8}", file=out)
         for r in s["train"]["rows"]:
@@ -533,6 +536,8 @@ def parse_args(argv=None):
     ap.add_argument("--dtype", default="auto", help="training dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16")
     ap.add_argument("--compile", default="auto", choices=("auto", "on", "off"),
                     help="torch.compile for the train section (auto: on CUDA only, as train.py)")
+    ap.add_argument("--optim", default="adamw", choices=("adamw", "muon"),
+                    help="optimizer of the train section (adamw: fused on CUDA; muon: as optim=muon, used by experiment=cpu)")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     ap.add_argument("--presets", default=None, help=f"comma-separated model presets for train ({','.join(PRESETS)})")
     ap.add_argument("--batch", action="append", default=[], metavar="PRESET=N", help="batch size for a preset")

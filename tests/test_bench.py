@@ -11,9 +11,11 @@ import bench
 from tests.helpers import REPO, run_cli
 
 
-def test_cli_smoke_tiny_sizes(tmp_path, cache_with_shakespeare, cache_with_gpt2):
+@pytest.mark.parametrize("optim", ["adamw", "muon"])
+def test_cli_smoke_tiny_sizes(tmp_path, cache_with_shakespeare, cache_with_gpt2, optim):
     out = tmp_path / "r.json"
     proc = run_cli(["bench.py", "--only", "train,decode,prep", "--presets", "tiny", "--steps", "2", "--warmup", "0",
+                    "--optim", optim,
                     "--decode-tokens", "8", "--decode-reps", "1", "--decode-preset", "tiny", "--prep-mb", "0.3",
                     "--threads", "1", "--out", str(out)], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
@@ -22,6 +24,7 @@ def test_cli_smoke_tiny_sizes(tmp_path, cache_with_shakespeare, cache_with_gpt2)
     assert set(r["sections"]) == {"train", "decode", "prep"} and not r["errors"]
     (row,) = r["sections"]["train"]["rows"]
     assert row["preset"] == "tiny" and row["measured_steps"] == 2 and row["tokens_per_s"] > 0
+    assert row["optimizer"] == optim and f"training throughput ({optim};" in proc.stdout
     assert row["mfu"] is None  # CPU: no peak FLOP/s, so no MFU rather than a wrong one
     assert row["model_config"]["n_layer"] == bench.model_preset("tiny")["n_layer"]
     modes = {d["mode"]: d for d in r["sections"]["decode"]["rows"]}
