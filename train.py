@@ -76,10 +76,9 @@ def main(cfg: DictConfig) -> None:
         out = Path(os.path.relpath(out)) if out.resolve().is_relative_to(Path.cwd().resolve()) else out
     except ValueError:
         pass
-    oom = getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError)  # torch.OutOfMemoryError: 2.5+
     try:
         result = train(cfg, out, cli_overrides=list(hc.overrides.task))
-    except oom:
+    except torch.OutOfMemoryError:
         _fail(f"out of memory on the GPU with train.batch_size={cfg.train.batch_size}, model.block_size="
               f"{cfg.model.block_size}: lower train.batch_size (and raise train.grad_accum_steps to keep the "
               f"same global batch) or use a smaller model")

@@ -1,5 +1,6 @@
 """Sampling ladder: logits_to_probs filters, reproducible sampling, cached == uncached generation."""
 import dataclasses
+import shutil
 import warnings
 
 import pytest
@@ -190,3 +191,34 @@ def test_compile_on_cpu_falls_back_with_a_warning(tiny_gpt_config):
         out = model.generate(idx, 20, temperature=0, compile=True)
     assert any("CUDA" in str(w.message) for w in caught)
     assert torch.equal(out, model.generate(idx, 20, temperature=0))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="torch.compile's CPU backend needs a C compiler")
+def test_compiled_static_cache_decode_traces_once_and_matches_eager(tiny_gpt_config):
+    """The step CUDA graphs capture (compile=True on CUDA), compiled here on CPU: one graph with no graph
+    break, no recompilation as positions advance or the window slides, and the eager decode's tokens."""
+    import torch._dynamo
+
+    from model import generate as gen
+
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.tensor([[1, 2, 3]])
+    n = 2 * tiny_gpt_config.block_size  # long enough for the window to slide (re-prefill) twice
+    kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
+    eager = torch.cat([idx, *gen._generate(model, idx, n, True, gen.decode_one_token, False, kw)], dim=1)
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    compiled = torch.cat([idx, *gen._generate(model, idx, n, True, gen._get_compiled_decode(), True, kw)], dim=1)
+    assert torch.equal(compiled, eager)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
+    assert not torch._dynamo.utils.counters["graph_break"]
+    # with a user's Generator the draw stays eager (the one graph break, by design): same tokens as eager
+    kw = dict(temperature=0.8, top_k=10, top_p=0.9)
+    eager = torch.cat([idx, *gen._generate(model, idx, n, True, gen.decode_one_token, False,
+                                           dict(kw, generator=torch.Generator().manual_seed(5)))], dim=1)
+    compiled = torch.cat([idx, *gen._generate(model, idx, n, True, gen._get_compiled_decode(), True,
+                                              dict(kw, generator=torch.Generator().manual_seed(5)))], dim=1)
+    assert torch.equal(compiled, eager)
+    assert sum(torch._dynamo.utils.counters["graph_break"].values()) >= 1

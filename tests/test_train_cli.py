@@ -66,6 +66,25 @@ def test_runtime_mistake_is_one_line(tmp_path, tiny_corpus):
                                                    "(a run directory holds last.pt and best.pt)"
 
 
+def test_out_of_memory_is_one_line_that_says_what_to_lower(tmp_path, tiny_corpus):
+    """A GPU OOM (simulated: the first backward raises torch.OutOfMemoryError) ends with one line, exit 2."""
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import torch\n"
+        "def _oom(*a, **k):\n"
+        "    raise torch.OutOfMemoryError('CUDA out of memory. Tried to allocate 2.00 GiB')\n"
+        "torch.Tensor.backward = _oom\n")
+    proc = run_cli(["train.py", *TINY, "data=text", f"data.path={tiny_corpus}", "train.max_iters=4",
+                    "hydra.run.dir=run"], cwd=tmp_path, timeout=120,
+                   env={"PYTHONPATH": f"{hook}{os.pathsep}{REPO}"})
+    assert proc.returncode == 2, proc.stderr
+    _no_traceback(proc)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: out of memory on the GPU with train.batch_size=4") and "grad_accum_steps" in last
+    assert not (tmp_path / "run" / "last.pt").exists()  # nothing half-written
+
+
 @pytest.mark.slow
 def test_sigterm_saves_last_pt_and_exits_143(tmp_path, tiny_corpus):
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")

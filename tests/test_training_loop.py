@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 
 import pytest
@@ -195,6 +196,29 @@ def test_compile_failure_falls_back_to_eager(tmp_path, tiny_corpus, monkeypatch,
     a, b = ck.load_checkpoint(eager / "last.pt"), ck.load_checkpoint(comp / "last.pt")
     for k in a["model"]:
         assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                    reason="torch.compile's CPU backend needs a C compiler")
+def test_real_compile_trains_like_eager_and_resumes(tmp_path, tiny_corpus, caplog):
+    """train.compile=true for real (the CUDA default; inductor's CPU backend here): no fallback, the same
+    losses as eager up to kernel rounding, checkpoint keys without the compiled wrapper's prefix, and a
+    compiled resume that continues where it stopped."""
+    eager, comp = tmp_path / "eager", tmp_path / "comp"
+    train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=2"), eager)
+    with caplog.at_level("WARNING"):
+        train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2", "train.compile=true"), comp)
+        res = train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=2", "train.compile=true",
+                             "train.resume=true"), comp)
+    assert res.step == 4 and not [r for r in caplog.records if "compile" in r.message]
+    a, b = ck.load_checkpoint(eager / "last.pt"), ck.load_checkpoint(comp / "last.pt")
+    assert a["model"].keys() == b["model"].keys()
+    for k in a["model"]:
+        torch.testing.assert_close(b["model"][k], a["model"][k], rtol=1e-4, atol=1e-5, msg=k)
+    ea, eb = [[r for r in records(d) if r["type"] == "eval"] for d in (eager, comp)]
+    assert [r["step"] for r in eb] == [2, 4]
+    assert [r["val_loss"] for r in eb] == pytest.approx([r["val_loss"] for r in ea], rel=1e-4)
 
 
 def test_grad_accumulation_matches_a_bigger_batch(tmp_path, tiny_corpus):
