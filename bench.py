@@ -222,8 +222,11 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
     except torch.OutOfMemoryError:
         row.update(error=f"out of memory at batch_size={batch}: pass --batch {name}=N with a smaller N")
         return row
-    finally:
-        del opt
+    except Exception as e:  # noqa: BLE001 - e.g. a compiler failure: record it, measure the other presets
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        row.update(error=f"{type(e).__name__}: {first}" + (" (try --compile off)" if compile_model else ""))
+        return row
+    finally:  # the model, optimizer and batches are freed on return, before the next preset
         if device.type == "cuda":
             row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2)
     med = statistics.median(times)
@@ -362,13 +365,14 @@ def section_quality(args, dev) -> dict:
 def section_decode(args, dev) -> dict:
     import torch
     from model import GPT
+    from training.device import cuda_bf16_native
     device = dev.device
     shape = args.decode_preset or ("gpt2" if device.type == "cuda" else "baby")
     cfg = gpt_config(model_preset(shape), preset_vocab(shape))
     torch.manual_seed(0)
     model = GPT(cfg).to(device).eval()
     dtype = "float32"
-    if device.type == "cuda" and torch.cuda.is_bf16_supported():
+    if device.type == "cuda" and cuda_bf16_native():
         model = model.to(torch.bfloat16)  # as sample.py: decoding is memory-bound, half the bytes per token
         dtype = "bfloat16"
     n = args.decode_tokens

@@ -219,8 +219,10 @@ def pick_device(name: str) -> str:
 
 def load_model(args: argparse.Namespace, ckpt_path: Path | None, device: str):
     """(model in eval mode on `device`, tokenizer) from the checkpoint alone, or from --init HF_DIR.
-    On a CUDA GPU with bfloat16 support the weights (and so the KV cache) are cast to bfloat16."""
+    On a CUDA GPU with bfloat16 in hardware (Ampere or newer) the weights (and so the KV cache) are cast to bfloat16."""
     import torch
+
+    from training.device import cuda_bf16_native
     if args.init is not None:
         from data.tokenizer import GPT2Tokenizer
         from model import GPT
@@ -247,7 +249,7 @@ def load_model(args: argparse.Namespace, ckpt_path: Path | None, device: str):
                          f"{model.config.vocab_size}: model and tokenizer do not belong together")
     mask_padded_vocab(model, tokenizer.vocab_size)
     model = model.to(device).eval()
-    if device.startswith("cuda") and torch.cuda.is_bf16_supported():
+    if device.startswith("cuda") and cuda_bf16_native():
         model = model.to(dtype=torch.bfloat16)  # decoding is memory-bound: half the bytes per token
     return model, tokenizer
 

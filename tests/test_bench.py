@@ -104,3 +104,24 @@ def test_module_imports_cheaply():
     """bench.py is importable without starting any work (tests and tools import its helpers)."""
     proc = run_cli(["-c", "import bench, sys; print('torch' in sys.modules)"], cwd=REPO, timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == "False"
+
+
+def test_a_failing_preset_is_an_error_row_not_an_abort(tmp_path, monkeypatch):
+    """e.g. inductor failing on the GPU image: that preset's row says why, the bench goes on."""
+    import io
+
+    import torch
+
+    from training.device import setup_device
+
+    class Broken(torch.nn.Module):
+        def forward(self, *a, **kw):
+            raise RuntimeError("backend compiler failed\nlong inductor log")
+    monkeypatch.setattr(torch, "compile", lambda m, *a, **kw: Broken())
+    bad = bench.bench_train_preset("tiny", 2, 1, 0, setup_device("cpu", "float32"), True, tmp_path)
+    assert bad["error"] == "RuntimeError: backend compiler failed (try --compile off)" and "tokens_per_s" not in bad
+    out = io.StringIO()
+    bench.print_table({"hardware": bench.hardware(torch.device("cpu")), "git": {"commit": None}, "load_avg_start": None,
+                       "started": "",
+                       "sections": {"train": {"rows": [bad], "notes": []}}, "errors": {}}, out=out)
+    assert "backend compiler failed" in out.getvalue()

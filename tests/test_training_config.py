@@ -81,6 +81,7 @@ def test_unknown_preset():
     ("optim.min_lr=0.1", "optim.min_lr=0.1 is above optim.lr"),
     ("optim.beta2=1.5", "optim.beta2=1.5 must be in"),
     ("optim.schedule=step", "optim.schedule='step' is not known"),
+    ("optim.cooldown_frac=1.5", "optim.cooldown_frac=1.5 must be in [0, 1]"),
     ("train.device=tpu", "train.device='tpu' is not valid"),
     ("train.dtype=int8", "train.dtype='int8' is not valid"),
     ("train.compile=maybe", "train.compile='maybe' is not valid"),

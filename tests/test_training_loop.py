@@ -198,6 +198,25 @@ def test_compile_failure_falls_back_to_eager(tmp_path, tiny_corpus, monkeypatch,
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
+def test_out_of_memory_under_compile_is_not_a_compile_failure(tmp_path, tiny_corpus, monkeypatch, caplog):
+    """OOM on the first compiled step propagates (train.py turns it into one line); no eager retry."""
+    calls = []
+
+    class OOM(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, *a, **kw):
+            calls.append(1)
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    monkeypatch.setattr(torch, "compile", lambda m, *a, **kw: OOM(m))
+    with caplog.at_level("WARNING"), pytest.raises(torch.OutOfMemoryError):
+        train(make_cfg(tiny_corpus, "train.max_iters=3", "train.compile=true"), tmp_path / "run")
+    assert len(calls) == 1 and not [r for r in caplog.records if "torch.compile failed" in r.message]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                     reason="torch.compile's CPU backend needs a C compiler")

@@ -50,6 +50,19 @@ def test_schedule_linear_and_constant():
         lr_at(50, schedule="step", **kw)
 
 
+def test_schedule_wsd_holds_then_cools_down():
+    kw = dict(lr=1.0, min_lr=0.1, warmup_iters=10, decay_iters=110, schedule="wsd")
+    assert lr_at(10, **kw) == 1.0 and lr_at(87, **kw) == 1.0  # stable until the last 20% of 110 steps
+    assert lr_at(88, **kw) == pytest.approx(1.0) and lr_at(99, **kw) == pytest.approx(0.1 + 0.9 * 0.5)
+    assert lr_at(109, **kw) == pytest.approx(0.1 + 0.9 / 22) and lr_at(110, **kw) == 0.1
+    assert lr_at(5, **kw) == lr_at(5, **{**kw, "schedule": "cosine"})  # the same warmup
+    # the cooldown never starts inside the warmup; cooldown_frac=1 is the linear schedule
+    assert lr_at(12, **kw, cooldown_frac=1.0) == lr_at(12, **{**kw, "schedule": "linear"})
+    assert lr_at(50, **kw, cooldown_frac=0.0) == 1.0 and lr_at(110, **kw, cooldown_frac=0.0) == 0.1
+    values = [lr_at(s, **kw) for s in range(10, 111)]
+    assert all(a >= b for a, b in zip(values, values[1:]))
+
+
 @pytest.mark.parametrize("name, expect", [
     ("NVIDIA H100 80GB HBM3", 989e12),
     ("NVIDIA H100 PCIe", 756e12),
@@ -66,6 +79,7 @@ def test_schedule_linear_and_constant():
     ("NVIDIA GeForce RTX 3090 Ti", None),
     ("Tesla V100-SXM2-16GB", 125e12),
     ("Some Future GPU", None),
+    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None),  # a slice: the whole GPU's peak would be wrong
 ])
 def test_peak_flops_table(name, expect):
     got = dv.peak_flops(name)
@@ -110,3 +124,39 @@ def test_metrics_records_and_plot(tmp_path):
     assert [r["step"] for r in mt.records_up_to(recs, 2)] == [1, 2]
     assert mt.plot_loss(recs, tmp_path / "loss.png").stat().st_size > 1000
     assert mt.plot_loss([], tmp_path / "none.png") is None
+
+
+def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):
+    """A CPU run's AdamW state (foreach) resumed where AdamW is fused (CUDA): every `step` must follow the
+    parameters to their device, which torch decides from the flags in the saved groups."""
+    from model import GPT
+    from training.optim import load_optimizer_state
+    torch.manual_seed(0)
+    src_model = GPT(tiny_gpt_config)
+    src = build_optimizer(src_model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    src_model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].backward()
+    src.step()
+    with torch.device("meta"):  # stands in for CUDA: a device other than the CPU
+        dst_model = GPT(tiny_gpt_config)
+    dst = torch.optim.AdamW(param_groups(dst_model, 0.1), lr=1e-3, foreach=False)
+    for g in dst.param_groups:
+        g.update(fused=True, foreach=None)  # what build_optimizer sets on CUDA
+    load_optimizer_state(dst, src.state_dict())
+    states = list(dst.state.values())
+    assert states and all(s["step"].device.type == "meta" and s["exp_avg"].device.type == "meta" for s in states)
+    assert all(g["fused"] is True and g["foreach"] is None for g in dst.param_groups)
+    assert [g["lr"] for g in dst.param_groups] == [g["lr"] for g in src.param_groups]
+
+
+def test_auto_dtype_on_cuda_needs_bf16_in_hardware(monkeypatch):
+    """V100/T4 emulate bf16 (torch says "supported" by default): auto picks fp16 + GradScaler there."""
+    asked = {}
+
+    def supported(including_emulation=True):
+        asked["including_emulation"] = including_emulation
+        return including_emulation  # an emulating GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported)
+    assert dv.resolve_dtype("auto", torch.device("cuda")) == torch.float16
+    assert asked == {"including_emulation": False}
+    assert dv.resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16  # asked for: allowed

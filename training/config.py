@@ -36,7 +36,7 @@ DTYPES = {  # accepted spellings -> canonical torch dtype name
     "bfloat16": "bfloat16", "bf16": "bfloat16",
     "float16": "float16", "fp16": "float16",
 }
-SCHEDULES = ("cosine", "linear", "constant")
+SCHEDULES = ("cosine", "linear", "wsd", "constant")
 OPTIMIZERS = ("adamw", "muon")
 LOGGERS = (None, "wandb")
 WANDB_MODES = ("online", "offline", "disabled")
@@ -68,7 +68,8 @@ class OptimConfig:
     warmup_iters: int = 100
     decay_iters: Optional[int] = None  # null = train.max_iters
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
-    schedule: str = "cosine"  # cosine | linear | constant (each after linear warmup)
+    schedule: str = "cosine"  # cosine | linear | wsd | constant (each after linear warmup)
+    cooldown_frac: float = 0.2  # schedule=wsd: the last fraction of decay_iters spent cooling down to min_lr
     muon_lr: float = 0.02  # optim=muon: peak lr of the blocks' matrices (follows the same schedule as lr)
     muon_momentum: float = 0.95  # optim=muon: Nesterov momentum of the Muon updates
     muon_ns_steps: int = 5  # optim=muon: Newton-Schulz iterations per update
@@ -231,6 +232,8 @@ def validate(c: Config) -> None:
                                                   f"optim.muon_lr=0.02")
     _check(0.0 <= o.muon_momentum < 1.0, f"optim.muon_momentum={o.muon_momentum} must be in [0, 1): e.g. 0.95")
     _check(o.muon_ns_steps >= 1, f"optim.muon_ns_steps={o.muon_ns_steps} must be >= 1: e.g. optim.muon_ns_steps=5")
+    _check(_finite(o.cooldown_frac) and 0.0 <= o.cooldown_frac <= 1.0,
+           f"optim.cooldown_frac={o.cooldown_frac} must be in [0, 1]: e.g. optim.cooldown_frac=0.2")
     _check(o.schedule in SCHEDULES, f"optim.schedule={o.schedule!r} is not known: use one of {', '.join(SCHEDULES)}")
 
     dev = t.device

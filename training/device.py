@@ -48,6 +48,8 @@ DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16"
 
 def peak_flops(device_name: str) -> Optional[tuple[str, float]]:
     """(readable GPU name, dense 16-bit peak FLOP/s) for a CUDA device name, or None if not in the table."""
+    if "MIG" in device_name:  # a slice of the GPU: the whole GPU's peak would understate MFU
+        return None
     for pattern, name, flops in PEAK_FLOPS:
         if re.search(pattern, device_name):
             return name, flops
@@ -87,16 +89,22 @@ def _mps_available() -> bool:
     return bool(mps and mps.is_available())
 
 
+def cuda_bf16_native() -> bool:
+    """bf16 in hardware (Ampere and newer). torch's default also says yes to emulated bf16 (V100, T4),
+    which runs far slower than fp16 there."""
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     """`train.dtype` -> the autocast dtype (float32 = no autocast)."""
     if spec == "auto":
         if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+            return torch.bfloat16 if cuda_bf16_native() else torch.float16
         return torch.float32
     if spec not in DTYPE_BY_NAME:
         raise ValueError(f"train.dtype={spec!r} is not valid: use auto, float32, bfloat16 or float16")
     dtype = DTYPE_BY_NAME[spec]
-    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():  # emulated is allowed when asked for
         raise ValueError(f"train.dtype=bfloat16 but {torch.cuda.get_device_name(device)} does not support it: "
                          f"use train.dtype=float16 (or auto)")
     if dtype == torch.float16 and device.type == "cpu":

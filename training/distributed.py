@@ -71,6 +71,8 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from training.optim import with_impl_flags
+
 PARALLEL_MODES = ("none", "ddp", "fsdp")
 DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
 LAST_DCP = "last_dcp"
@@ -439,10 +441,6 @@ def full_model_state_dict(model: torch.nn.Module, info: DistInfo) -> dict:
     return clean_state_dict(unwrap_model(model).state_dict())
 
 
-def _opt_flags(optimizer) -> list[dict]:
-    return [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
-
-
 def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict, info: DistInfo) -> None:
     """Load an ordinary (index-keyed, unsharded) optimizer state_dict into an FSDP-sharded optimizer."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -452,16 +450,10 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict, in
         for p in g["params"]:
             index_to_name[i] = names[id(p)]
             i += 1
-    groups = []
-    for g in state["param_groups"]:
-        g = dict(g)
-        g["params"] = [index_to_name[int(j)] for j in g["params"]]
-        groups.append(g)
+    groups = [dict(g, params=[index_to_name[int(j)] for j in g["params"]])
+              for g in with_impl_flags(state["param_groups"], optimizer)]
     fqn_state = {"state": {index_to_name[int(k)]: v for k, v in state["state"].items()}, "param_groups": groups}
-    flags = _opt_flags(optimizer)
     set_optimizer_state_dict(model, optimizer, fqn_state, options=StateDictOptions(full_state_dict=True))
-    for g, f in zip(optimizer.param_groups, flags):
-        g.update(f)
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
@@ -573,7 +565,6 @@ def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, inf
     world size, DDP or a plain module: DCP reshards). Collective when distributed."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-    flags = _opt_flags(optimizer) if optimizer is not None else []
     msd, osd = get_state_dict(model, optimizer if optimizer is not None else [])
     state = {"model": msd, "optimizer": osd} if optimizer is not None else {"model": msd}
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
@@ -585,9 +576,8 @@ def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, inf
         raise ValueError(f"the sharded checkpoint {path} does not fit this model ({first}): resume with the "
                          f"settings it was trained with") from None
     if optimizer is not None:
-        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
-        for g, f in zip(optimizer.param_groups, flags):
-            g.update(f)
+        osd = dict(state["optimizer"], param_groups=with_impl_flags(state["optimizer"]["param_groups"], optimizer))
+        set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=osd)
     else:
         from torch.distributed.checkpoint.state_dict import set_model_state_dict
         set_model_state_dict(model, state["model"])

@@ -38,16 +38,13 @@ console that shows the bar.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import math
 import os
 import secrets
 import shlex
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -59,15 +56,15 @@ import torch
 from training import checkpoint as ckpt_lib
 from training import distributed as dist_lib
 from training.config import Config, to_dataclass
+from training.console import console_with_bar
 from training.device import DeviceSetup, resolve_compile, resolve_device, setup_device
 from training.metrics import (MetricsWriter, flops_per_token, format_count, format_duration, mfu as compute_mfu,
                               plot_loss, read_metrics, records_up_to, write_records_atomic)
-from training.optim import build_optimizer, lr_at, set_lr
+from training.optim import build_optimizer, load_optimizer_state, lr_at, set_lr
+from training.signals import EXIT_CODES, StopRequest
+from training.wandb_run import WandbRun
 
 log = logging.getLogger(__name__)
-
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
-
 
 class _EvalInterrupted(BaseException):  # not Exception: the compile guard must not catch it
     """A stop signal arrived during an evaluation (internal)."""
@@ -88,135 +85,6 @@ class TrainResult:
 
 
 Runtime = dist_lib.DistInfo  # this process's place in the job: rank 0 of 1 without torchrun
-
-
-# ------------------------------------------------------------------------------------------- console
-
-class _TqdmHandler(logging.Handler):
-    """Writes records with tqdm.write so they appear above the progress bar instead of through it."""
-
-    def __init__(self, stream):
-        super().__init__()
-        self.stream = stream
-
-    def emit(self, record):
-        try:
-            from tqdm import tqdm
-            tqdm.write(self.format(record), file=self.stream)
-        except Exception:  # noqa: BLE001 - logging must never break training
-            self.handleError(record)
-
-
-def _hide_progress(record: logging.LogRecord) -> bool:
-    return not getattr(record, "progress", False)
-
-
-@contextlib.contextmanager
-def _console_with_bar(enabled: bool):
-    """While the bar is shown: route console log handlers through tqdm.write, hide per-interval lines."""
-    if not enabled:
-        yield
-        return
-    root = logging.getLogger()
-    swapped = []
-    for h in list(root.handlers):
-        if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stdout, sys.stderr):
-            th = _TqdmHandler(h.stream)
-            th.setLevel(h.level)
-            th.setFormatter(h.formatter)
-            for f in h.filters:
-                th.addFilter(f)
-            th.addFilter(_hide_progress)
-            root.removeHandler(h)
-            root.addHandler(th)
-            swapped.append((h, th))
-    try:
-        yield
-    finally:
-        for h, th in swapped:
-            root.removeHandler(th)
-            root.addHandler(h)
-
-
-# ------------------------------------------------------------------------------------------- signals
-
-class _StopRequest:
-    """SIGINT/SIGTERM -> a flag the loop polls between steps. A second SIGINT aborts immediately."""
-
-    def __init__(self):
-        self.signum: Optional[int] = None
-        self._previous = {}
-
-    def _handler(self, signum, frame):
-        if self.signum is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.signum = signum
-
-    def install(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal handlers can only be set from the main thread
-        for s in (signal.SIGINT, signal.SIGTERM):
-            self._previous[s] = signal.signal(s, self._handler)
-
-    def restore(self) -> None:
-        for s, h in self._previous.items():
-            signal.signal(s, h if h is not None else signal.SIG_DFL)
-        self._previous.clear()
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
-
-
-# ------------------------------------------------------------------------------------------- wandb
-
-class _Wandb:
-    """Lazy wrapper around wandb (slow to import): only touched with logger=wandb, on rank 0."""
-
-    def __init__(self):
-        self.run = None
-        self._wandb = None
-
-    @staticmethod
-    def effective_mode(mode: str) -> str:
-        env = os.environ.get("WANDB_MODE", "").strip().lower()
-        if env == "dryrun":
-            env = "offline"
-        return env if env in ("online", "offline", "disabled") else mode
-
-    def start(self, c: Config, resolved: dict, run_dir: Path, run_id: str) -> None:
-        mode = self.effective_mode(c.logger.mode)
-        import wandb
-        self._wandb = wandb
-        if mode == "online" and not os.environ.get("WANDB_API_KEY"):
-            try:
-                has_key = bool(wandb.login(prompt=False, verify=False))
-            except Exception:  # noqa: BLE001 - any failure here means: no usable key
-                has_key = False
-            if not has_key:
-                raise ValueError("logger.mode=online needs a W&B API key and none was found (WANDB_API_KEY, "
-                                 "`wandb login`): add logger.mode=offline to log locally and `wandb sync` later, "
-                                 "or run `wandb login`")
-        try:
-            self.run = wandb.init(project=c.logger.project, entity=c.logger.entity, mode=mode,
-                                  name=c.logger.run_name, config=resolved, id=run_id, resume="allow",
-                                  dir=str(run_dir))
-        except Exception as e:  # noqa: BLE001 - network/auth/usage errors from wandb: one line, not a traceback
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            raise ValueError(f"wandb could not start a {mode} run ({type(e).__name__}: {first}): check the network "
-                             f"and logger.project/logger.entity, or use logger.mode=offline") from None
-        log.info(f"wandb: {mode} run {run_id} (project {c.logger.project})")
-
-    def log(self, data: dict, step: int) -> None:
-        if self.run is not None:
-            self.run.log(data, step=step)
-
-    def finish(self, exit_code: int = 0) -> None:
-        if self.run is not None:
-            try:
-                self.run.finish(exit_code=exit_code)
-            finally:
-                self.run = None
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -275,9 +143,9 @@ class _Trainer:
         self.cli_overrides = cli_overrides
         self.resolved = dataclasses.asdict(c)
         self.t_start = time.perf_counter()
-        self.stop = _StopRequest()
+        self.stop = StopRequest()
         self.stop_agreement = dist_lib.StopAgreement(rt)
-        self.wandb = _Wandb()
+        self.wandb = WandbRun()
         self.metrics = MetricsWriter(None)
         self.bar = None
         self.step = 0
@@ -438,10 +306,7 @@ class _Trainer:
             elif self.rt.parallel == "fsdp":  # a single-file checkpoint (weights loaded before sharding)
                 dist_lib.load_full_optimizer_state(self.model, self.optimizer, opt_state, self.rt)
             else:
-                impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in self.optimizer.param_groups]
-                self.optimizer.load_state_dict(opt_state)
-                for g, flags in zip(self.optimizer.param_groups, impl):
-                    g.update(flags)  # the implementation is this device's choice, not the checkpoint's
+                load_optimizer_state(self.optimizer, opt_state)
         except (ValueError, KeyError, RuntimeError) as e:
             raise ValueError(f"the optimizer state in {self.ckpt_path} does not fit this model "
                              f"({str(e).splitlines()[0]}): resume with the settings it was trained with") from None
@@ -532,10 +397,14 @@ class _Trainer:
             self.stop.signum = agreed  # another rank was signalled: stop (and exit) the same way
         return bool(agreed)
 
+    def _lr_at(self, step: int) -> float:
+        o = self.c.optim
+        return lr_at(step, lr=o.lr, min_lr=o.min_lr, warmup_iters=o.warmup_iters, decay_iters=self.decay_iters,
+                     schedule=o.schedule, cooldown_frac=o.cooldown_frac)
+
     def _train_step(self, step: int) -> torch.Tensor:
         """One optimizer step (all micro-steps). Returns the step's mean loss as a device tensor (no sync)."""
-        lr = lr_at(step, lr=self.c.optim.lr, min_lr=self.c.optim.min_lr, warmup_iters=self.c.optim.warmup_iters,
-                   decay_iters=self.decay_iters, schedule=self.c.optim.schedule)
+        lr = self._lr_at(step)
         set_lr(self.optimizer, lr)
         accum = self.c.train.grad_accum_steps
         total = None
@@ -600,16 +469,22 @@ class _Trainer:
             result = fn()
             self.compile_verified[kind] = True
             return result
+        except torch.OutOfMemoryError:
+            raise  # not a compile failure: eager needs more memory, not less
         except Exception as e:  # noqa: BLE001 - any compile failure: eager will surface real errors again
             first = (str(e).strip().splitlines() or [""])[0][:200]
             log.warning(f"torch.compile failed ({type(e).__name__}: {first}): continuing without compilation "
                         f"(train.compile=false skips the attempt)")
-            self.model_c = self._wrap(self.model)
-            self.compiled = False
-            self.optimizer.zero_grad(set_to_none=True)
-            ckpt_lib.restore_rng_state(rng)
-            self.loader.load_state_dict(loader_state)
-            return fn()
+        # the retry runs here, not in the except block, whose traceback would keep the failed step's
+        # activations alive
+        self.model_c = self._wrap(self.model)
+        self.compiled = False
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.dev.device.type == "cuda":
+            torch.cuda.empty_cache()
+        ckpt_lib.restore_rng_state(rng)
+        self.loader.load_state_dict(loader_state)
+        return fn()
 
     # -- reading the loss window ------------------------------------------------------------------------
     def _read_window(self) -> list[float]:
@@ -630,8 +505,7 @@ class _Trainer:
             kept = f"the last good checkpoint {self.last_checkpoint} (step {self.last_saved_step}) is intact"
         else:
             kept = "no checkpoint had been written yet"
-        lr = lr_at(step - 1, lr=self.c.optim.lr, min_lr=self.c.optim.min_lr, warmup_iters=self.c.optim.warmup_iters,
-                   decay_iters=self.decay_iters, schedule=self.c.optim.schedule)
+        lr = self._lr_at(step - 1)
         self.status = "diverged"
         raise TrainingDiverged(f"the loss became {value} at step {step} (lr {lr:.3g}): training stopped and {kept}: "
                                f"lower optim.lr (now {self.c.optim.lr:g}) or keep optim.grad_clip > 0, then "
@@ -689,9 +563,7 @@ class _Trainer:
             self.best_val_loss, self.best_step, improved = losses["val"], step, True
         lr = getattr(self, "_lr", None)
         if lr is None:
-            lr = lr_at(max(0, step - 1), lr=self.c.optim.lr, min_lr=self.c.optim.min_lr,
-                       warmup_iters=self.c.optim.warmup_iters, decay_iters=self.decay_iters,
-                       schedule=self.c.optim.schedule)
+            lr = self._lr_at(max(0, step - 1))
         if self.rt.is_main:
             self.metrics.write({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"],
                                 "lr": lr, "tokens": step * self.tokens_per_step,
@@ -756,7 +628,7 @@ class _Trainer:
         show_bar = self.rt.is_main and sys.stderr.isatty()
         self.stop.install()
         try:
-            with _console_with_bar(show_bar):
+            with console_with_bar(show_bar):
                 self.bar = tqdm(total=t.max_iters, initial=self.start_step, unit="step", dynamic_ncols=True,
                                 disable=not show_bar, file=sys.stderr, smoothing=0.05, leave=True)
                 if resumed and self.eval_pending:  # the evaluation the stop cut short, as the straight run did it

@@ -8,7 +8,8 @@ Design:
   update), `foreach=True` elsewhere (a handful of multi-tensor ops instead of a Python loop per tensor).
 - The schedule is a pure function of the step (`lr_at(step, ...)`): linear warmup from ~0 to `lr` over
   `warmup_iters` steps, then `cosine` (nanoGPT's formula), `linear` or `constant` decay to `min_lr`
-  by `decay_iters`, and `min_lr` after that. Being pure makes resume exact: the lr of step s depends on
+  by `decay_iters`, or `wsd` (warmup-stable-decay: `lr` held constant, then a linear cooldown to
+  `min_lr` over the last `cooldown_frac` of the `decay_iters` steps), and `min_lr` after that. Being pure makes resume exact: the lr of step s depends on
   s alone. The loop writes it into the param groups as a Python float each step (no tensor, no sync).
 """
 from __future__ import annotations
@@ -45,7 +46,7 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, b
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iters: int,
-          schedule: str = "cosine") -> float:
+          schedule: str = "cosine", cooldown_frac: float = 0.2) -> float:
     """Learning rate for optimizer step `step` (0-based)."""
     if step < warmup_iters:
         return lr * (step + 1) / (warmup_iters + 1)
@@ -53,14 +54,40 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iters
         return lr
     if step >= decay_iters:
         return min_lr
-    ratio = (step - warmup_iters) / max(1, decay_iters - warmup_iters)  # 0 -> 1 over the decay
+    decay_from = warmup_iters
+    if schedule == "wsd":  # stable until the cooldown, which never starts inside the warmup
+        decay_from = max(warmup_iters, decay_iters - cooldown_frac * decay_iters)
+        if step < decay_from:
+            return lr
+    ratio = (step - decay_from) / max(1, decay_iters - decay_from)  # 0 -> 1 over the decay
     if schedule == "cosine":
         coeff = 0.5 * (1.0 + math.cos(math.pi * ratio))  # 1 -> 0
-    elif schedule == "linear":
+    elif schedule in ("linear", "wsd"):
         coeff = 1.0 - ratio
     else:
-        raise ValueError(f"optim.schedule={schedule!r} is not known: use cosine, linear or constant")
+        raise ValueError(f"optim.schedule={schedule!r} is not known: use cosine, linear, wsd or constant")
     return min_lr + coeff * (lr - min_lr)
+
+
+IMPL_FLAGS = ("fused", "foreach", "capturable")
+
+
+def with_impl_flags(groups: list[dict], optimizer: torch.optim.Optimizer) -> list[dict]:
+    """Saved param groups with `optimizer`'s implementation flags (fused/foreach/capturable) put in.
+
+    Why: load_state_dict places each `step` by the SAVED flags (fused or capturable -> on the parameter's
+    device, else the CPU) and keeps them. A CPU run's checkpoint (foreach) resumed on CUDA (fused) would
+    leave `step` on the CPU under the fused CUDA kernel, which reads it through a device pointer. Which
+    implementation runs is this device's choice, so it is set before the load.
+    """
+    if len(groups) != len(optimizer.param_groups):
+        return groups  # not this optimizer's state: the load itself says so
+    return [dict(saved, **{k: g[k] for k in IMPL_FLAGS if k in g}) for saved, g in zip(groups, optimizer.param_groups)]
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """optimizer.load_state_dict(state), keeping this optimizer's implementation (see with_impl_flags)."""
+    optimizer.load_state_dict(dict(state, param_groups=with_impl_flags(state["param_groups"], optimizer)))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

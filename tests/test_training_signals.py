@@ -1,0 +1,33 @@
+"""training/signals.py: a signal sets a flag; a second Ctrl-C aborts at once; handlers are restored."""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from training.signals import EXIT_CODES, StopRequest
+
+
+def test_first_signal_is_a_flag_second_ctrl_c_aborts():
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    stop = StopRequest()
+    stop.install()
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.signum == signal.SIGTERM and stop.name == "SIGTERM"
+        assert EXIT_CODES[stop.signum] == 143 and EXIT_CODES[signal.SIGINT] == 130
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    finally:
+        stop.restore()
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_install_outside_the_main_thread_is_a_no_op():
+    stop = StopRequest()
+    t = threading.Thread(target=stop.install)
+    t.start()
+    t.join()
+    assert stop._previous == {} and stop.signum is None and stop.name == ""

@@ -1,0 +1,58 @@
+"""Console output while training: log lines above a tqdm progress bar, never through it.
+
+Design: train.py configures plain logging handlers. While the loop shows a bar, `console_with_bar` swaps
+every console StreamHandler for one that writes with `tqdm.write` (so lines appear above the bar) and
+hides records marked `extra={"progress": True}` (the per-interval train lines: the bar's postfix already
+shows them; train.log still gets them). Leaving the context restores the original handlers.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+
+
+class TqdmHandler(logging.Handler):
+    """Writes records with tqdm.write so they appear above the progress bar instead of through it."""
+
+    def __init__(self, stream):
+        super().__init__()
+        self.stream = stream
+
+    def emit(self, record):
+        try:
+            from tqdm import tqdm
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:  # noqa: BLE001 - logging must never break training
+            self.handleError(record)
+
+
+def hide_progress(record: logging.LogRecord) -> bool:
+    return not getattr(record, "progress", False)
+
+
+@contextlib.contextmanager
+def console_with_bar(enabled: bool):
+    """While the bar is shown: route console log handlers through tqdm.write, hide per-interval lines."""
+    if not enabled:
+        yield
+        return
+    root = logging.getLogger()
+    swapped = []
+    for h in list(root.handlers):
+        if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stdout, sys.stderr):
+            th = TqdmHandler(h.stream)
+            th.setLevel(h.level)
+            th.setFormatter(h.formatter)
+            for f in h.filters:
+                th.addFilter(f)
+            th.addFilter(hide_progress)
+            root.removeHandler(h)
+            root.addHandler(th)
+            swapped.append((h, th))
+    try:
+        yield
+    finally:
+        for h, th in swapped:
+            root.removeHandler(th)
+            root.addHandler(h)

@@ -1,0 +1,66 @@
+"""Weights & Biases logging for a training run, and only when asked for (logger=wandb, rank 0).
+
+Design: `import wandb` is slow, so nothing imports it until `WandbRun.start`. WANDB_MODE in the
+environment overrides logger.mode (wandb's own convention; "dryrun" means offline). Online mode with no API
+key, or any error wandb raises while starting, becomes one ValueError line that says what to do (use
+logger.mode=offline, run `wandb login`). The run id is stored in the checkpoint, so a resumed training run
+continues the same wandb run (resume="allow").
+"""
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+from training.config import Config
+
+log = logging.getLogger(__name__)
+
+
+class WandbRun:
+    """Lazy wrapper around wandb (slow to import): only touched with logger=wandb, on rank 0."""
+
+    def __init__(self):
+        self.run = None
+        self._wandb = None
+
+    @staticmethod
+    def effective_mode(mode: str) -> str:
+        env = os.environ.get("WANDB_MODE", "").strip().lower()
+        if env == "dryrun":
+            env = "offline"
+        return env if env in ("online", "offline", "disabled") else mode
+
+    def start(self, c: Config, resolved: dict, run_dir: Path, run_id: str) -> None:
+        mode = self.effective_mode(c.logger.mode)
+        import wandb
+        self._wandb = wandb
+        if mode == "online" and not os.environ.get("WANDB_API_KEY"):
+            try:
+                has_key = bool(wandb.login(prompt=False, verify=False))
+            except Exception:  # noqa: BLE001 - any failure here means: no usable key
+                has_key = False
+            if not has_key:
+                raise ValueError("logger.mode=online needs a W&B API key and none was found (WANDB_API_KEY, "
+                                 "`wandb login`): add logger.mode=offline to log locally and `wandb sync` later, "
+                                 "or run `wandb login`")
+        try:
+            self.run = wandb.init(project=c.logger.project, entity=c.logger.entity, mode=mode,
+                                  name=c.logger.run_name, config=resolved, id=run_id, resume="allow",
+                                  dir=str(run_dir))
+        except Exception as e:  # noqa: BLE001 - network/auth/usage errors from wandb: one line, not a traceback
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            raise ValueError(f"wandb could not start a {mode} run ({type(e).__name__}: {first}): check the network "
+                             f"and logger.project/logger.entity, or use logger.mode=offline") from None
+        log.info(f"wandb: {mode} run {run_id} (project {c.logger.project})")
+
+    def log(self, data: dict, step: int) -> None:
+        if self.run is not None:
+            self.run.log(data, step=step)
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self.run is not None:
+            try:
+                self.run.finish(exit_code=exit_code)
+            finally:
+                self.run = None
