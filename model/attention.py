@@ -34,7 +34,7 @@ class CausalSelfAttention(nn.Module):
         self.n_embd = config.n_embd
         self.dropout = config.dropout
         self.attention = config.attention
-        self.layer_idx = layer_idx  # which slice of a shared KVCache belongs to this layer
+        self.layer_idx = layer_idx  # which of a KVCache's per-layer buffers are this layer's
         self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused q, k, v
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
         self.attn_dropout = nn.Dropout(config.dropout)

@@ -20,10 +20,17 @@ instead of a full forward per token. The uncached path (use_kv_cache=False) feed
 same windows, so both paths produce identical tokens (up to float rounding, which the tests check).
 
 Generation runs under torch.no_grad() and uses the model as it is: call model.eval() first (dropout).
+The decode loop never waits on the device: positions are views of one `arange` made per generation (a
+`torch.tensor([p])` per token would be a blocking host->device copy), and tokens are written into a
+preallocated buffer.
+
 `compile=True` (CUDA only) captures `decode_one_token` with torch.compile(mode="reduce-overhead"), i.e.
-CUDA graphs over the fixed-shape cache; elsewhere it warns and runs the same eager cached decode. With a
-`generator`, the random draw stays eager (a user's Generator cannot be captured), so compiled and eager
-decoding sample the same tokens; without one, compiled code draws from inductor's own RNG stream.
+CUDA graphs over the per-layer cache tensors, whose addresses are marked static so they are written in
+place; elsewhere it warns and runs the same eager cached decode. If the first compiled call fails (no
+Triton, no C compiler, ...), it warns once and that token and all later ones decode eagerly, for the rest
+of the process. With a `generator`, the random draw stays eager (a user's Generator cannot be captured),
+so compiled and eager decoding sample the same tokens; without one, compiled code draws from inductor's
+own RNG stream.
 """
 from __future__ import annotations
 
@@ -104,7 +111,7 @@ def decode_one_token(model, tok, pos, cache, temperature=1.0, top_k=None, top_p=
     return sample(logits[:, -1], temperature, top_k, top_p, generator)
 
 
-_compiled_decode = None
+_compiled_decode = None  # set to decode_one_token once compilation has failed
 
 
 def _get_compiled_decode():
@@ -152,6 +159,8 @@ def _generate(model, idx, max_new_tokens, use_kv_cache, decode, static_cache, kw
     tokens[:, :T0] = idx
     n, start = T0, max(0, T0 - block_size)  # tokens so far; the window is tokens[:, start:n]
     cache = _new_cache(model, B, idx.device, static_cache) if use_kv_cache else None
+    positions = torch.arange(block_size, device=idx.device)  # decode at p reads the view positions[p:p+1]
+    untried = decode is not decode_one_token  # the compiled decode's first call compiles: guard it
     for i in range(max_new_tokens):
         slide = n - start > block_size  # the window cannot hold token n-1 at a known position
         if slide:
@@ -162,8 +171,13 @@ def _generate(model, idx, max_new_tokens, use_kv_cache, decode, static_cache, kw
         elif i == 0 or slide:
             tok = prefill(model, tokens[:, start:n], cache, **kw)
         else:
-            pos = torch.tensor([n - 1 - start], device=idx.device)  # position of token n-1 in the window
-            tok = decode(model, tokens[:, n - 1:n], pos, cache, **kw)
+            p = n - 1 - start  # position of token n-1 in the window
+            args = (model, tokens[:, n - 1:n], positions[p:p + 1], cache)
+            tok = _first_compiled_call(decode, args, kw) if untried else decode(*args, **kw)
+            if tok is None:  # compilation failed (warned): decode this token and the rest eagerly
+                decode = decode_one_token
+                tok = decode(*args, **kw)  # rewrites the cache slots the failed call may have written
+            untried = False
         tokens[:, n] = tok[:, 0]  # copy out: a CUDA-graph output is overwritten by the next replay
         n += 1
         yield tokens[:, n - 1:n]
@@ -175,9 +189,33 @@ def _new_cache(model, batch_size, device, static: bool) -> KVCache:
         dtype = torch.get_autocast_dtype(device.type)
     cache = KVCache.for_model(model, batch_size, device=device, dtype=dtype)
     if static:  # fixed addresses let CUDA graphs write the cache in place instead of copying it
-        torch._dynamo.mark_static_address(cache.k)
-        torch._dynamo.mark_static_address(cache.v)
+        for t in (*cache.k, *cache.v):  # guard=False (default from torch 2.10): a new cache re-records, not recompiles
+            torch._dynamo.mark_static_address(t, guard=False)
     return cache
+
+
+def _first_compiled_call(decode, args, kw):
+    """The compiled decode's first call, which compiles it: its token, or None after a warning if it failed.
+
+    The caller retries eagerly outside this frame, so the failed call's frames and tensors are freed first.
+    The user's generator is rewound, so the retry draws what eager decoding would have drawn.
+    """
+    global _compiled_decode
+    g = kw.get("generator")
+    state = g.get_state() if g is not None else None
+    try:
+        return decode(*args, **kw)
+    except torch.OutOfMemoryError:
+        raise  # not a compiler problem, and an eager retry needs more memory, not less
+    except Exception as e:  # noqa: BLE001 - inductor/Triton/C-compiler failures take many forms
+        lines = str(e).strip().splitlines()
+        why = f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
+    warnings.warn(f"torch.compile failed ({why}): decoding without compilation", RuntimeWarning,
+                  stacklevel=4)  # past _generate and no_grad's generator wrapper: who asked for the token
+    _compiled_decode = decode_one_token  # later generations skip the compiler too (warned once)
+    if g is not None:
+        g.set_state(state)
+    return None
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,

@@ -137,15 +137,16 @@ def test_dropout_only_in_training_mode(tiny_gpt_config):
 
 def test_kv_cache_writes_at_explicit_positions():
     cache = KVCache(n_layer=2, batch_size=1, n_head=1, max_len=6, head_dim=2)
-    assert cache.k.shape == (2, 1, 1, 6, 2) and cache.max_len == 6 and cache.batch_size == 1
+    assert len(cache.k) == len(cache.v) == 2 and cache.max_len == 6 and cache.batch_size == 1
+    assert all(t.shape == (1, 1, 6, 2) for t in (*cache.k, *cache.v))  # one tensor per layer
     k = torch.ones(1, 1, 2, 2)
     k_all, v_all = cache.update(1, torch.tensor([3, 4]), k, 2 * k)
-    assert k_all.shape == (1, 1, 6, 2)
-    assert cache.k[1, 0, 0, :, 0].tolist() == [0, 0, 0, 1, 1, 0]
-    assert cache.v[1, 0, 0, :, 0].tolist() == [0, 0, 0, 2, 2, 0]
-    assert cache.k[0].abs().sum() == 0  # other layers untouched
+    assert k_all is cache.k[1] and v_all is cache.v[1]  # the layer's own buffers, written in place
+    assert cache.k[1][0, 0, :, 0].tolist() == [0, 0, 0, 1, 1, 0]
+    assert cache.v[1][0, 0, :, 0].tolist() == [0, 0, 0, 2, 2, 0]
+    assert cache.k[0].abs().sum() == 0 and cache.v[0].abs().sum() == 0  # other layers untouched
     cache.reset()
-    assert cache.k.abs().sum() == 0
+    assert all(t.abs().sum() == 0 for t in (*cache.k, *cache.v))
 
 
 def test_sdpa_causal_flag_matches_explicit_mask():

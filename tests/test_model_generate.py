@@ -193,6 +193,61 @@ def test_compile_on_cpu_falls_back_with_a_warning(tiny_gpt_config):
     assert torch.equal(out, model.generate(idx, 20, temperature=0))
 
 
+def _failing_compiled_decode(calls, exc):
+    """Stands in for a compiled decode that fails after drawing random numbers and writing its cache slot
+    (as a half-run graph could): the eager retry must undo both."""
+    def decode(model, tok, pos, cache, generator=None, **kw):
+        calls.append(pos.item())
+        if generator is not None:
+            torch.rand(100, generator=generator)
+        for t in (*cache.k, *cache.v):
+            t.index_fill_(2, pos, 123.0)
+        raise exc
+    return decode
+
+
+@pytest.mark.parametrize("temperature, seed", [(0, None), (0.8, 5)])
+def test_failed_compile_warns_once_and_decodes_eagerly(tiny_gpt_config, monkeypatch, temperature, seed):
+    """compile=True's fallback, on CPU: the compiled decode's first call fails -> one warning, that token and
+    the rest decode eagerly (same tokens, same generator draws), and later generations skip the compiler."""
+    from model import generate as gen
+
+    calls = []
+    monkeypatch.setattr(gen, "_compiled_decode", _failing_compiled_decode(calls, RuntimeError("no Triton\ndetails")))
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.tensor([[1, 2, 3]])
+    n = 2 * tiny_gpt_config.block_size  # the window slides: decoding resumes after re-prefills
+
+    def run(decode, static):
+        g = None if seed is None else torch.Generator().manual_seed(seed)
+        kw = dict(temperature=temperature, top_k=10, top_p=0.9, generator=g)
+        return torch.cat([idx, *gen._generate(model, idx, n, True, decode, static, kw)], dim=1)
+
+    eager = run(gen.decode_one_token, False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(run(gen._get_compiled_decode(), True), eager)
+        assert torch.equal(run(gen._get_compiled_decode(), True), eager)  # a later generation: no compile
+    assert calls == [3]  # one try: the first decode step (position 3) of the first generation
+    assert [str(w.message) for w in caught] == [
+        "torch.compile failed (RuntimeError: no Triton): decoding without compilation"]
+    assert caught[0].category is RuntimeWarning and caught[0].filename == __file__  # points at the caller
+    assert gen._get_compiled_decode() is gen.decode_one_token
+
+
+def test_out_of_memory_in_compiled_decode_is_not_a_compile_failure(tiny_gpt_config, monkeypatch):
+    from model import generate as gen
+
+    monkeypatch.setattr(gen, "_compiled_decode", _failing_compiled_decode([], torch.OutOfMemoryError("OOM")))
+    model = spiky_model(tiny_gpt_config)
+    kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "torch.compile failed" warning either
+        with pytest.raises(torch.OutOfMemoryError):
+            list(gen._generate(model, torch.tensor([[1]]), 5, True, gen._get_compiled_decode(), True, kw))
+    assert gen._get_compiled_decode() is not gen.decode_one_token
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
                     reason="torch.compile's CPU backend needs a C compiler")
@@ -222,3 +277,32 @@ def test_compiled_static_cache_decode_traces_once_and_matches_eager(tiny_gpt_con
                                               dict(kw, generator=torch.Generator().manual_seed(5)))], dim=1)
     assert torch.equal(compiled, eager)
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) >= 1
+    assert gen._get_compiled_decode() is not gen.decode_one_token  # compiled for real, no silent fallback
+
+
+@pytest.mark.slow
+def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config, monkeypatch):
+    """As on a GPU image without a C compiler: inductor really fails -> one warning and eager tokens."""
+    import torch._dynamo
+    import torch._inductor.config
+
+    from model import generate as gen
+
+    monkeypatch.setattr(torch._inductor.config.cpp, "cxx", ("/nonexistent/c++",))
+    monkeypatch.setattr(torch._inductor.config, "fx_graph_cache", False)  # really compile, no cache hit
+    monkeypatch.setattr(gen, "_compiled_decode", None)  # a fresh torch.compile'd decode
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.tensor([[1, 2, 3]])
+
+    def run(decode, static):
+        kw = dict(temperature=0.8, top_k=10, top_p=None, generator=torch.Generator().manual_seed(3))
+        return torch.cat([idx, *gen._generate(model, idx, 20, True, decode, static, kw)], dim=1)
+
+    eager = run(gen.decode_one_token, False)
+    torch._dynamo.reset()
+    try:
+        with pytest.warns(RuntimeWarning, match=r"^torch.compile failed \(InductorError: .*C\+\+ compiler"):
+            assert torch.equal(run(gen._get_compiled_decode(), True), eager)
+    finally:
+        torch._dynamo.reset()
+    assert gen._get_compiled_decode() is gen.decode_one_token
