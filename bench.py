@@ -461,7 +461,7 @@ def print_table(result: dict, out=sys.stdout) -> None:
     hw = result["hardware"]
     gpu = hw.get("gpu")
     where = f"{gpu['name']} (CUDA {gpu['cuda']})" if gpu else \
-        f"{hw['cpu']['model']}, {hw['cpu']['cores']} cores, {hw['cpu']['torch_threads']} torch threads, {hw['cpu']['capability']}"
+        f"{hw['cpu']['model']}, {hw['cpu']['cores']} cores, {hw['cpu']['torch_threads']} torch thread{'s' if hw['cpu']['torch_threads'] != 1 else ''}, {hw['cpu']['capability']}"
     git = result["git"]
     commit = (git["commit"] or "no git")[:12] + (" (uncommitted changes)" if git.get("uncommitted") else "")
     print(f"tinygpt bench | {where} | torch {hw['torch']} | commit {commit} | {result['started']}", file=out)
@@ -513,7 +513,7 @@ def print_table(result: dict, out=sys.stdout) -> None:
             print(f"\n== data preparation: skipped: {p['skipped']} ==", file=out)
         else:
             print(f"\n== data preparation, GPT-2 BPE, {p['bytes'] / 1e6:.1f} MB ==", file=out)
-            print(f"  {p['mb_per_s']:.2f} MB/s ({p['seconds']:.1f} s, {p['tokens']:,} tokens, {p['threads']} threads)",
+            print(f"  {p['mb_per_s']:.2f} MB/s ({p['seconds']:.1f} s, {p['tokens']:,} tokens, {p['threads']} thread{'s' if p['threads'] != 1 else ''})",
                   file=out)
     for name, err in result.get("errors", {}).items():
         print(f"\n!! {name} failed: {err}", file=out)

@@ -2,8 +2,9 @@
 
 This file is deliberately thin; the loop is `training.loop.train(cfg, run_dir)`, a plain function.
 What it adds around Hydra:
-- Without a CUDA GPU and without an `experiment=` override, it appends `experiment=cpu` (the CPU-sized
-  preset) and says so in one line, so `python train.py` never starts a multi-hour run on a laptop.
+- Without a CUDA GPU and without an `experiment=` override, it adds `experiment=cpu` (the CPU-sized
+  preset) and says so in one line (after the pre-flight, so a mistake is still one line, and in train.log),
+  so `python train.py` never starts a multi-hour run on a laptop.
 - A pre-flight compose (of every job of a `-m` sweep too; skipped for Hydra's other --flags) turns a
   config mistake (unknown key, wrong type, unknown preset, invalid value) into one `error: ...` line,
   exit 2, before Hydra creates a run directory or runs a single job. It also refuses (single runs) a
@@ -43,10 +44,10 @@ def _one_line(text: str) -> str:
     return " ".join(part.strip() for part in str(text).splitlines() if part.strip())
 
 
-def _log_to_files(message: str) -> None:
-    """Put the error line into the run's train.log too (file handlers only; the console gets stderr)."""
-    record = logging.makeLogRecord({"name": "train", "msg": message, "levelno": logging.ERROR,
-                                    "levelname": "ERROR"})
+def _log_to_files(message: str, level: int = logging.ERROR) -> None:
+    """Put a line printed on stderr into the run's train.log too (file handlers only)."""
+    record = logging.makeLogRecord({"name": "train", "msg": message, "levelno": level,
+                                    "levelname": logging.getLevelName(level)})
     for h in logging.getLogger().handlers:
         if isinstance(h, logging.FileHandler):
             try:
@@ -71,6 +72,8 @@ def main(cfg: DictConfig) -> None:
     from training.loop import train
 
     hc = HydraConfig.get()
+    if _auto_cpu:
+        _log_to_files(CPU_NOTE, logging.INFO)
     out = Path(hc.runtime.output_dir)
     try:  # show paths relative to where the user ran the command, when they are below it
         out = Path(os.path.relpath(out)) if out.resolve().is_relative_to(Path.cwd().resolve()) else out
@@ -99,19 +102,25 @@ def _has_experiment(args: list[str]) -> bool:
     return any(re.match(r"^[+~]*experiment(@[^=]*)?(=|$)", a) for a in args)
 
 
-def auto_cpu_preset(args: list[str]) -> list[str]:
-    """Append experiment=cpu when there is no CUDA GPU and the user chose no experiment."""
+CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
+            "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
+_auto_cpu = False  # set by the command line below: main() then records CPU_NOTE in train.log
+
+
+def needs_cpu_preset(args: list[str]) -> bool:
+    """No CUDA GPU and no experiment chosen: experiment=cpu, so a laptop never starts a multi-hour run."""
     if _has_experiment(args) or any(a in _HYDRA_INFO_FLAGS for a in args):
-        return args
+        return False
     import torch
-    if torch.cuda.is_available():
-        return args
-    if os.environ.get("RANK", "0").strip() not in ("", "0"):  # under torchrun: rank 0 says it once
-        return [*args, "experiment=cpu"]
-    print("no CUDA GPU found: using the CPU preset experiment=cpu (tiny model: 4 layers, 128 wide, context 64) "
-          "instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run",
-          file=sys.stderr, flush=True)
-    return [*args, "experiment=cpu"]
+    return not torch.cuda.is_available()
+
+
+def with_override(args: list[str], override: str) -> list[str]:
+    """args plus one override, placed beside the user's own. Hydra's argparse reads the overrides as one
+    positional run: after a flag (`model=baby --cfg job experiment=cpu`) it would refuse the added one,
+    and with no override at all it must come first (`--info` takes an optional value)."""
+    i = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), 0)
+    return [*args[:i], override, *args[i:]]
 
 
 def _all_keys(cfg) -> list[str]:
@@ -260,9 +269,9 @@ def torchrun_main(args: list[str]) -> None:
         if info.distributed:
             if not any(a.startswith("hydra.run.dir=") for a in args):
                 run_dir = dist_lib.broadcast_object(str(OmegaConf.select(cfg, "hydra.run.dir")), info)
-                sys.argv.append(f"hydra.run.dir={run_dir}")
-            if not info.is_main:
-                sys.argv.append("hydra.output_subdir=null")  # rank 0 alone records the config in .hydra/
+                sys.argv[1:] = with_override(sys.argv[1:], f"hydra.run.dir={run_dir}")
+            if not info.is_main:  # rank 0 alone records the config in .hydra/
+                sys.argv[1:] = with_override(sys.argv[1:], "hydra.output_subdir=null")
         main()
     finally:
         dist_lib.destroy(info)
@@ -272,8 +281,12 @@ if __name__ == "__main__":
     from data.sources import cache_dir
     # matplotlib (loss.png) keeps its font cache in tinygpt's cache, not in ~/.cache or ~/.config
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
-    sys.argv[1:] = auto_cpu_preset(sys.argv[1:])
+    _auto_cpu = needs_cpu_preset(sys.argv[1:])
+    if _auto_cpu:
+        sys.argv[1:] = with_override(sys.argv[1:], "experiment=cpu")
     preflight(sys.argv[1:])
+    if _auto_cpu and (os.environ.get("RANK", "0").strip() or "0") == "0":  # after the pre-flight: an error stays one line
+        print(CPU_NOTE, file=sys.stderr, flush=True)
     from training.distributed import launched_by_torchrun
     if launched_by_torchrun():
         torchrun_main(sys.argv[1:])

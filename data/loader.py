@@ -154,6 +154,23 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
+def _too_short(files: dict, block_size: int) -> ValueError:
+    """A split has fewer than block_size + 1 tokens (one window). Every fix offered satisfies both splits:
+    a block size that fits the smaller split; moving the split point only if the text holds two windows."""
+    need = block_size + 1
+    sizes = {split: len(tf) for split, tf in files.items()}
+    short = [split for split, n in sizes.items() if n < need]
+    what = " and the ".join(f"{split} split has only {sizes[split]:,} token{'s' * (sizes[split] != 1)}"
+                            for split in short)
+    fixes = [f"lower model.block_size to at most {min(sizes.values()) - 1}"] if min(sizes.values()) >= 2 else []
+    if len(short) == 1 and sum(sizes.values()) >= 2 * need:
+        fixes.append("raise data.val_fraction to keep more text for validation" if short == ["val"] else
+                     "lower data.val_fraction to keep more text for training")
+    fixes.append(f"use more text ({files[short[0]].path.parent})")
+    fix = ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
+    return ValueError(f"the {what} but block_size={block_size} needs at least {need:,}: {fix}")
+
+
 class BatchLoader:
     """Random (x, y) windows from train/val token files; deterministic per global step; resumable."""
 
@@ -172,14 +189,8 @@ class BatchLoader:
         self.global_batch = self.batch_size * self.grad_accum_steps * self.world_size
         self.files = {"train": TokenFile(train_path), "val": TokenFile(val_path)}
         need = self.block_size + 1
-        for split, tf in self.files.items():
-            n = len(tf)
-            if n < need:
-                other = "lower data.val_fraction to keep more text for training" if split == "train" else \
-                    "raise data.val_fraction to keep more text for validation"
-                fix = f"lower model.block_size to at most {n - 1}, {other}," if n >= 2 else f"{other}"
-                raise ValueError(f"the {split} split has only {n:,} tokens but block_size={self.block_size} needs "
-                                 f"at least {need:,}: {fix} or use more text ({tf.path})")
+        if min(len(tf) for tf in self.files.values()) < need:
+            raise _too_short(self.files, self.block_size)
         self.step = 0
         self.micro = 0
         self._offsets_step = -1

@@ -42,7 +42,7 @@ import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -66,6 +66,9 @@ class Prepared:
     val_path: Path
     tokenizer: Tokenizer
     cached: bool = field(default=False, compare=False)
+    # the source this call read (absolute); meta.json's source.path names the first one prepared with this
+    # content, which may be another copy (the cache is keyed by content)
+    source: str | None = field(default=None, compare=False)
 
     @property
     def vocab_size(self) -> int:
@@ -386,18 +389,31 @@ def _remove_stale_tmp(root: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ prepare
-def prepare(cfg: DataConfig, *, progress: bool = True) -> Prepared:
-    """Prepared token files for `cfg`, from the cache when possible (see the module docstring)."""
+def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None] | None = None) -> Prepared:
+    """Prepared token files for `cfg`, from the cache when possible (see the module docstring).
+
+    With `progress`: a bar on stderr and one-line notes (preparing ..., prepared ...), printed on stderr or
+    handed to `log` (training passes its logger, so the notes also land in the run's train.log)."""
     cfg = DataConfig.coerce(cfg)
     tok_kind = cfg.validate()
-    errors = cfg.encoding_errors
-    vf = float(cfg.val_fraction)
+    src = _resolve_source(cfg)
 
     def note(msg: str) -> None:
-        if progress:
+        if not progress:
+            return
+        if log is not None:
+            log(msg)
+        else:
             print(msg, file=sys.stderr, flush=True)
 
-    src = _resolve_source(cfg)
+    p = _prepare(cfg, tok_kind, src, progress, note)
+    p.source = src.abspath
+    return p
+
+
+def _prepare(cfg: DataConfig, tok_kind: str, src: _Source, progress: bool, note: Callable[[str], None]) -> Prepared:
+    errors = cfg.encoding_errors
+    vf = float(cfg.val_fraction)
     src_hash = source_sha256(src)
     key = cache_key(src_hash, tok_kind, vf, errors)
     root = _prepared_root()
@@ -519,7 +535,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted (nothing half-written is kept)", file=sys.stderr)
         return 130
     m = p.meta
-    print(f"{m['name']}: {p.tokenizer.describe()}, {m['source']['bytes']:,} bytes from {m['source']['path']}"
+    print(f"{m['name']}: {p.tokenizer.describe()}, {m['source']['bytes']:,} bytes from {p.source}"
           f"{' (already prepared)' if p.cached else ''}")
     print(f"  {p.train_path}  {m['train_tokens']:,} tokens")
     print(f"  {p.val_path}  {m['val_tokens']:,} tokens")

@@ -155,8 +155,15 @@ def download(url: str, dest: Path, *, size: int | None = None, sha256: str | Non
     return dest
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     """`python -m data.sources`: fetch Tiny Shakespeare and the GPT-2 ranks into the cache, print where."""
+    import argparse
+    argparse.ArgumentParser(  # no options: --help (and any stray argument) must not start a download
+        prog="python -m data.sources",
+        description=f"Fetch Tiny Shakespeare and the GPT-2 BPE ranks into the cache ({cache_dir()}; set "
+                    f"TINYGPT_CACHE to change it) unless they are there already, and print where they are. "
+                    f"Run it on a machine with internet, then copy the cache directory to an offline one.",
+    ).parse_args(argv)
     failed = False
     try:
         print(f"Tiny Shakespeare: {shakespeare_path()}")

@@ -178,6 +178,16 @@ def test_split_too_short_says_how_many_and_what_to_change(tmp_path):
     with pytest.raises(ValueError, match="the train split has only 100 tokens"):
         BatchLoader(tr, va, 128, 4, seed=0)
     BatchLoader(tr, va, 9, 4, seed=0).next_batch()  # exactly block_size + 1 tokens is enough
+    # both splits short: the block size offered fits both (not just the first one checked), and no split
+    # point can make room for two windows of 65 in 28 tokens
+    tr = write_token_file(tmp_path / "train.bin", np.arange(25) % 7, 7)
+    va = write_token_file(tmp_path / "val.bin", np.arange(3) % 7, 7)
+    with pytest.raises(ValueError) as ei:
+        BatchLoader(tr, va, 64, 4, seed=0)
+    assert str(ei.value).startswith("the train split has only 25 tokens and the val split has only 3 tokens but "
+                                    "block_size=64 needs at least 65: lower model.block_size to at most 2 or use "
+                                    "more text")
+    BatchLoader(tr, va, 2, 4, seed=0).eval_batch("val", 0)
 
 
 def test_bad_loader_arguments(bins):

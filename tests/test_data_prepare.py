@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -355,8 +356,12 @@ def test_cli_prepares_and_reports(tiny_corpus):
     r = run_cli(["-m", "data.prepare", "--data", "text", "--path", str(tiny_corpus), "--quiet"], cwd=tiny_corpus.parent)
     assert r.returncode == 0, r.stderr
     assert "train.bin" in r.stdout and "val.bin" in r.stdout and "tokens" in r.stdout
-    r2 = run_cli(["-m", "data.prepare", "--data", "text", "--path", str(tiny_corpus)], cwd=tiny_corpus.parent)
+    assert f"from {tiny_corpus.absolute()}" in r.stdout
+    copy = tiny_corpus.with_name("copy.txt")  # the same content under another name: a cache hit ...
+    shutil.copy(tiny_corpus, copy)
+    r2 = run_cli(["-m", "data.prepare", "--data", "text", "--path", "copy.txt"], cwd=tiny_corpus.parent)
     assert r2.returncode == 0 and "already prepared" in r2.stdout
+    assert f"from {copy.absolute()} (already prepared)" in r2.stdout  # ... that names the file given
 
 
 def test_cli_errors_are_one_line(tmp_path):

@@ -122,7 +122,7 @@ def test_sources_cli_offline_reports_both_paths(monkeypatch, capsys):
     import tiktoken
     _offline(monkeypatch)
     monkeypatch.setattr(tiktoken, "get_encoding", lambda name: (_ for _ in ()).throw(OSError("no network")))
-    assert sources.main() == 2
+    assert sources.main([]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 2 and all(line.startswith("error: ") for line in err)
     assert str(sources.shakespeare_cache_path()) in err[0] and str(sources.gpt2_ranks_cache_path()) in err[1]
@@ -130,6 +130,13 @@ def test_sources_cli_offline_reports_both_paths(monkeypatch, capsys):
 
 def test_sources_cli_with_seeded_cache(cache_with_shakespeare, cache_with_gpt2, monkeypatch, capsys):
     _offline(monkeypatch)
-    assert sources.main() == 0
+    assert sources.main([]) == 0
     out = capsys.readouterr().out
     assert str(sources.shakespeare_cache_path()) in out and str(sources.gpt2_ranks_cache_path()) in out
+
+
+def test_sources_cli_help_fetches_nothing(monkeypatch, capsys):
+    monkeypatch.setattr(sources, "shakespeare_path", lambda: pytest.fail("--help must not fetch anything"))
+    with pytest.raises(SystemExit) as ei:
+        sources.main(["--help"])
+    assert ei.value.code == 0 and "usage: python -m data.sources" in capsys.readouterr().out

@@ -203,9 +203,17 @@ def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     opt3 = build_optimizer(m3, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     opt3.load_state_dict(full["optimizer"])
     assert _steps(m3, opt3, 2, seed=2) == expected
-    assert D.main(["export", str(tmp_path)]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: ") and "not a sharded tinygpt checkpoint" in err and err.count("\n") == 1
+    capsys.readouterr()
+    ddp_run = tmp_path / "ddp"  # a run without sharded checkpoints: its last.pt is already one file
+    ddp_run.mkdir()
+    (ddp_run / "last.pt").write_bytes((run / "last.pt").read_bytes())
+    for src, why in ((tmp_path, "is not a sharded tinygpt checkpoint"), (tmp_path / "nope", "does not exist"),
+                     (ddp_run, "has no last_dcp/, so there is nothing to export"),
+                     (ddp_run / "last.pt", "is a file, but export reads a sharded checkpoint directory")):
+        assert D.main(["export", str(src)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {src} {why}") and err.count("\n") == 1, err
+        assert "last_dcp/" in err and "or a last.pt" not in err
 
     D.recover_sharded(run)  # nothing to recover: leaves the checkpoint alone
     os.rename(run / D.LAST_DCP, run / f".{D.LAST_DCP}.old")  # a kill between the two renames of a swap
@@ -353,6 +361,7 @@ def test_fsdp_matches_ddp(dist_runs):
     assert D.is_sharded_checkpoint(fsdp / D.LAST_DCP) and D.is_sharded_checkpoint(fsdp / D.BEST_DCP)
     export = ck.load_checkpoint(fsdp / "last.pt")  # the single-file export sample.py reads
     assert export["optimizer"] is None and export["step"] == 4
+    assert D.read_sharded_meta(fsdp / D.LAST_DCP)["tokens"] == export["tokens"] == 4 * 128  # 4 x 2 ranks x 16
     model = ck.model_from_checkpoint(export)
     _assert_close_weights(ck.load_checkpoint(base / "ref4" / "last.pt")["model"], model.state_dict())
 
@@ -368,6 +377,7 @@ def test_sharded_checkpoint_resumes_exactly(dist_runs):
         assert sorted(_losses(run)) == list(range(1, 9))  # the records up to the checkpoint were kept
         a = ck.load_checkpoint(ref8 / "last.pt")["model"]
         _assert_close_weights(a, ck.load_checkpoint(run / "last.pt")["model"])
+        assert _records(run, "summary")[-1]["tokens"] == 8 * 128
 
 
 @pytest.mark.slow

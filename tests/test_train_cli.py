@@ -36,6 +36,7 @@ def test_run_with_overrides(tmp_path, tiny_corpus):
     if "cuda" not in proc.stdout:  # the automatic CPU preset said so, in one line, and was applied
         line = [ln for ln in proc.stderr.splitlines() if "no CUDA GPU found" in ln]
         assert len(line) == 1 and "experiment=cpu" in line[0]
+        assert line[0] in (run / "train.log").read_text()  # the log holds what the console said
         assert ck.load_checkpoint(run / "last.pt")["config"]["train"]["batch_size"] == 4
 
 
@@ -55,6 +56,28 @@ def test_config_mistakes_are_one_line_before_any_run_dir(tmp_path, args, expect)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and expect in errors[0], proc.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()  # before any run dir
+
+
+@pytest.mark.parametrize("args, want", [
+    ([], ["experiment=cpu"]),
+    (["--info"], ["experiment=cpu", "--info"]),  # --info takes an optional value: the override goes first
+    (["model=baby", "--cfg", "job"], ["experiment=cpu", "model=baby", "--cfg", "job"]),
+    (["--cfg", "job", "model=baby", "-m"], ["--cfg", "job", "experiment=cpu", "model=baby", "-m"]),
+])
+def test_added_override_sits_with_the_users(args, want):
+    import train
+    assert train.with_override(args, "experiment=cpu") == want
+
+
+def test_hydra_flags_after_overrides_work_and_a_mistake_is_one_line(tmp_path):
+    """The automatic CPU preset must not break `--cfg job` after an override, nor add a line to an error."""
+    proc = run_cli(["train.py", "model.n_layer=3", "--cfg", "job"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "n_layer: 3" in proc.stdout
+    proc = run_cli(["train.py", "train.max_iter=5"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
+        "error: unknown config key 'train.max_iter' (did you mean train.max_iters?): check the spelling; "
+        "python train.py --cfg job prints every key"]
 
 
 def test_runtime_mistake_is_one_line(tmp_path, tiny_corpus):

@@ -33,9 +33,14 @@ def records(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_short_run_writes_checkpoints_metrics_and_plot(tmp_path, tiny_corpus):
+def test_short_run_writes_checkpoints_metrics_and_plot(tmp_path, tiny_corpus, caplog):
     run = tmp_path / "run"
-    res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=3"), run)
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=3"), run)
+    logged = [r.message for r in caplog.records]
+    assert any(m.startswith("device: cpu (CPU, 1 thread), ") for m in logged)  # tests run with 1 thread
+    assert any(m.startswith("preparing text (") for m in logged)  # the data notes reach train.log too
+    assert any(m.startswith("prepared ") and " val tokens in " in m for m in logged)
     assert (res.status, res.step, res.exit_code) == ("completed", 6, 0)
     assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png"} <= {p.name for p in run.iterdir()}
     last = ck.load_checkpoint(run / "last.pt")
@@ -101,6 +106,27 @@ def test_resume_from_path_into_a_new_run_dir(tmp_path, tiny_corpus):
     assert res.step == 6 and ck.load_checkpoint(second / "last.pt")["step"] == 6
     assert ck.load_checkpoint(first / "last.pt")["step"] == 4  # the source is left alone
     assert [r["step"] for r in records(second) if r["type"] == "eval"] == [2, 4, 6]
+
+
+def test_tokens_count_across_a_resume_with_another_batch(tmp_path, tiny_corpus):
+    """4 steps at batch 4, then 2 more at batch 2: 4*4*16 + 2*2*16 tokens, not 6 x the new batch. A checkpoint
+    from before the `tokens` field counts its steps at its own config's batch."""
+    first = tmp_path / "first"
+    train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=4", "optim.decay_iters=6"), first)
+    assert ck.load_checkpoint(first / "last.pt")["tokens"] == 4 * 4 * 16
+    old = ck.load_checkpoint(first / "last.pt")
+    del old["tokens"]
+    ck.save_checkpoint(old, tmp_path / "old.pt")
+    expected = 4 * 4 * 16 + 2 * 2 * 16
+    for src, run in ((first, tmp_path / "second"), (tmp_path / "old.pt", tmp_path / "from_old")):
+        train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=2", "optim.decay_iters=6",
+                       "train.batch_size=2", f"train.resume={src}"), run)
+        recs = records(run)
+        tokens = {(r["type"], r["step"]): r["tokens"] for r in recs if r["type"] != "summary"}
+        assert tokens[("train", 6)] == tokens[("eval", 6)] == expected
+        assert all(n == step * 4 * 16 for (_, step), n in tokens.items() if step <= 4)  # the first run's
+        assert recs[-1]["type"] == "summary" and recs[-1]["tokens"] == expected
+        assert ck.load_checkpoint(run / "last.pt")["tokens"] == expected
 
 
 def test_resume_refusals(tmp_path, tiny_corpus):

@@ -7,7 +7,8 @@ Design:
       format, version, step, best_val_loss, model (state_dict of the *uncompiled, unwrapped* module),
       model_config (GPTConfig.to_dict()), tokenizer (tokenizer.to_dict()), optimizer, scaler (or None),
       config (the resolved run config), rng (python/numpy/torch/cuda states as plain containers),
-      loader (the batch loader's state), wandb_run_id, elapsed_s (training time so far).
+      loader (the batch loader's state), wandb_run_id, elapsed_s (training time so far), tokens (training
+      tokens so far: counted, not step x batch, since a resume may change the global batch).
   Distributed runs (training/distributed.py) add `rng_ranks` (every rank's RNG states, a list of the
   same plain dicts as `rng`); an FSDP run's last.pt/best.pt are weights-only exports (`optimizer` None,
   `sharded` True) beside the resumable sharded checkpoints last_dcp/ and best_dcp/.
@@ -139,6 +140,11 @@ def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
     return p
 
 
+def _not_a_checkpoint(p: Path) -> CheckpointError:
+    return CheckpointError(f"{p} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or best.pt "
+                           f"written by train.py")
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     """Load and check a tinygpt checkpoint with torch.load(weights_only=True); CheckpointError if unusable."""
     p = Path(os.path.expanduser(str(path)))
@@ -162,8 +168,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
             raise CheckpointError(f"checkpoint {p} contains a pickled Python object{what}, which tinygpt refuses to "
                                   f"load (torch.load weights_only=True, for safety): use a checkpoint written by "
                                   f"tinygpt's train.py") from None
-        raise CheckpointError(f"{p} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or "
-                              f"best.pt written by train.py") from None
+        raise _not_a_checkpoint(p) from None
     except EOFError:
         raise CheckpointError(f"checkpoint {p} is truncated (unexpected end of file): use another checkpoint, "
                               f"e.g. best.pt, or train again") from None
@@ -181,9 +186,8 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
         # torch seeks to offsets a truncated archive does not have -> EINVAL
         raise CheckpointError(f"checkpoint {p} is truncated or corrupt ({e.strerror or e}): use another "
                               f"checkpoint, e.g. best.pt, or train again") from None
-    except Exception as e:  # noqa: BLE001 - garbage bytes raise all sorts (KeyError, ValueError, ...)
-        raise CheckpointError(f"{p} is not a PyTorch checkpoint ({type(e).__name__}): use a last.pt or best.pt "
-                              f"written by train.py") from None
+    except Exception:  # noqa: BLE001 - torch reads non-zip bytes as pickle; garbage raises KeyError, IndexError, ...
+        raise _not_a_checkpoint(p) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{p} is a PyTorch file but not a tinygpt checkpoint (no format='tinygpt' key): "
                               f"use a last.pt or best.pt written by train.py")

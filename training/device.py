@@ -130,7 +130,8 @@ def device_name(device: torch.device) -> str:
     if device.type == "cuda":
         return torch.cuda.get_device_name(device)
     if device.type == "cpu":
-        return f"CPU, {torch.get_num_threads()} threads"
+        n = torch.get_num_threads()
+        return f"CPU, {n} thread{'s' * (n != 1)}"
     return device.type.upper()
 
 

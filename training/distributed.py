@@ -550,13 +550,15 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
     return path
 
 
+_GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dcp/ or best_dcp/"
+
+
 def read_sharded_meta(path: str | os.PathLike) -> dict:
     """The plain metadata of a sharded checkpoint directory (a tinygpt checkpoint dict without tensors)."""
     from training.checkpoint import CheckpointError, load_checkpoint
     p = Path(path)
     if not is_sharded_checkpoint(p):
-        raise CheckpointError(f"{p} is not a sharded tinygpt checkpoint (no .metadata and {DCP_META}): give a "
-                              f"run directory, its last_dcp/ or a last.pt")
+        raise CheckpointError(f"{p} is not a sharded tinygpt checkpoint (no .metadata and {DCP_META}): {_GIVE_SHARDED}")
     return load_checkpoint(p / DCP_META)
 
 
@@ -624,6 +626,26 @@ def resume_source(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[str, 
 
 # ------------------------------------------------------------------------------------------- export CLI
 
+def _export_source(src: Path) -> Path:
+    """The sharded directory `export SRC` reads: SRC itself or SRC/last_dcp; else a one-line CheckpointError
+    saying what SRC is (missing, a file, a run without sharded checkpoints) and what to give instead."""
+    from training.checkpoint import CheckpointError
+    if not src.exists():
+        raise CheckpointError(f"{src} does not exist: {_GIVE_SHARDED}")
+    if src.is_file():
+        raise CheckpointError(f"{src} is a file, but export reads a sharded checkpoint directory: {_GIVE_SHARDED} "
+                              f"(a .pt file is already a single-file checkpoint: use it as it is)")
+    if is_sharded_checkpoint(src):
+        return src
+    if (src / LAST_DCP).exists():
+        return src / LAST_DCP  # read_sharded_meta says so if it is incomplete
+    if (src / "last.pt").is_file():
+        raise CheckpointError(f"{src} has no {LAST_DCP}/, so there is nothing to export: only FSDP runs "
+                              f"(train.parallel=fsdp) write sharded checkpoints; its last.pt is already a "
+                              f"single-file checkpoint (use it as it is)")
+    return src  # not a checkpoint of any kind: read_sharded_meta says so
+
+
 def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None = None) -> Path:
     """Offline: a sharded checkpoint (or run dir with last_dcp/) -> one complete tinygpt checkpoint
     (weights + optimizer + metadata), resumable in a single process or DDP and readable by sample.py.
@@ -631,8 +653,7 @@ def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None = N
     from model import GPT, GPTConfig
     from training import checkpoint as ckpt_lib
     from training.optim import build_optimizer
-    src = Path(src)
-    shard = src if is_sharded_checkpoint(src) else src / LAST_DCP
+    shard = _export_source(Path(src))
     meta = read_sharded_meta(shard)
     out = Path(out) if out is not None else shard.parent / f"{shard.name.removesuffix('_dcp')}_full.pt"
     model = GPT(GPTConfig.from_dict(dict(meta["model_config"])))

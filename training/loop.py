@@ -157,6 +157,7 @@ class _Trainer:
         self.elapsed_before = 0.0  # training seconds of earlier sessions (resume)
         self.train_seconds = 0.0  # this session, steps only (no evals/saves)
         self.session_tokens = 0
+        self.tokens = 0  # training tokens so far, all sessions (a resume may change the global batch)
         self.compiled = False
         self.compile_verified = {"train": False, "eval": False}
         self.wandb_run_id: Optional[str] = None
@@ -178,7 +179,7 @@ class _Trainer:
 
         from data.prepare import prepare
         with dist_lib.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
-            prepared = prepare(c.data, progress=rt.is_main)
+            prepared = prepare(c.data, progress=rt.is_main, log=log.info)  # notes into train.log too
         self.tokenizer = prepared.tokenizer
         if ckpt is not None and ckpt.get("tokenizer") is not None and ckpt["tokenizer"] != self.tokenizer.to_dict():
             old = ckpt["tokenizer"]
@@ -322,6 +323,7 @@ class _Trainer:
         self.best_val_loss = float(bv) if bv is not None else math.inf
         self.best_step = ckpt.get("best_step")
         self.elapsed_before = float(ckpt.get("elapsed_s") or 0.0)
+        self.tokens = _checkpoint_tokens(ckpt, self.tokens_per_step)
         self.wandb_run_id = ckpt.get("wandb_run_id")
         self.last_saved_step = self.start_step
         self.last_checkpoint = self.ckpt_path  # the last good checkpoint, until this run writes one
@@ -527,7 +529,7 @@ class _Trainer:
         loss = sum(vals) / steps
         tps = timed * self.tokens_per_step / dt if dt > 0 else 0.0
         mfu = compute_mfu(tps, self.flops_per_token, self.peak_flops)
-        rec = {"type": "train", "step": step, "loss": loss, "lr": self._lr, "tokens": step * self.tokens_per_step,
+        rec = {"type": "train", "step": step, "loss": loss, "lr": self._lr, "tokens": self.tokens,
                "elapsed_s": round(self._elapsed(), 3), "tokens_per_s": round(tps, 1)}
         if mfu is not None:
             rec["mfu"] = round(mfu, 4)
@@ -566,12 +568,12 @@ class _Trainer:
             lr = self._lr_at(max(0, step - 1))
         if self.rt.is_main:
             self.metrics.write({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"],
-                                "lr": lr, "tokens": step * self.tokens_per_step,
+                                "lr": lr, "tokens": self.tokens,
                                 "elapsed_s": round(self._elapsed(), 3)})
             self.wandb.log({"eval/train_loss": losses["train"], "eval/val_loss": losses["val"]}, step=step)
             log.info(f"step {step}/{self.c.train.max_iters}: train loss {losses['train']:.4f}, val loss "
                      f"{losses['val']:.4f}{' (best)' if improved else ''} | "
-                     f"{format_count(step * self.tokens_per_step)} tokens | {format_duration(self._elapsed())}")
+                     f"{format_count(self.tokens)} tokens | {format_duration(self._elapsed())}")
         if save:
             self._save(step, best=improved)
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
@@ -587,7 +589,7 @@ class _Trainer:
             "model": None, "model_config": self.gpt_config.to_dict(), "tokenizer": self.tokenizer.to_dict(),
             "optimizer": None, "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "config": self.resolved, "rng": ckpt_lib.capture_rng_state(), "loader": self.loader.state_dict(),
-            "wandb_run_id": self.wandb_run_id, "elapsed_s": self._elapsed(),
+            "wandb_run_id": self.wandb_run_id, "elapsed_s": self._elapsed(), "tokens": self.tokens,
             # exact metrics on resume: the losses logged since the last log line, and an evaluation to redo
             "loss_window": {"first_step": self.win_first_step, "losses": self._read_window()},
             "eval_pending": self.eval_skipped_step == step,
@@ -644,6 +646,7 @@ class _Trainer:
                     self.win_n += 1
                     self.step = step + 1
                     self.session_tokens += self.tokens_per_step
+                    self.tokens += self.tokens_per_step
                     self.bar.update(1)
                     if self.step % t.log_interval == 0 or self.step == t.max_iters:
                         self._log_train(self.step)
@@ -684,10 +687,9 @@ class _Trainer:
         if not self.rt.is_main:
             return
         wall = time.perf_counter() - self.t_start
-        tokens = self.step * getattr(self, "tokens_per_step", 0)
         summary = {"type": "summary", "status": status, "step": self.step,
                    "best_val_loss": self.best_val_loss if math.isfinite(self.best_val_loss) else None,
-                   "best_step": self.best_step, "tokens": tokens, "wall_s": round(wall, 3),
+                   "best_step": self.best_step, "tokens": self.tokens, "wall_s": round(wall, 3),
                    "train_s": round(self.train_seconds, 3),
                    "mean_tokens_per_s": (round(self.session_tokens / self.train_seconds, 1)
                                          if self.train_seconds else None),
@@ -709,8 +711,20 @@ class _Trainer:
         if status == "completed":
             best = (f"best val loss {self.best_val_loss:.4f} at step {self.best_step}"
                     if self.best_step is not None else "no evaluation")
-            log.info(f"done: {self.step} steps, {format_count(tokens)} tokens in {format_duration(wall)}, {best}; "
+            log.info(f"done: {self.step} steps, {format_count(self.tokens)} tokens in {format_duration(wall)}, {best}; "
                      f"sample with: python sample.py --run {shlex.quote(str(self.run_dir))}")
+
+
+def _checkpoint_tokens(ckpt: dict, tokens_per_step: int) -> int:
+    """The training tokens a checkpoint has seen. Checkpoints from before the `tokens` field: its step times
+    the global batch of its own config (its process count is len(rng_ranks)), else times this run's."""
+    if ckpt.get("tokens") is not None:
+        return int(ckpt["tokens"])
+    t = (ckpt.get("config") or {}).get("train") or {}
+    if isinstance(t.get("batch_size"), int) and isinstance(t.get("grad_accum_steps"), int):
+        world_size = len(ckpt.get("rng_ranks") or [None])
+        tokens_per_step = t["batch_size"] * t["grad_accum_steps"] * world_size * ckpt["model_config"]["block_size"]
+    return int(ckpt["step"]) * tokens_per_step
 
 
 def _vocab_len(tok: dict) -> str:

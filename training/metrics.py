@@ -7,7 +7,8 @@ Design:
       {"type": "eval", "step", "train_loss", "val_loss", "lr", "tokens", "elapsed_s"}         every eval
       {"type": "summary", "best_val_loss", "best_step", "tokens", "wall_s", "mean_tokens_per_s", ...}  at the end
   "train" losses are the mean over the steps since the previous reading; `tokens` counts training
-  tokens consumed so far (all processes); `elapsed_s` is training time (survives resume).
+  tokens consumed so far (all processes; carried in the checkpoint, so it stays right when a resume
+  changes the batch or the process count); `elapsed_s` is training time (survives resume).
 - On resume the file is rewritten (atomically) to the records up to the checkpoint's step, so an
   interrupted-and-resumed run ends with the same records as an uninterrupted one.
 - `plot_loss` draws train and val curves with matplotlib's Agg canvas directly (no pyplot, no global
