@@ -1,0 +1,66 @@
+"""Durable writes: a file is replaced whole or not at all, so a kill or a full disk never leaves half of one.
+
+The pattern (temp file beside the target, fsync, os.replace, fsync the directory) lives here once; the
+checkpoint, data-cache, metrics and download code all call it.
+"""
+from __future__ import annotations
+
+import os
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, Iterator
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """Make a rename in `path` durable (best effort: some platforms cannot open directories)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def temp_path(path: str | os.PathLike) -> Path:
+    """A unique hidden name beside `path` (`.name.<pid>.<id>.tmp`), so a stale one can be recognised."""
+    path = Path(path)
+    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+
+
+def remove_quietly(path: str | os.PathLike) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+@contextmanager
+def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kw) -> Iterator[IO]:
+    """`with atomic_write(p) as f: f.write(...)`: `p` appears whole when the block ends, or not at all.
+
+    The temp file is removed on any error (KeyboardInterrupt too) and the error propagates unchanged.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = temp_path(path)
+    try:
+        with open(tmp, mode.replace("w", "x"), **open_kw) as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        remove_quietly(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.write(text)
+    return Path(path)
