@@ -365,7 +365,7 @@ def section_quality(args, dev) -> dict:
 def section_decode(args, dev) -> dict:
     import torch
     from model import GPT
-    from training.device import cuda_bf16_native
+    from model.device import cuda_bf16_native
     device = dev.device
     shape = args.decode_preset or ("gpt2" if device.type == "cuda" else "baby")
     cfg = gpt_config(model_preset(shape), preset_vocab(shape))

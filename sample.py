@@ -11,7 +11,7 @@ One small function per step, run in this order by `main()`:
 * Which model: `--run DIR`, `--checkpoint FILE` or `--init HF_DIR` (a local Hugging Face GPT-2
   directory, with the GPT-2 tokenizer); with none of them the newest run under ./outputs and
   ./multirun (newest checkpoint file by mtime), announced on stderr. `best.pt` beats `last.pt`.
-  Model and tokenizer are rebuilt from the checkpoint alone (`training.checkpoint.load_checkpoint`,
+  Model and tokenizer are rebuilt from the checkpoint alone (`checkpoint.file.load_checkpoint`,
   i.e. `torch.load(weights_only=True)`: no pickled objects are ever executed). Logits of padding ids
   (a vocabulary padded with model.pad_vocab_to) are masked so they can never be sampled.
 * Arguments (numbers, paths, the prompt file) are validated before torch is imported, so a typo costs
@@ -222,14 +222,14 @@ def load_model(args: argparse.Namespace, ckpt_path: Path | None, device: str):
     On a CUDA GPU with bfloat16 in hardware (Ampere or newer) the weights (and so the KV cache) are cast to bfloat16."""
     import torch
 
-    from training.device import cuda_bf16_native
+    from model.device import cuda_bf16_native
     if args.init is not None:
         from data.tokenizer import GPT2Tokenizer
         from model import GPT
         model, tokenizer = GPT.from_pretrained(args.init), GPT2Tokenizer()
     else:
         from data.tokenizer import tokenizer_from_dict
-        from training.checkpoint import load_checkpoint, model_from_checkpoint
+        from checkpoint.file import load_checkpoint, model_from_checkpoint
         ckpt = load_checkpoint(ckpt_path, map_location="cpu")
         try:
             model = model_from_checkpoint(ckpt)

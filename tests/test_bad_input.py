@@ -55,6 +55,8 @@ def project(tmp_path_factory) -> Path:
     good = _corpus(3000).encode()
     (inputs / "latin1.txt").write_bytes(good[:BAD_BYTE_AT] + b"\xff" + good[BAD_BYTE_AT:])
     (inputs / "garbage.pt").write_bytes(random.Random(3).randbytes(50_000))
+    (inputs / "no_wandb" / "wandb").mkdir(parents=True)  # first on PYTHONPATH: wandb "not installed"
+    (inputs / "no_wandb" / "wandb" / "__init__.py").write_text("raise ImportError(\"No module named 'wandb'\")\n")
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
@@ -132,6 +134,9 @@ ROWS = [
     ("train-wandb-online-without-key", [*TRAIN, "logger=wandb", "logger.mode=online"],
      ["logger.mode=online needs a W&B API key", "add logger.mode=offline"], {"HOME": "{cwd}"},
      ["WANDB_MODE", "WANDB_API_KEY"]),
+    ("train-wandb-not-installed", [*TRAIN, "logger=wandb", "logger.mode=offline"],
+     ["logger=wandb needs the wandb package, which is not installed", "pip install wandb"],
+     {"PYTHONPATH": "{inputs}/no_wandb" + os.pathsep + str(REPO)}, []),
     # --- sampling
     ("sample-corrupt-checkpoint", ["sample.py", "--checkpoint", "{inputs}/garbage.pt"],
      ["garbage.pt is not a PyTorch checkpoint", "use a last.pt or best.pt"], {}, []),

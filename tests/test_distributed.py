@@ -29,7 +29,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO, run_cli
-from training import checkpoint as ck
+from checkpoint import file as ck
 from training import distributed as D
 
 TINY = ["experiment=cpu", "optim=adamw", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
@@ -133,7 +133,7 @@ def test_eval_plan_covers_every_batch_once():
 
 
 def test_rank_rng_state():
-    from training.checkpoint import capture_rng_state
+    from checkpoint.file import capture_rng_state
     base = capture_rng_state()
     torch.manual_seed(5)
     other = capture_rng_state()

@@ -1,7 +1,7 @@
 """Safety: checkpoints never run code, the project never execs/unpickles, a run writes only where it should.
 
 - A checkpoint that carries a pickled object (one whose unpickling would run code, and a dict subclass)
-  is refused by training.checkpoint.load_checkpoint, by `python sample.py --checkpoint` and by
+  is refused by checkpoint.file.load_checkpoint, by `python sample.py --checkpoint` and by
   `python train.py train.resume=...`, each with one clear line, and the payload never runs.
 - A static scan (AST, not grep: `model.eval()` and `except pickle.UnpicklingError` are fine) of every
   project .py file outside tests/ finds no eval/exec, no unpickling, no torch.load without
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO
-from training import checkpoint as ck
+from checkpoint import file as ck
 
 TINY = ["experiment=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
         "train.batch_size=8", "train.eval_iters=2", "optim.warmup_iters=2"]
@@ -188,7 +188,7 @@ def test_the_scanner_catches_what_it_looks_for():
 def test_project_code_never_execs_unpickles_or_shells_out():
     files = _project_files()
     names = {f.relative_to(REPO).as_posix() for f in files}
-    assert {"train.py", "sample.py", "training/checkpoint.py", "training/loop.py", "data/prepare.py",
+    assert {"train.py", "sample.py", "checkpoint/file.py", "training/loop.py", "data/prepare.py",
             "model/gpt.py"} <= names
     found = [hit for f in files for hit in unsafe_uses(f.read_text(encoding="utf-8"), f.relative_to(REPO).as_posix())]
     assert found == []

@@ -82,7 +82,7 @@ def _one_thread():
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, _one_thread):
     """(project dir with outputs/2026-01-01/00-00-00/best.pt, checkpoint path, tokenizer, final loss)."""
-    from training.checkpoint import save_checkpoint
+    from checkpoint.file import save_checkpoint
 
     model, tok, loss = _train_tiny()
     project = tmp_path_factory.mktemp("project")
@@ -190,7 +190,7 @@ def test_prompt_file_and_default_prompt(trained, capsys, tmp_path):
 def test_padded_vocabulary_ids_are_never_sampled(trained, capsys, tmp_path):
     """A model trained with model.pad_vocab_to has more logits than the tokenizer has ids."""
     from model import GPT, GPTConfig
-    from training.checkpoint import save_checkpoint
+    from checkpoint.file import save_checkpoint
     tok = trained[2]
     cfg = torch.load(trained[1], weights_only=True)["model_config"]
     model = GPT(GPTConfig.from_dict({**cfg, "vocab_size": tok.vocab_size + 8}))

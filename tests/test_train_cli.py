@@ -11,7 +11,7 @@ import time
 import pytest
 
 from tests.helpers import REPO, run_cli
-from training import checkpoint as ck
+from checkpoint import file as ck
 
 TINY = ["model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "train.batch_size=4",
         "train.eval_iters=2", "train.log_interval=2", "optim.warmup_iters=2"]

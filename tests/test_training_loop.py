@@ -12,7 +12,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.helpers import REPO
-from training import checkpoint as ck
+from checkpoint import file as ck
 from training import loop as loop_mod
 from training.config import register_configs
 from training.loop import TrainingDiverged, train

@@ -52,3 +52,12 @@ def test_logs_go_to_the_run_and_finish_once(monkeypatch, tmp_path):
     w.finish(3)
     w.finish(0)
     assert calls == [("log", {"loss": 2.0}, 2), ("finish", 3)]
+
+
+def test_wandb_not_installed_is_one_line(monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # import wandb -> ImportError, as when it is absent
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    with pytest.raises(ValueError, match=r"^logger=wandb needs the wandb package, which is not installed: "
+                                         r"pip install wandb") as info:
+        WandbRun().start(Config(), {}, tmp_path, "abc123")
+    assert "\n" not in str(info.value)

@@ -3,7 +3,7 @@
 - `training.config`      structured-config dataclasses (the Hydra schema), `to_dataclass`, validation
 - `training.loop`        `train(cfg, run_dir)`: the training loop (train.py is a thin Hydra wrapper)
 - `training.optim`       AdamW parameter groups (or Muon, `training.muon`), the learning-rate schedule
-- `training.checkpoint`  atomic saves, safe (weights_only) loads, RNG state, model rebuild
+- (checkpoints live in checkpoint/)
 - `training.device`      device / dtype / autocast choice, the GPU peak-FLOP/s table for MFU
 - `training.metrics`     metrics.jsonl, loss.png, FLOPs per token and MFU
 - `training.console`     log lines above the tqdm progress bar
@@ -13,5 +13,5 @@
 
 Imports model/ and data/; OmegaConf only in training.config; Hydra only in train.py (the ConfigStore
 registration in training.config.register_configs imports it lazily). Nothing is imported eagerly here,
-so `import training.checkpoint` (e.g. from sample.py) stays cheap.
+so importing one module stays cheap.
 """

@@ -59,6 +59,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import inspect
 import math
 import os
 import shutil
@@ -294,12 +295,17 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
     if info.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         ids = [device.index] if device.type == "cuda" else None
-        # buffers are synced once at init; the model has no running statistics to re-broadcast every forward
-        return DDP(model, device_ids=ids, forward_sync_buffers=False, gradient_as_bucket_view=True)
+        kw = {}
+        if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters:  # newer torch only
+            # buffers are synced once at init; the model has no running statistics to re-broadcast
+            kw["forward_sync_buffers"] = False
+        return DDP(model, device_ids=ids, gradient_as_bucket_view=True, **kw)
     if info.parallel == "fsdp":
+        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         check_dtype(info, dtype)
-        kw = {}
+        # the mesh on the device the run uses: fully_shard's default mesh is CUDA whenever a GPU exists
+        kw = {"mesh": init_device_mesh(device.type, (info.world_size,))}
         if device.type == "cuda" and dtype == torch.bfloat16:
             kw["mp_policy"] = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
         for block in _blocks(model):
@@ -404,7 +410,7 @@ def gather_rng_states(info: DistInfo) -> Optional[list]:
     """Every rank's RNG states (capture_rng_state dicts) on every rank; None in a single process."""
     if not info.distributed:
         return None
-    from training.checkpoint import capture_rng_state
+    from checkpoint.file import capture_rng_state
     out = [None] * info.world_size
     dist.all_gather_object(out, capture_rng_state(), group=info.control_group)
     return out
@@ -437,7 +443,7 @@ def full_model_state_dict(model: torch.nn.Module, info: DistInfo) -> dict:
     if info.parallel == "fsdp":
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
         return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    from training.checkpoint import clean_state_dict, unwrap_model
+    from checkpoint.file import clean_state_dict, unwrap_model
     return clean_state_dict(unwrap_model(model).state_dict())
 
 
@@ -527,7 +533,7 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    from training.checkpoint import _save_error, save_checkpoint
+    from checkpoint.file import _save_error, save_checkpoint
     path = Path(path)
     tmp = _tmp_dir(path)
     try:
@@ -555,7 +561,7 @@ _GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dc
 
 def read_sharded_meta(path: str | os.PathLike) -> dict:
     """The plain metadata of a sharded checkpoint directory (a tinygpt checkpoint dict without tensors)."""
-    from training.checkpoint import CheckpointError, load_checkpoint
+    from checkpoint.file import CheckpointError, load_checkpoint
     p = Path(path)
     if not is_sharded_checkpoint(p):
         raise CheckpointError(f"{p} is not a sharded tinygpt checkpoint (no .metadata and {DCP_META}): {_GIVE_SHARDED}")
@@ -592,7 +598,7 @@ def resume_source(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[str, 
     step; an FSDP run's last.pt is a weights-only export, so last_dcp/ wins there). A path: a file, a
     sharded directory, or a run directory (same rule).
     """
-    from training.checkpoint import CheckpointError
+    from checkpoint.file import CheckpointError
     if spec is False or spec is None:
         return None
     d = Path(run_dir) if spec is True else Path(os.path.expanduser(str(spec)))
@@ -629,7 +635,7 @@ def resume_source(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[str, 
 def _export_source(src: Path) -> Path:
     """The sharded directory `export SRC` reads: SRC itself or SRC/last_dcp; else a one-line CheckpointError
     saying what SRC is (missing, a file, a run without sharded checkpoints) and what to give instead."""
-    from training.checkpoint import CheckpointError
+    from checkpoint.file import CheckpointError
     if not src.exists():
         raise CheckpointError(f"{src} does not exist: {_GIVE_SHARDED}")
     if src.is_file():
@@ -651,7 +657,7 @@ def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None = N
     (weights + optimizer + metadata), resumable in a single process or DDP and readable by sample.py.
     Runs on CPU without a process group (DCP loads every shard); needs memory for the whole state."""
     from model import GPT, GPTConfig
-    from training import checkpoint as ckpt_lib
+    from checkpoint import file as ckpt_lib
     from training.optim import build_optimizer
     shard = _export_source(Path(src))
     meta = read_sharded_meta(shard)

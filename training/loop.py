@@ -53,7 +53,7 @@ from typing import Any, Optional
 
 import torch
 
-from training import checkpoint as ckpt_lib
+from checkpoint import file as ckpt_lib
 from training import distributed as dist_lib
 from training.config import Config, to_dataclass
 from training.console import console_with_bar

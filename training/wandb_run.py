@@ -33,7 +33,11 @@ class WandbRun:
 
     def start(self, c: Config, resolved: dict, run_dir: Path, run_id: str) -> None:
         mode = self.effective_mode(c.logger.mode)
-        import wandb
+        try:
+            import wandb
+        except ImportError:
+            raise ValueError("logger=wandb needs the wandb package, which is not installed: pip install wandb "
+                             "(or drop logger=wandb to log to train.log and metrics.jsonl only)") from None
         self._wandb = wandb
         if mode == "online" and not os.environ.get("WANDB_API_KEY"):
             try:

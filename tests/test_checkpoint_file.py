@@ -1,4 +1,4 @@
-"""training/checkpoint.py: atomic saves, safe loads with one-line errors, RNG capture, model rebuild."""
+"""checkpoint/file.py: atomic saves, safe loads with one-line errors, RNG capture, model rebuild."""
 from __future__ import annotations
 
 import hashlib
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from training import checkpoint as ck
+from checkpoint import file as ck
 
 
 def _ckpt(tiny_gpt_config, **extra):

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from data.sources import fsync_dir
+from common.files import fsync_dir
 
 FORMAT = "tinygpt"
 VERSION = 1

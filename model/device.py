@@ -1,0 +1,66 @@
+"""Where a model runs: the device (CUDA > MPS > CPU) and the precision the hardware does well.
+
+Shared by training and inference (sample.py never imports training/). An explicit device that is not
+there is a one-line ValueError, never a silent fallback; "auto" bf16 needs bf16 in hardware.
+"""
+from __future__ import annotations
+
+import torch
+
+DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def resolve_device(spec: str = "auto", local_rank: int = 0) -> torch.device:
+    """`train.device` -> torch.device. auto: CUDA (this process's local_rank) > MPS > CPU."""
+    if spec == "auto":
+        if torch.cuda.is_available():
+            return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
+        if _mps_available():
+            return torch.device("mps")
+        return torch.device("cpu")
+    if spec.startswith("cuda"):
+        if not torch.cuda.is_available():
+            raise ValueError(f"train.device={spec} but no CUDA GPU is available: use train.device=auto or "
+                             f"train.device=cpu")
+        dev = torch.device(spec)
+        index = dev.index if dev.index is not None else local_rank
+        if index >= torch.cuda.device_count():
+            raise ValueError(f"train.device={spec} but only {torch.cuda.device_count()} CUDA GPU(s) are visible: "
+                             f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        return torch.device("cuda", index)
+    if spec == "mps":
+        if not _mps_available():
+            raise ValueError("train.device=mps but Apple's MPS backend is not available: use train.device=auto "
+                             "or train.device=cpu")
+        return torch.device("mps")
+    if spec == "cpu":
+        return torch.device("cpu")
+    raise ValueError(f"train.device={spec!r} is not valid: use auto, cpu, cuda, cuda:N or mps")
+
+
+def _mps_available() -> bool:
+    mps = getattr(torch.backends, "mps", None)
+    return bool(mps and mps.is_available())
+
+
+def cuda_bf16_native() -> bool:
+    """bf16 in hardware (Ampere and newer). torch's default also says yes to emulated bf16 (V100, T4),
+    which runs far slower than fp16 there."""
+    return torch.cuda.is_available() and torch.cuda.is_bf16_supported(including_emulation=False)
+
+
+def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
+    """`train.dtype` -> the autocast dtype (float32 = no autocast)."""
+    if spec == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if cuda_bf16_native() else torch.float16
+        return torch.float32
+    if spec not in DTYPE_BY_NAME:
+        raise ValueError(f"train.dtype={spec!r} is not valid: use auto, float32, bfloat16 or float16")
+    dtype = DTYPE_BY_NAME[spec]
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():  # emulated is allowed when asked for
+        raise ValueError(f"train.dtype=bfloat16 but {torch.cuda.get_device_name(device)} does not support it: "
+                         f"use train.dtype=float16 (or auto)")
+    if dtype == torch.float16 and device.type == "cpu":
+        raise ValueError("train.dtype=float16 needs a GPU: use train.dtype=float32 (or bfloat16) on CPU")
+    return dtype
