@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import REPO
 
-TINY = ["experiment=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
         "train.batch_size=8", "train.eval_iters=2", "optim.warmup_iters=2", "train.eval_interval=2"]
 BAD_BYTE_AT = 1234  # the non-UTF-8 corpus has byte 0xff here
 

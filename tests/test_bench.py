@@ -17,7 +17,7 @@ def test_cli_smoke_tiny_sizes(tmp_path, cache_with_shakespeare, cache_with_gpt2,
     proc = run_cli(["bench.py", "--only", "train,decode,prep", "--presets", "tiny", "--steps", "2", "--warmup", "0",
                     "--optim", optim,
                     "--decode-tokens", "8", "--decode-reps", "1", "--decode-preset", "tiny", "--prep-mb", "0.3",
-                    "--threads", "1", "--out", str(out)], cwd=tmp_path, timeout=120)
+                    "--threads", "1", "--device", "cpu", "--out", str(out)], cwd=tmp_path, timeout=120)
     assert proc.returncode == 0, proc.stderr
     r = json.loads(out.read_text())
     assert r["format"] == "tinygpt-bench" and r["hardware"]["torch"]

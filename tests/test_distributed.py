@@ -32,7 +32,7 @@ from tests.helpers import REPO, run_cli
 from checkpoint import file as ck
 from training import distributed as D
 
-TINY = ["experiment=cpu", "optim=adamw", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
+TINY = ["experiment=cpu", "train.device=cpu", "optim=adamw", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
         "model.dropout=0.0", "train.device=cpu", "train.batch_size=4", "train.eval_iters=3",
         "train.log_interval=1", "train.eval_interval=4", "train.eval_at_start=false", "optim.warmup_iters=2",
         "optim.decay_iters=8", "data=text"]

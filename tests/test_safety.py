@@ -17,6 +17,7 @@ import hashlib
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,7 +26,7 @@ import torch
 from tests.helpers import REPO
 from checkpoint import file as ck
 
-TINY = ["experiment=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
+TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
         "train.batch_size=8", "train.eval_iters=2", "optim.warmup_iters=2"]
 
 
@@ -223,6 +224,8 @@ def test_a_training_run_writes_only_its_run_dir_and_the_cache(tmp_path, tiny_cor
     env = _env(HOME=str(home), TMPDIR=str(tmpdir), WANDB_MODE="disabled")
     for k in ("MPLCONFIGDIR", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME", "TORCHINDUCTOR_CACHE_DIR"):
         env.pop(k, None)
+    # the CUDA driver's JIT cache (~/.nv/ComputeCache on a GPU machine) is the driver's write, not ours
+    env["CUDA_CACHE_PATH"] = tempfile.mkdtemp(prefix="tinygpt-test-nv-")
     cache = Path(os.environ["TINYGPT_CACHE"])
     before = _tree(tmp_path)
 

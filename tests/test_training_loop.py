@@ -19,7 +19,7 @@ from training.loop import TrainingDiverged, train
 
 register_configs()
 
-TINY = ["experiment=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
+TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
         "train.batch_size=4", "train.eval_iters=2", "train.log_interval=2", "train.eval_at_start=false",
         "optim.warmup_iters=2"]
 
@@ -311,7 +311,7 @@ def test_wandb_offline_run_keeps_its_id_across_resume(tmp_path, tiny_corpus, mon
 def test_loss_decreases_on_tiny_shakespeare(tmp_path, cache_with_shakespeare):
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         cfg = compose("config", overrides=[
-            "experiment=cpu", "optim=adamw", "train.eval_at_start=true", "model.n_layer=2", "model.n_head=2",
+            "experiment=cpu", "train.device=cpu", "optim=adamw", "train.eval_at_start=true", "model.n_layer=2", "model.n_head=2",
             "model.n_embd=64", "model.block_size=32", "train.batch_size=16", "train.max_iters=150", "train.eval_interval=150", "train.eval_iters=10",
             "train.log_interval=50", "optim.lr=3e-3", "optim.warmup_iters=10", "optim.min_lr=3e-4"])
     res = train(cfg, tmp_path / "run")
