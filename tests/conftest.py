@@ -44,6 +44,17 @@ def _find_shared_data() -> Path | None:
 
 SHARED_DATA = _find_shared_data()
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `cuda` skip (one reason, no error) on a machine without a CUDA GPU."""
+    import torch
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "cuda" in item.keywords:
+            item.add_marker(skip)
+
 # One matplotlib font cache for the whole session: CLI subprocesses would otherwise rebuild it under each
 # test's fresh cache dir (~0.5 s per run), and it must never land in the user's HOME.
 os.environ.setdefault("MPLCONFIGDIR", tempfile.mkdtemp(prefix="tinygpt-tests-mpl-"))

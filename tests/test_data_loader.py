@@ -211,7 +211,7 @@ def test_header_layout_is_documented():
     assert HEADER_SIZE == 32 and struct.calcsize("<8sIIQII") == 32 and MAGIC == b"TGPTTOK\0"
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 def test_cuda_batches_are_on_device(bins):
     ld = _loader(bins, device="cuda")
     x, y = ld.next_batch()
