@@ -1,19 +1,7 @@
-"""`DataConfig`: which text to train on and how to tokenize and split it.
+"""`DataConfig`: which text to train on and how to tokenize and split it (data sets: see README).
 
-A plain dataclass (no Hydra/OmegaConf import) so it serves both the Python API and, reused by
-training/config.py, the Hydra `data` node (`python train.py data=text data.path=my.txt data.tokenizer=gpt2`).
-
-Data sets (`name`):
-- `shakespeare_char` (default): Tiny Shakespeare, char-level (vocabulary of 65).
-- `shakespeare`: Tiny Shakespeare, GPT-2 BPE.
-- `text`: your own text, `path` = a file or a directory of `.txt` files (concatenated in sorted order of
-  their relative paths), `tokenizer` = `char` or `gpt2`.
-`tokenizer` is read for `text`; the two Shakespeare sets are presets with a fixed tokenizer
-(`shakespeare_char` + `tokenizer=gpt2` is refused with a pointer to `shakespeare`). `path` also replaces the
-Tiny Shakespeare download for the two Shakespeare sets (any local copy works).
-
-`validate()` checks the values and returns the effective tokenizer; it is called by `data.prepare.prepare`
-(not by `__post_init__`, so that OmegaConf can build the node from defaults and errors stay one line).
+A plain dataclass (no Hydra import) so it serves both the Python API and the Hydra `data` node. `validate()` is
+called by `data.prepare.prepare`, not `__post_init__`, so OmegaConf can build the node from defaults.
 """
 from __future__ import annotations
 

@@ -1,45 +1,26 @@
-"""Token files and batches: the `.bin` format, `TokenFile` (memmap), `BatchLoader` (deterministic windows).
+"""Token files and batches: the checked `.bin` format (`TokenFile`, `TokenWriter`) and `BatchLoader`.
 
-Token file format (little-endian, fixed 32-byte header, then the ids):
-
-    offset 0  8 bytes  magic b"TGPTTOK\\0"
-           8  uint32   format version (1)
-          12  uint32   bytes per token (2 = uint16, 4 = uint32)
-          16  uint64   token count
-          24  uint32   vocabulary size
-          28  uint32   reserved (0)
-          32  ...      count * bytes-per-token ids
-
-`TokenFile` checks magic, version, dtype and that the file size equals 32 + count * itemsize, so a corrupt
-or truncated file is a one-line ValueError instead of garbage batches; it memmaps the ids once.
-`TokenWriter` writes the format (placeholder header first, the real one last, then fsync), used by prepare.
-
-Batches, deterministic in the GLOBAL batch: for global optimizer step s a torch.Generator seeded from a hash
-of (seed, "train", s) draws global_batch = batch_size * grad_accum_steps * world_size window offsets; the
-micro-step m of rank r takes rows [(m * world_size + r) * batch_size : + batch_size]. So step s covers the
-same windows whatever the split across processes and accumulation steps (world_size=2 x accum=1 gives the
-rows of world_size=1 x accum=2), and the loader state is just {"step": s, "micro": m}: resuming draws
-exactly what an uninterrupted run would have. Windows are block_size + 1 tokens, x = w[:-1], y = w[1:],
-offsets uniform in [0, len - block_size) (as nanoGPT). `eval_batch(split, i)` is seeded from
-(seed, "eval", split, i) only (not rank, not training state): the same windows every evaluation, never
-perturbing training draws; in DDP, rank r can evaluate the i with i % world_size == r and all-reduce, which
-covers the same windows as one process. On CUDA, x and y are pinned and copied with non_blocking=True.
+A damaged token file is a one-line ValueError, never garbage batches. Batches depend only on (seed, global
+step), not on how a step is split across ranks and accumulation steps, so a resumed or re-sharded run draws
+exactly the windows an uninterrupted one would. torch is imported lazily: preparing data does not need it.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import struct
 from pathlib import Path
 
 import numpy as np
 
+from common.rng import seed_for
+
+# 32-byte little-endian header, then `count` ids of `itemsize` bytes each:
+# magic b"TGPTTOK\0" | uint32 version (1) | uint32 itemsize (2 or 4) | uint64 count | uint32 vocab_size | uint32 0
 MAGIC = b"TGPTTOK\0"
 VERSION = 1
 HEADER = struct.Struct("<8sIIQII")
 HEADER_SIZE = HEADER.size  # 32
 _DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
-assert HEADER_SIZE == 32
 
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
@@ -88,9 +69,6 @@ class TokenFile:
     def __len__(self) -> int:
         return self.count
 
-    def __repr__(self) -> str:
-        return f"TokenFile({str(self.path)!r}, tokens={self.count:,}, dtype={self.dtype.name})"
-
 
 class TokenWriter:
     """Append-only writer of the token file format. Use as a context manager; `close()` finalizes."""
@@ -122,9 +100,6 @@ class TokenWriter:
         os.fsync(self._f.fileno())
         self._f.close()
 
-    def abort(self) -> None:
-        self._f.close()
-
     def __enter__(self) -> "TokenWriter":
         return self
 
@@ -132,7 +107,7 @@ class TokenWriter:
         if exc_type is None:
             self.close()
         else:
-            self.abort()
+            self._f.close()
 
 
 def write_token_file(path: str | os.PathLike, ids, vocab_size: int) -> Path:
@@ -140,12 +115,6 @@ def write_token_file(path: str | os.PathLike, ids, vocab_size: int) -> Path:
     with TokenWriter(path, vocab_size) as w:
         w.write(ids)
     return Path(path)
-
-
-def _seed_for(*parts) -> int:
-    """A 63-bit seed from a hash of the parts: independent streams for (seed, split, step) tuples."""
-    h = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
-    return int.from_bytes(h, "little") & ((1 << 63) - 1)
 
 
 def _positive_int(name: str, value) -> int:
@@ -209,17 +178,17 @@ class BatchLoader:
         self.step, self.micro = step, micro
 
     # -- batches -----------------------------------------------------------------------------------------
-    def global_offsets(self, step: int):
-        """The global_batch window offsets of training step `step` (a LongTensor)."""
+    def _draw(self, split: str, n: int, *key) -> np.ndarray:
+        """`n` window offsets into `split` from a generator seeded by (seed, *key) alone."""
         import torch
         g = torch.Generator()
-        g.manual_seed(_seed_for(self.seed, "train", int(step)))
-        return torch.randint(len(self.files["train"]) - self.block_size, (self.global_batch,), generator=g)
+        g.manual_seed(seed_for(self.seed, *key))
+        return torch.randint(len(self.files[split]) - self.block_size, (n,), generator=g).numpy()
 
     def next_batch(self):
         """(x, y) for this rank's current micro-step, then advance (micro, then step)."""
         if self._offsets_step != self.step:
-            self._offsets = self.global_offsets(self.step).numpy()
+            self._offsets = self._draw("train", self.global_batch, "train", self.step)
             self._offsets_step = self.step
         start = (self.micro * self.world_size + self.rank) * self.batch_size
         offsets = self._offsets[start:start + self.batch_size]
@@ -231,13 +200,9 @@ class BatchLoader:
 
     def eval_batch(self, split: str, i: int):
         """The i-th evaluation batch of `split` ("train" or "val"): always the same windows."""
-        import torch
         if split not in self.files:
             raise ValueError(f"unknown split {split!r}: use 'train' or 'val'")
-        g = torch.Generator()
-        g.manual_seed(_seed_for(self.seed, "eval", split, int(i)))
-        offsets = torch.randint(len(self.files[split]) - self.block_size, (self.batch_size,), generator=g)
-        return self._windows(split, offsets.numpy())
+        return self._windows(split, self._draw(split, self.batch_size, "eval", split, int(i)))
 
     def _windows(self, split: str, offsets: np.ndarray):
         import torch
@@ -250,8 +215,3 @@ class BatchLoader:
         elif self.device.type != "cpu":
             x, y = x.to(self.device), y.to(self.device)
         return x, y
-
-    def __repr__(self) -> str:
-        return (f"BatchLoader(block_size={self.block_size}, batch_size={self.batch_size}, "
-                f"grad_accum_steps={self.grad_accum_steps}, rank={self.rank}/{self.world_size}, "
-                f"train={len(self.files['train']):,}, val={len(self.files['val']):,} tokens)")

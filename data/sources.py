@@ -1,43 +1,37 @@
 """Where the raw data lives: the cache directory, Tiny Shakespeare and the GPT-2 BPE ranks.
 
-Design: every file the project could download has ONE fixed place in the cache directory
-(`$TINYGPT_CACHE`, default `~/.cache/tinygpt`), and that place is always looked at first, so a machine
-without internet works once the files are copied there:
-
-    $TINYGPT_CACHE/tinyshakespeare/input.txt    Tiny Shakespeare (1,115,394 bytes, checked by size + sha256)
-    $TINYGPT_CACHE/tokenizers/gpt2.tiktoken     GPT-2 BPE ranks in tiktoken format (base64 token, space, rank)
-
-Downloads use urllib with a short timeout, write to a temporary file in the same directory, verify size
-and sha256, then rename: an interrupted or corrupted download never leaves a file that a later run would
-trust. When the network is unreachable the error is one line that names the exact path to put the file at.
-
-The GPT-2 ranks are not downloaded here: `data.tokenizer.GPT2Tokenizer` asks tiktoken
-(`tiktoken.get_encoding("gpt2")`, which downloads and caches by itself) and then writes the ranks to the
-path above, so later runs work offline. `python -m data.sources` fetches both files into the cache (run it
-on a machine with internet, then copy the cache directory to the offline machine).
+Every file the project could download has one fixed place in `$TINYGPT_CACHE` (default `~/.cache/tinygpt`),
+looked at first, so an offline machine works once the files are copied there. `python -m data.sources`
+fetches both (run it where there is internet, then copy the cache directory).
 """
 from __future__ import annotations
 
+import argparse
+import base64
+import binascii
+import functools
 import hashlib
 import os
 import sys
-import tempfile
-import urllib.error
+import threading
 import urllib.request
 from pathlib import Path
+from typing import Any
+
+from common.files import atomic_write
+from common.text import one_line
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SIZE = 1_115_394
 SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
-
-# What tiktoken itself downloads for its "gpt2" encoding (data-gym format, converted by tiktoken).
-GPT2_SOURCE_URLS = (
-    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/vocab.bpe",
-    "https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/encoder.json",
-)
-
 DOWNLOAD_TIMEOUT_S = 15.0
+TIKTOKEN_TIMEOUT_S = 30.0
 _READ_BLOCK = 1 << 20
+
+GPT2_PAT_STR = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+GPT2_EOT = "<|endoftext|>"
+GPT2_EOT_ID = 50256
+GPT2_VOCAB_SIZE = 50257
 
 
 def cache_dir() -> Path:
@@ -47,12 +41,11 @@ def cache_dir() -> Path:
 
 
 def shakespeare_cache_path() -> Path:
-    """Where Tiny Shakespeare is looked for (and downloaded to)."""
     return cache_dir() / "tinyshakespeare" / "input.txt"
 
 
 def gpt2_ranks_cache_path() -> Path:
-    """Where the GPT-2 BPE ranks file (tiktoken format) is looked for."""
+    """Where the GPT-2 BPE ranks file (tiktoken format: base64 token, space, rank) is looked for."""
     return cache_dir() / "tokenizers" / "gpt2.tiktoken"
 
 
@@ -62,102 +55,135 @@ def gpt2_ranks_path() -> Path | None:
     return p if p.is_file() else None
 
 
-def fsync_dir(path: Path) -> None:
-    """Make a rename in `path` durable (best effort: some platforms cannot open directories)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(_READ_BLOCK):
-            h.update(block)
-    return h.hexdigest()
-
-
-def _check_shakespeare(path: Path) -> None:
-    size = path.stat().st_size
-    if size != SHAKESPEARE_SIZE or sha256_file(path) != SHAKESPEARE_SHA256:
-        raise ValueError(
-            f"{path} is not Tiny Shakespeare ({size:,} bytes; expected {SHAKESPEARE_SIZE:,} bytes with sha256 "
-            f"{SHAKESPEARE_SHA256[:12]}...): delete it so it is downloaded again, or train on your own file "
-            f"with data=text data.path=<file>")
-
-
+# ------------------------------------------------------------------------------------------ Tiny Shakespeare
 def shakespeare_path() -> Path:
-    """Tiny Shakespeare in the cache, downloading (and verifying) it the first time.
+    """Tiny Shakespeare in the cache, downloaded (and verified) the first time.
 
-    Raises FileNotFoundError (one line naming the exact path) when it is absent and cannot be downloaded,
-    ValueError when the cached file is not Tiny Shakespeare.
+    FileNotFoundError (naming the exact path) when absent and not downloadable; ValueError when the cached
+    file is not Tiny Shakespeare.
     """
     dest = shakespeare_cache_path()
     if dest.is_file():
-        _check_shakespeare(dest)
+        size = dest.stat().st_size
+        if size != SHAKESPEARE_SIZE or hashlib.sha256(dest.read_bytes()).hexdigest() != SHAKESPEARE_SHA256:
+            raise ValueError(
+                f"{dest} is not Tiny Shakespeare ({size:,} bytes; expected {SHAKESPEARE_SIZE:,} bytes with sha256 "
+                f"{SHAKESPEARE_SHA256[:12]}...): delete it so it is downloaded again, or train on your own file "
+                f"with data=text data.path=<file>")
         return dest
     try:
         download(SHAKESPEARE_URL, dest, size=SHAKESPEARE_SIZE, sha256=SHAKESPEARE_SHA256)
     except OSError as e:  # URLError, timeouts, refused connections, unwritable cache ...
         raise FileNotFoundError(
             f"Tiny Shakespeare is not at {dest} and could not be downloaded from {SHAKESPEARE_URL} "
-            f"({_reason(e)}): copy the file to exactly {dest} (or set TINYGPT_CACHE to a directory that has "
-            f"tinyshakespeare/input.txt), or pass data.path=<your copy>") from None
+            f"({one_line(getattr(e, 'reason', None) or e)}): copy the file to exactly {dest} (or set TINYGPT_CACHE "
+            f"to a directory that has tinyshakespeare/input.txt), or pass data.path=<your copy>") from None
     return dest
-
-
-def _reason(e: BaseException) -> str:
-    r = getattr(e, "reason", None) or e
-    return " ".join(str(r).split()) or type(e).__name__
 
 
 def download(url: str, dest: Path, *, size: int | None = None, sha256: str | None = None,
              timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:
-    """Download `url` to `dest` atomically (temp file in the same directory, verify, rename).
+    """Download `url` to `dest`, verified, atomically: nothing is left at or beside `dest` unless it is whole.
 
     Network problems raise OSError (urllib.error.URLError is one); a wrong size or checksum raises ValueError.
-    Nothing is left at `dest` (or beside it) unless the download was complete and verified.
     """
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".part", dir=dest.parent)
-    try:
-        h = hashlib.sha256()
-        n = 0
-        with os.fdopen(fd, "wb") as out, urllib.request.urlopen(url, timeout=timeout) as resp:
-            while block := resp.read(_READ_BLOCK):
-                out.write(block)
-                h.update(block)
-                n += len(block)
-            out.flush()
-            os.fsync(out.fileno())
+    h, n = hashlib.sha256(), 0
+    with atomic_write(dest) as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+        while block := resp.read(_READ_BLOCK):
+            out.write(block)
+            h.update(block)
+            n += len(block)
         if size is not None and n != size:
             raise ValueError(f"download of {url} is incomplete or wrong ({n:,} bytes, expected {size:,}): "
                              f"try again, or copy the file to {dest} by hand")
         if sha256 is not None and h.hexdigest() != sha256:
             raise ValueError(f"download of {url} has the wrong sha256 ({h.hexdigest()[:12]}..., expected "
                              f"{sha256[:12]}...): try again, or copy the file to {dest} by hand")
-        os.replace(tmp, dest)
-        fsync_dir(dest.parent)
-    except BaseException:
+    return Path(dest)
+
+
+# -------------------------------------------------------------------------------------------- GPT-2 ranks
+def _missing_ranks_error(reason: str) -> FileNotFoundError:
+    dest = gpt2_ranks_cache_path()
+    return FileNotFoundError(
+        f"GPT-2 BPE ranks are not at {dest} and tiktoken could not fetch them ({reason}): put a tiktoken-format "
+        f"gpt2 ranks file at exactly {dest} (make one on a machine with internet with `python -m data.sources`, "
+        f"which writes it to that machine's cache, then copy it)")
+
+
+def load_ranks(path: Path) -> dict[bytes, int]:
+    """Parse a tiktoken-format ranks file (`<base64 token> <rank>` per line)."""
+    ranks: dict[bytes, int] = {}
+    try:
+        with open(path, "rb") as f:
+            for lineno, line in enumerate(f, 1):
+                if line.strip():
+                    tok, rank = line.split()
+                    ranks[base64.b64decode(tok, validate=True)] = int(rank)
+    except (ValueError, binascii.Error):
+        raise ValueError(f"{path} is not a tiktoken ranks file (line {lineno} is not '<base64> <rank>'): "
+                         f"replace it with a GPT-2 ranks file in tiktoken format") from None
+    if len(ranks) != GPT2_EOT_ID or ranks.get(b"Hello") != 15496:
+        raise ValueError(f"{path} does not hold the GPT-2 BPE ranks ({len(ranks):,} entries, expected "
+                         f"{GPT2_EOT_ID:,}): replace it with the GPT-2 ranks file in tiktoken format")
+    return ranks
+
+
+def _save_ranks(ranks: dict[bytes, int], dest: Path) -> None:
+    """Best effort, so that later runs work offline."""
+    try:
+        with atomic_write(dest) as f:
+            for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+                f.write(base64.b64encode(tok) + b" " + str(rank).encode() + b"\n")
+    except OSError as e:
+        print(f"note: could not save the GPT-2 ranks to {dest} ({e}); offline runs will need it", file=sys.stderr)
+
+
+def _tiktoken_gpt2(timeout: float = TIKTOKEN_TIMEOUT_S):
+    """tiktoken.get_encoding("gpt2") with a time limit (tiktoken's own download has none)."""
+    import tiktoken
+    box: dict[str, Any] = {}
+
+    def work():
         try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    return dest
+            box["enc"] = tiktoken.get_encoding("gpt2")
+        except BaseException as e:  # noqa: BLE001 - reported below as one line
+            box["err"] = e
+
+    t = threading.Thread(target=work, daemon=True, name="tiktoken-gpt2")
+    t.start()
+    t.join(timeout)
+    if "enc" in box:
+        return box["enc"]
+    if "err" in box:
+        msg = one_line(str(box["err"]))
+        raise _missing_ranks_error(f"{type(box['err']).__name__}: {msg[:120]}{'...' if len(msg) > 120 else ''}")
+    raise _missing_ranks_error(f"no answer within {timeout:.0f} s")
 
 
+@functools.lru_cache(maxsize=4)
+def _encoding_from(path: str, size: int, mtime_ns: int):  # keyed by size and mtime: a replaced file is re-read
+    import tiktoken
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=load_ranks(Path(path)),
+                             special_tokens={GPT2_EOT: GPT2_EOT_ID}, explicit_n_vocab=GPT2_VOCAB_SIZE)
+
+
+def gpt2_encoding():
+    """tiktoken's GPT-2 encoding: from the cached ranks file, else from tiktoken (whose ranks are then cached)."""
+    path = gpt2_ranks_path()
+    if path is not None:
+        st = path.stat()
+        return _encoding_from(str(path.resolve()), st.st_size, st.st_mtime_ns)
+    enc = _tiktoken_gpt2()
+    ranks = getattr(enc, "_mergeable_ranks", None)
+    if isinstance(ranks, dict) and len(ranks) == GPT2_EOT_ID:
+        _save_ranks(ranks, gpt2_ranks_cache_path())
+    return enc
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     """`python -m data.sources`: fetch Tiny Shakespeare and the GPT-2 ranks into the cache, print where."""
-    import argparse
     argparse.ArgumentParser(  # no options: --help (and any stray argument) must not start a download
         prog="python -m data.sources",
         description=f"Fetch Tiny Shakespeare and the GPT-2 BPE ranks into the cache ({cache_dir()}; set "
@@ -165,18 +191,14 @@ def main(argv: list[str] | None = None) -> int:
                     f"Run it on a machine with internet, then copy the cache directory to an offline one.",
     ).parse_args(argv)
     failed = False
-    try:
-        print(f"Tiny Shakespeare: {shakespeare_path()}")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        failed = True
-    try:
-        from data.tokenizer import GPT2Tokenizer
-        GPT2Tokenizer()
-        print(f"GPT-2 BPE ranks:  {gpt2_ranks_cache_path()}")
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        failed = True
+    for what, fetch, where in (("Tiny Shakespeare", shakespeare_path, shakespeare_cache_path),
+                               ("GPT-2 BPE ranks", gpt2_encoding, gpt2_ranks_cache_path)):
+        try:
+            fetch()
+            print(f"{what + ':':17} {where()}")
+        except (ValueError, OSError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            failed = True
     if failed:
         return 2
     print(f"cache: {cache_dir()} (copy this directory to an offline machine, or point TINYGPT_CACHE at it)")

@@ -1,4 +1,4 @@
-"""data/sources.py: cache location, Tiny Shakespeare from the cache / a (simulated) download / offline."""
+"""data/sources.py: cache location; Tiny Shakespeare and GPT-2 ranks from the cache, a (simulated) download, offline."""
 from __future__ import annotations
 
 import hashlib
@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from data import sources
+from data.tokenizer import GPT2Tokenizer
 
 
 def _offline(monkeypatch):
@@ -116,6 +117,42 @@ def test_gpt2_ranks_path(cache_with_gpt2):
 
 def test_gpt2_ranks_path_absent():
     assert sources.gpt2_ranks_path() is None
+
+
+def _no_tiktoken_download(monkeypatch):
+    import tiktoken
+
+    def boom(name):
+        raise ConnectionError("Failed to resolve 'openaipublic.blob.core.windows.net'")
+
+    monkeypatch.setattr(tiktoken, "get_encoding", boom)
+
+
+def test_gpt2_online_fallback_seeds_the_cache(shared_data_dir, monkeypatch):
+    """No local file, tiktoken works (simulated): its ranks are saved for later offline runs."""
+    import tiktoken
+    ranks = sources.load_ranks(shared_data_dir / "gpt2.tiktoken")
+    enc = tiktoken.Encoding(name="gpt2", pat_str=sources.GPT2_PAT_STR, mergeable_ranks=ranks,
+                            special_tokens={"<|endoftext|>": 50256})
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: enc)
+    assert GPT2Tokenizer().encode("Hello world") == [15496, 995]
+    saved = sources.gpt2_ranks_cache_path()
+    assert saved.is_file() and sources.load_ranks(saved) == ranks
+    _no_tiktoken_download(monkeypatch)
+    assert GPT2Tokenizer().encode("Hello world") == [15496, 995]
+
+
+def test_gpt2_bad_ranks_file(monkeypatch):
+    _no_tiktoken_download(monkeypatch)
+    p = sources.gpt2_ranks_cache_path()
+    p.parent.mkdir(parents=True)
+    p.write_text("this is not base64 at all\n")
+    with pytest.raises(ValueError, match="not a tiktoken ranks file") as ei:
+        GPT2Tokenizer()
+    assert str(p) in str(ei.value)
+    p.write_text("SGVsbG8= 15496\n")
+    with pytest.raises(ValueError, match="does not hold the GPT-2 BPE ranks"):
+        GPT2Tokenizer()
 
 
 def test_sources_cli_offline_reports_both_paths(monkeypatch, capsys):

@@ -6,8 +6,7 @@ import json
 import pytest
 
 from data import sources
-from data.tokenizer import (CharTokenizer, GPT2Tokenizer, StreamDecoder, check_same_tokenizer, load_ranks,
-                            tokenizer_from_dict)
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, StreamDecoder, tokenizer_from_dict
 
 MULTIBYTE = "héllo wörld — 你好，世界。🤗🚀 naïve café 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👩‍👩‍👧 ok\n"
 
@@ -63,15 +62,6 @@ def test_unknown_dict():
         tokenizer_from_dict({"type": "sentencepiece"})
 
 
-def test_check_same_tokenizer():
-    a, b = CharTokenizer("abc").to_dict(), CharTokenizer("abd").to_dict()
-    check_same_tokenizer(a, dict(a))
-    with pytest.raises(ValueError, match="vocabulary mismatch.*3-character.*different characters"):
-        check_same_tokenizer(a, b)
-    with pytest.raises(ValueError, match="gpt2"):
-        check_same_tokenizer(a, {"type": "gpt2"})
-
-
 # ------------------------------------------------------------------------------------------------ gpt2
 def test_gpt2_hello_world(cache_with_gpt2, monkeypatch):
     _no_tiktoken_download(monkeypatch)  # must come from the local ranks file
@@ -106,34 +96,6 @@ def test_gpt2_offline_without_ranks_says_where(monkeypatch):
         msg = str(ei.value)
         assert "\n" not in msg
         assert str(sources.gpt2_ranks_cache_path()) in msg and "Failed to resolve" in msg
-
-
-def test_gpt2_online_fallback_seeds_the_cache(shared_data_dir, monkeypatch):
-    """No local file, tiktoken works (simulated): its ranks are saved for later offline runs."""
-    import tiktoken
-    from data.tokenizer import GPT2_PAT_STR
-    ranks = load_ranks(shared_data_dir / "gpt2.tiktoken")
-    enc = tiktoken.Encoding(name="gpt2", pat_str=GPT2_PAT_STR, mergeable_ranks=ranks,
-                            special_tokens={"<|endoftext|>": 50256})
-    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: enc)
-    assert GPT2Tokenizer().encode("Hello world") == [15496, 995]
-    saved = sources.gpt2_ranks_cache_path()
-    assert saved.is_file() and load_ranks(saved) == ranks
-    _no_tiktoken_download(monkeypatch)
-    assert GPT2Tokenizer().encode("Hello world") == [15496, 995]
-
-
-def test_gpt2_bad_ranks_file(monkeypatch):
-    _no_tiktoken_download(monkeypatch)
-    p = sources.gpt2_ranks_cache_path()
-    p.parent.mkdir(parents=True)
-    p.write_text("this is not base64 at all\n")
-    with pytest.raises(ValueError, match="not a tiktoken ranks file") as ei:
-        GPT2Tokenizer()
-    assert str(p) in str(ei.value)
-    p.write_text("SGVsbG8= 15496\n")
-    with pytest.raises(ValueError, match="does not hold the GPT-2 BPE ranks"):
-        GPT2Tokenizer()
 
 
 # ------------------------------------------------------------------------------------------ streaming

@@ -1,0 +1,161 @@
+"""The prepared-data cache: `cache_dir()/prepared/<name>-<tokenizer>-<key>/` holding train.bin, val.bin, meta.json.
+
+The key hashes everything the tokens depend on, so a hit needs no re-reading of the text. A directory appears
+under its final name only once complete (built in `.tmp-*`, then renamed), so a killed run never leaves one a
+later run would trust; stale `.tmp-*` directories are removed once their owner process is gone.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+from common.files import fsync_dir, write_text_atomic
+from data import sources
+from data.loader import TokenFile
+from data.tokenizer import Tokenizer, tokenizer_from_dict
+
+FORMAT = "tinygpt-prepared"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class Prepared:
+    dir: Path
+    meta: dict
+    train_path: Path
+    val_path: Path
+    tokenizer: Tokenizer
+    cached: bool = field(default=False, compare=False)
+    # the source this call read (absolute); meta.json's source.path names the first one prepared with this
+    # content, which may be another copy (the cache is keyed by content)
+    source: str | None = field(default=None, compare=False)
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    @property
+    def train_tokens(self) -> int:
+        return int(self.meta["train_tokens"])
+
+    @property
+    def val_tokens(self) -> int:
+        return int(self.meta["val_tokens"])
+
+
+def prepared_root() -> Path:
+    return sources.cache_dir() / "prepared"
+
+
+def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str) -> str:
+    blob = json.dumps({"format": FORMAT_VERSION, "source": source_hash, "tokenizer": tokenizer,
+                       "val_fraction": float(val_fraction), "encoding_errors": encoding_errors}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_prepared(directory: str | os.PathLike, *, expect_key: str | None = None) -> Prepared:
+    """Open a prepared directory, checking meta.json and both token-file headers (ValueError if damaged)."""
+    d = Path(directory)
+    try:
+        meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{d / 'meta.json'} is missing or not valid JSON ({type(e).__name__}): delete {d} and "
+                         f"prepare again") from None
+    if meta.get("format") != FORMAT or meta.get("version") != FORMAT_VERSION:
+        raise ValueError(f"{d} was prepared by another version (format {meta.get('format')!r} v{meta.get('version')}):"
+                         f" delete it and prepare again")
+    if expect_key is not None and meta.get("key") != expect_key:
+        raise ValueError(f"{d / 'meta.json'} does not match its directory (key {meta.get('key')!r}): delete {d} "
+                         f"and prepare again")
+    try:
+        train, val = TokenFile(d / "train.bin"), TokenFile(d / "val.bin")
+    except FileNotFoundError as e:
+        raise ValueError(f"{d} is incomplete ({e.__class__.__name__}: a token file is missing): delete it and "
+                         f"prepare again") from None
+    for split, tf in (("train", train), ("val", val)):
+        if len(tf) != meta.get(f"{split}_tokens") or tf.vocab_size != meta.get("vocab_size"):
+            raise ValueError(f"{tf.path} does not match {d / 'meta.json'} ({len(tf):,} tokens, vocabulary "
+                             f"{tf.vocab_size}): delete {d} and prepare again")
+    return Prepared(d, meta, train.path, val.path, tokenizer_from_dict(meta["tokenizer"]))
+
+
+def lookup(final: Path, key: str, note: Callable[[str], None]) -> Prepared | None:
+    """The cached copy at `final` if it checks out; a damaged one is noted and removed."""
+    if not final.is_dir():
+        return None
+    try:
+        p = load_prepared(final, expect_key=key)
+    except ValueError as e:
+        note(f"note: the prepared data in {final} is damaged ({e}); preparing it again")
+        shutil.rmtree(final, ignore_errors=True)
+        return None
+    p.cached = True
+    return p
+
+
+def _owner_alive(tmp: Path) -> bool:
+    try:
+        host, pid = (tmp / ".owner").read_text().split()
+        pid = int(pid)
+    except (OSError, ValueError):
+        return time.time() - tmp.stat().st_mtime < 24 * 3600  # unknown owner: keep for a day
+    if host != socket.gethostname():
+        return True  # another machine on a shared file system: not ours to judge
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_stale_tmp(root: Path) -> None:
+    for tmp in root.glob(".tmp-*"):
+        try:
+            if tmp.is_dir() and not _owner_alive(tmp):
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
+
+
+@contextmanager
+def staging(root: Path) -> Iterator[Path]:
+    """A fresh `root/.tmp-<random>/` (with an `.owner` file naming host and pid), removed on any error."""
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_stale_tmp(root)
+    tmp = root / f".tmp-{os.urandom(6).hex()}"
+    tmp.mkdir()
+    try:
+        (tmp / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def publish(tmp: Path, final: Path, meta: dict) -> bool:
+    """Write meta.json into the finished `tmp` and rename it to `final`, durably.
+
+    False when another process (e.g. another DDP rank) published `final` first: its identical result is kept.
+    """
+    write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=2, ensure_ascii=True) + "\n")
+    (tmp / ".owner").unlink()
+    fsync_dir(tmp)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not final.is_dir():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+        return False
+    fsync_dir(final.parent)
+    return True

@@ -1,0 +1,153 @@
+"""Streamed encoding of the corpus into the train/val token writers, in bounded memory.
+
+Char-level maps code points through a lookup table. GPT-2 BPE cuts the text only where GPT-2's pre-tokenizer
+always splits (`find_safe_cut`), so the ids equal encoding the whole text at once, and encodes the pieces on
+a thread pool (tiktoken releases the GIL), in order, a bounded number in flight.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import unicodedata
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator
+
+import numpy as np
+
+from data.corpus import blocks
+from data.tokenizer import CharTokenizer, GPT2Tokenizer
+
+SEGMENT_CHARS = 1 << 19  # characters per BPE work item
+MAX_CARRY_CHARS = 32 << 20  # if no safe BPE boundary shows up in this much text, cut anyway (noted)
+
+
+def _ascii_alnum(ch: str) -> bool:
+    return ch.isascii() and ch.isalnum()
+
+
+def find_safe_cut(text: str, lo: int, hi: int) -> int:
+    """Largest c in [lo, hi] such that GPT-2 encodes text[:c] + text[c:] as it encodes text; -1 if none found.
+
+    BPE never merges across the pieces of GPT-2's pre-tokenizer regex, so a cut where the regex always ends a
+    piece changes nothing. The cuts (c < len): 1. after "\\n" between ASCII letters/digits ("a\\n|b");
+    2. before " " between ASCII letters/digits ("a| b"); 3. between punctuation/symbol (not the apostrophe)
+    and a letter ("。|你"), for text without spaces.
+    """
+    n = len(text)
+    lo, hi = max(lo, 1), min(hi, n - 1)
+    if lo > hi:
+        return -1
+    j = text.rfind("\n", lo - 1, hi)  # cut = j + 1 in [lo, hi]
+    while j >= 1:
+        if _ascii_alnum(text[j - 1]) and _ascii_alnum(text[j + 1]):
+            return j + 1
+        j = text.rfind("\n", lo - 1, j)
+    j = text.rfind(" ", lo, min(hi + 1, n - 1))  # cut = j in [lo, hi], j + 1 < n
+    while j >= 1:
+        if _ascii_alnum(text[j - 1]) and _ascii_alnum(text[j + 1]):
+            return j
+        j = text.rfind(" ", lo, j)
+    category = unicodedata.category
+    for c in range(hi, max(lo, hi - 65536) - 1, -1):
+        a = text[c - 1]
+        if a != "'" and category(a)[0] in "PS" and category(text[c])[0] == "L":
+            return c
+    return -1
+
+
+class _Cutter:
+    """Cuts a stream of text into BPE work items at safe boundaries; `forced` counts cuts made without one."""
+
+    def __init__(self, note: Callable[[str], None]):
+        self.seg, self.max_carry, self.note = SEGMENT_CHARS, MAX_CARRY_CHARS, note
+        self.forced = 0
+
+    def pieces(self, buf: str, final: bool) -> tuple[list[str], str]:
+        """The work items ready in `buf`, and the rest to carry over (all of it goes out when `final`)."""
+        out, start, n = [], 0, len(buf)
+        while n - start > self.seg:
+            cut = find_safe_cut(buf, start + self.seg // 2, start + self.seg)
+            if cut < 0:
+                cut = find_safe_cut(buf, start + self.seg + 1, n - 1)
+            if cut < 0:
+                if final:
+                    break
+                if n - start <= self.max_carry:
+                    return out, buf[start:]  # wait for more text
+                cut = start + self.seg
+                self.forced += 1
+                if self.forced == 1:
+                    self.note(f"note: no GPT-2 piece boundary in {self.max_carry:,} characters; cutting there "
+                              f"anyway (tokens at such cuts may differ from encoding the text in one go)")
+            out.append(buf[start:cut])
+            start = cut
+        if final:
+            return out + ([buf[start:]] if start < n else []), ""
+        return out, buf[start:]
+
+
+def _split_stream(texts: Iterator[str], n_train: int) -> Iterator[tuple[str, str, bool]]:
+    """(split, text, last_of_split) with the train part ending exactly at character n_train."""
+    remaining = n_train
+    for text in texts:
+        if remaining > 0:
+            head = text[:remaining]
+            remaining -= len(head)
+            yield "train", head, remaining == 0
+            text = text[len(head):]
+        if text:
+            yield "val", text, False
+    yield "val", "", True
+
+
+def threads() -> int:
+    """Encoder threads: the CPUs this process may use, at most 16."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except AttributeError:
+        n = os.cpu_count() or 1
+    return max(1, min(n, 16))
+
+
+def encode_char(texts, n_train: int, tok: CharTokenizer, writers: dict, changed_error: Callable[[], Exception]):
+    """`changed_error()` is raised for a character missing from `tok` (the text changed since it was scanned)."""
+    table = tok.code_table().astype(np.int32)
+    dtype = writers["train"].dtype
+    for split, text, _ in _split_stream(texts, n_train):
+        for part in blocks(text):
+            cps = np.frombuffer(part.encode("utf-32-le"), dtype="<u4")
+            try:
+                ids = table[cps]
+            except IndexError:
+                raise changed_error() from None
+            if ids.min() < 0:
+                raise changed_error()
+            writers[split].write(ids.astype(dtype))
+
+
+def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, writers: dict, note: Callable[[str], None]) -> int:
+    """Returns the number of forced (not provably safe) cuts."""
+    enc = tok.enc
+    if hasattr(enc, "encode_to_numpy"):  # no Python int list; same ids as encode_ordinary (no specials)
+        encode = lambda s: enc.encode_to_numpy(s, allowed_special=set(), disallowed_special=())  # noqa: E731
+    else:
+        encode = lambda s: np.asarray(enc.encode_ordinary(s), dtype=np.uint32)  # noqa: E731
+    n_threads = threads()
+    cutter = _Cutter(note)
+    inflight: collections.deque = collections.deque()
+    with ThreadPoolExecutor(n_threads, thread_name_prefix="bpe") as pool:
+        def drain(limit):
+            while len(inflight) > limit:
+                split, fut = inflight.popleft()
+                writers[split].write(fut.result())
+
+        buf, cur = "", "train"
+        for split, text, last in _split_stream(texts, n_train):
+            if split != cur:  # the train part has been flushed (last=True) before val starts
+                cur, buf = split, ""
+            pieces, buf = cutter.pieces(buf + text, final=last)
+            for p in pieces:
+                inflight.append((split, pool.submit(encode, p)))
+                drain(2 * n_threads)
+        drain(0)
+    return cutter.forced
