@@ -1,67 +1,29 @@
-r"""Sample text from a trained tinygpt model: `python sample.py --prompt "ROMEO:"`.
+r"""Sample text from a trained tinygpt model: `python sample.py --prompt "ROMEO:"` (see --help).
 
-Design
-------
-A plain argparse script (Hydra owns `key=value` overrides in train.py; here users type `--flags`).
-One small function per step, run in this order by `main()`:
-
-    parse_args -> validate_args -> read_prompt -> resolve_checkpoint -> load_model
-               -> encode_prompt -> [draw_attention_map] -> stream_sample (x num_samples) -> report
-
-* Which model: `--run DIR`, `--checkpoint FILE` or `--init HF_DIR` (a local Hugging Face GPT-2
-  directory, with the GPT-2 tokenizer); with none of them the newest run under ./outputs and
-  ./multirun (newest checkpoint file by mtime), announced on stderr. `best.pt` beats `last.pt`.
-  Model and tokenizer are rebuilt from the checkpoint alone (`checkpoint.file.load_checkpoint`,
-  i.e. `torch.load(weights_only=True)`: no pickled objects are ever executed). Logits of padding ids
-  (a vocabulary padded with model.pad_vocab_to) are masked so they can never be sampled.
-* Arguments (numbers, paths, the prompt file) are validated before torch is imported, so a typo costs
-  milliseconds, not a model load.
-* Prompt: `--prompt TEXT` or `--prompt-file FILE` (UTF-8; `-` reads stdin); with neither, generation
-  starts from "\n" (as nanoGPT does), or from token 0 for a char vocabulary without "\n". A prompt
-  longer than the context keeps its last block_size tokens (one-line notice on stderr); the prompt is
-  still printed in full.
-* Output: the prompt, then the generated text streamed token by token (flushed) through
-  `data.tokenizer.StreamDecoder`, which holds back incomplete UTF-8 bytes so a BPE model never prints
-  a broken character. Samples are separated by SEPARATOR; stdout ends with "\n". `--no-stream` prints
-  each sample whole once it is done. The last stderr line is
-  `generated N tokens in S s (X tokens/s, kv cache on|off)` (generation time only, all samples;
-  with --compile it includes the compilation).
-* `--stop STRING` (escapes \n, \t, \\ understood): generation of a sample stops at the first
-  occurrence of STRING in the generated text (the prompt is not searched); the output includes the
-  stop string. Text that might still grow into STRING is held back, so nothing after it is printed.
-* `--attention-map FILE.png`: before sampling, runs the prompt (its last 64 tokens) through
-  `model.attention_maps` (the manual attention path) and draws a layers x heads grid of the causal
-  attention weights with the prompt's tokens as labels. Sampling follows as usual; use
-  `--max-new-tokens 0` to only draw.
-* Device: --device auto picks cuda > mps > cpu. On CUDA the model runs in bfloat16 where supported;
-  `--compile` (CUDA only; elsewhere a one-line note) uses model.generate's static cache + torch.compile'd
-  decode step (CUDA graphs).
-* Errors: every user mistake becomes a ValueError/OSError with a one-line message; `main()` prints
-  `error: <message>` on stderr and returns 2 (no traceback); running out of memory is one line and
-  exit code 1. Ctrl-C prints a newline and returns 130. Anything else is a bug and keeps its traceback.
+argparse -> checkpoint -> model + tokenizer -> stream text. Arguments are checked before torch is imported,
+so a typo costs milliseconds; a user mistake is one `error: ...` line on stderr and exit code 2.
 """
 from __future__ import annotations
 
 import argparse
+import io
 import os
 import re
 import sys
 import time
-import warnings
+from functools import partial
 from pathlib import Path
+
+from common.text import one_line
 
 SEPARATOR = "\n---------------\n"
 RUN_ROOTS = ("outputs", "multirun")          # Hydra's default output dirs, relative to the cwd
 CHECKPOINT_NAMES = ("best.pt", "last.pt")     # in order of preference
-ATTENTION_MAP_MAX_TOKENS = 64
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
-# --------------------------------------------------------------------------------------------- arguments
 class _ArgumentParser(argparse.ArgumentParser):
-    """argparse prints usage + message over several lines; we want the one-line `error: ...` instead."""
-
-    def error(self, message):
+    def error(self, message):  # one `error: ...` line instead of usage + message
         raise ValueError(f"{message} (see python sample.py --help)")
 
 
@@ -107,15 +69,9 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} is negative: use 0 or more (default 500)")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples {args.num_samples} is invalid: use 1 or more")
-    if args.stop is not None:
-        args.stop = unescape(args.stop)
-        if not args.stop:
-            raise ValueError("--stop is empty: give the text that should end a sample, e.g. --stop '\\n\\n'")
-    if args.prompt_file not in (None, "-"):
-        if not Path(args.prompt_file).exists():
-            raise FileNotFoundError(f"prompt file {args.prompt_file} does not exist: check the path given to --prompt-file")
-        if Path(args.prompt_file).is_dir():
-            raise IsADirectoryError(f"--prompt-file {args.prompt_file} is a directory: give a text file")
+    args.stop = unescape(args.stop) if args.stop is not None else None
+    if args.stop == "":
+        raise ValueError("--stop is empty: give the text that should end a sample, e.g. --stop '\\n\\n'")
     if args.checkpoint is not None:
         if Path(args.checkpoint).is_dir():
             raise IsADirectoryError(f"--checkpoint {args.checkpoint} is a directory: give a .pt file in it, or "
@@ -124,52 +80,39 @@ def validate_args(args: argparse.Namespace) -> None:
             raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist: check the path, or use --run DIR")
     if args.run is not None and not Path(args.run).is_dir():
         raise FileNotFoundError(f"run directory {args.run} does not exist: pass a directory containing best.pt or last.pt")
-    if args.init is not None:
-        if not Path(args.init).is_dir():
-            raise FileNotFoundError(f"--init {args.init} is not a directory: pass a local Hugging Face GPT-2 directory")
-        if not (Path(args.init) / "config.json").is_file():
-            raise FileNotFoundError(f"--init {args.init} has no config.json: pass a Hugging Face GPT-2 directory "
-                                    "(e.g. one saved with save_pretrained)")
+    if args.init is not None and not (Path(args.init) / "config.json").is_file():
+        raise FileNotFoundError(f"--init {args.init} has no config.json: pass a local Hugging Face GPT-2 directory "
+                                "(e.g. one saved with save_pretrained)")
     if args.attention_map is not None and not Path(args.attention_map).resolve().parent.is_dir():
         raise FileNotFoundError(f"cannot write --attention-map {args.attention_map}: its directory does not exist")
 
 
 def read_prompt(args: argparse.Namespace) -> str | None:
     """The prompt text, or None for "start from the default token"."""
-    if args.prompt_file is not None:
-        try:
-            if args.prompt_file == "-":
-                text = sys.stdin.buffer.read().decode("utf-8")
-            else:
-                text = Path(args.prompt_file).read_text(encoding="utf-8")
-        except UnicodeDecodeError as e:
-            raise ValueError(f"prompt file {args.prompt_file} is not UTF-8 text (byte {e.start}): "
-                             "save it as UTF-8") from None
-        source = f"prompt file {args.prompt_file}"
-    elif args.prompt is not None:
+    if args.prompt_file is None:
         text, source = args.prompt, "--prompt"
     else:
-        return None
-    if not text:
+        source = f"prompt file {args.prompt_file}"
+        try:
+            text = (sys.stdin.buffer.read().decode("utf-8") if args.prompt_file == "-"
+                    else Path(args.prompt_file).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise FileNotFoundError(f"{source} does not exist: check the path given to --prompt-file") from None
+        except IsADirectoryError:
+            raise IsADirectoryError(f"--prompt-file {args.prompt_file} is a directory: give a text file") from None
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{source} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+    if text == "":
         raise ValueError(f"{source} is empty: give some text, or leave out the prompt to start from a newline")
     return text
 
 
-# ------------------------------------------------------------------------------------------ which model
 def find_newest_checkpoint(roots=RUN_ROOTS) -> Path | None:
     """best.pt (else last.pt) of the run whose checkpoint was written most recently, under `roots`."""
-    runs: dict[Path, float] = {}
-    for root in map(Path, roots):
-        if not root.is_dir():
-            continue
-        for name in CHECKPOINT_NAMES:
-            for f in root.rglob(name):
-                if f.is_file():
-                    runs[f.parent] = max(runs.get(f.parent, 0.0), f.stat().st_mtime)
-    if not runs:
-        return None
-    newest = max(runs, key=lambda d: (runs[d], str(d)))
-    return checkpoint_in_run(newest)
+    found = [f for root in map(Path, roots) if root.is_dir()
+             for name in CHECKPOINT_NAMES for f in root.rglob(name) if f.is_file()]
+    newest = max(found, key=lambda f: (f.stat().st_mtime, str(f.parent)), default=None)
+    return checkpoint_in_run(newest.parent) if newest else None
 
 
 def checkpoint_in_run(run_dir: Path) -> Path:
@@ -186,99 +129,53 @@ def resolve_checkpoint(args: argparse.Namespace) -> Path | None:
         return None
     if args.checkpoint is not None:
         return Path(args.checkpoint)
-    if args.run is not None:
-        path = checkpoint_in_run(Path(args.run))
-        print(f"using {path}", file=sys.stderr)
-        return path
-    path = find_newest_checkpoint()
+    path = checkpoint_in_run(Path(args.run)) if args.run is not None else find_newest_checkpoint()
     if path is None:
         raise FileNotFoundError(f"no trained model found under ./{RUN_ROOTS[0]} or ./{RUN_ROOTS[1]} in {Path.cwd()}: "
                                 "train one with `python train.py`, or pass --run DIR, --checkpoint FILE or --init HF_DIR")
-    print(f"using {path} (newest run)", file=sys.stderr)
+    print(f"using {path}" + (" (newest run)" if args.run is None else ""), file=sys.stderr)
     return path
 
 
-def pick_device(name: str) -> str:
-    import torch
-    if name == "auto":
-        if torch.cuda.is_available():
-            return "cuda"
-        if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-            return "mps"
-        return "cpu"
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"unknown --device {name!r}: use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine: use --device cpu (or auto)")
-    if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"--device {name}: MPS is not available on this machine: use --device cpu (or auto)")
-    return str(device)
-
-
-def load_model(args: argparse.Namespace, ckpt_path: Path | None, device: str):
-    """(model in eval mode on `device`, tokenizer) from the checkpoint alone, or from --init HF_DIR.
-    On a CUDA GPU with bfloat16 in hardware (Ampere or newer) the weights (and so the KV cache) are cast to bfloat16."""
-    import torch
-
+def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
+    """(model in eval mode on `device`, tokenizer) from the checkpoint alone (weights_only), or --init HF_DIR."""
     from model.device import cuda_bf16_native
     if args.init is not None:
         from data.tokenizer import GPT2Tokenizer
         from model import GPT
         model, tokenizer = GPT.from_pretrained(args.init), GPT2Tokenizer()
     else:
-        from data.tokenizer import tokenizer_from_dict
         from checkpoint.file import load_checkpoint, model_from_checkpoint
+        from data.tokenizer import tokenizer_from_dict
         ckpt = load_checkpoint(ckpt_path, map_location="cpu")
         try:
             model = model_from_checkpoint(ckpt)
         except ValueError as e:  # bad model_config, or weights that do not fit it: say which file
             raise ValueError(f"checkpoint {ckpt_path}: {e}") from None
-        except RuntimeError as e:  # load_state_dict's own size/key mismatch message (many lines)
-            first = str(e).strip().splitlines()[-1].strip() if str(e).strip() else type(e).__name__
-            raise ValueError(f"checkpoint {ckpt_path}: weights do not match its model config ({first}): "
-                             "the file is damaged or was edited; use another checkpoint") from None
         if "tokenizer" not in ckpt:
             raise ValueError(f"checkpoint {ckpt_path} has no tokenizer: it was not written by train.py; "
                              "use a last.pt or best.pt from a training run")
         tokenizer = tokenizer_from_dict(ckpt["tokenizer"])
-        del ckpt  # optimizer state etc.: free it before generating
     if tokenizer.vocab_size > model.config.vocab_size:
         raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
                          f"{model.config.vocab_size}: model and tokenizer do not belong together")
-    mask_padded_vocab(model, tokenizer.vocab_size)
     model = model.to(device).eval()
-    if device.startswith("cuda") and cuda_bf16_native():
-        model = model.to(dtype=torch.bfloat16)  # decoding is memory-bound: half the bytes per token
+    if device.type == "cuda" and cuda_bf16_native():
+        model = model.bfloat16()  # decoding is memory-bound: half the bytes per token
     return model, tokenizer
 
 
-def mask_padded_vocab(model, vocab_size: int) -> None:
-    """A model trained with a padded vocabulary (model.pad_vocab_to) has logits for ids that no tokenizer
-    knows; set them to -inf on the way out of lm_head so they can never be sampled."""
-    if model.config.vocab_size <= vocab_size:
-        return
-
-    def hook(module, inputs, logits):
-        logits[..., vocab_size:] = float("-inf")
-        return logits
-
-    model.lm_head.register_forward_hook(hook)
-
-
-# ----------------------------------------------------------------------------------------------- prompt
 def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
-    """Token ids of the prompt (default: "\\n"), cut to the last `block_size` tokens with a notice."""
+    """Token ids of the prompt (default "\\n", else token 0), cut to its last `block_size` with a notice."""
     if text is None:
         try:
             return tokenizer.encode("\n")[-block_size:] or [0]
-        except (ValueError, KeyError):  # a char vocabulary without "\n": start from its first token
+        except ValueError:  # a char vocabulary without "\n"
             return [0]
     try:
         ids = tokenizer.encode(text)
-    except (ValueError, KeyError) as e:
-        unknown = sorted({c for c in text if not _encodable(tokenizer, c)})
+    except ValueError as e:
+        unknown = sorted(set(text) - tokenizer.stoi.keys()) if hasattr(tokenizer, "stoi") else []  # char vocabulary
         if not unknown:
             raise ValueError(f"cannot encode the prompt: {e}") from None
         shown = ", ".join(repr(c) for c in unknown[:20]) + (f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
@@ -287,30 +184,11 @@ def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
     if len(ids) > block_size:
         print(f"note: the prompt is {len(ids)} tokens, longer than the model's context of {block_size}: "
               f"the model sees its last {block_size} tokens", file=sys.stderr)
-        ids = ids[-block_size:]
-    return ids
+    return ids[-block_size:]
 
 
-def _encodable(tokenizer, char: str) -> bool:
-    try:
-        tokenizer.encode(char)
-        return True
-    except (ValueError, KeyError):
-        return False
-
-
-def prompt_text(tokenizer, text: str | None, ids: list[int]) -> str:
-    """What to print before the generated text: the prompt as given, or the default start token."""
-    return text if text is not None else tokenizer.decode(ids)
-
-
-# ------------------------------------------------------------------------------------------- streaming
 class StopAt:
-    """Passes text through until the first occurrence of `stop` (included), then reports done.
-
-    Text that could still turn into `stop` (a suffix that is a prefix of it) is held back, so nothing
-    after the stop string is ever emitted even when it straddles tokens. stop=None: pass everything.
-    """
+    """Passes text on up to the first `stop` (included), then is done; never emits text past it."""
 
     def __init__(self, stop: str | None):
         self.stop, self.held, self.done = stop, "", False
@@ -323,11 +201,8 @@ class StopAt:
         if i >= 0:
             self.done = True
             return buf[: i + len(self.stop)]
-        keep = 0  # the longest tail of buf that is a beginning of the stop string: hold it back
-        for k in range(min(len(buf), len(self.stop) - 1), 0, -1):
-            if buf.endswith(self.stop[:k]):
-                keep = k
-                break
+        # hold back the longest tail of buf that is a beginning of the stop string
+        keep = max((k for k in range(1, len(self.stop)) if buf.endswith(self.stop[:k])), default=0)
         self.held = buf[len(buf) - keep:]
         return buf[: len(buf) - keep]
 
@@ -337,152 +212,17 @@ class StopAt:
 
 
 def stream_text(tokens, tokenizer, write, stop: str | None = None) -> int:
-    """Decode an iterator of new tokens (tensors of shape (1, 1), or ints) and `write` the text as it
-    becomes complete UTF-8. Stops consuming `tokens` (i.e. stops generation) at `stop`. Returns how
-    many tokens were consumed."""
+    """`write` the text of `tokens` ((1, 1) tensors or ints) in complete characters, up to `stop`; the count."""
     from data.tokenizer import StreamDecoder
     decoder, stopper, n = StreamDecoder(tokenizer), StopAt(stop), 0
-    for tok in tokens:
-        n += 1
-        ids = tok.reshape(-1).tolist() if hasattr(tok, "reshape") else [int(tok)]
-        text = stopper.push(decoder.push(ids))
-        if text:
-            write(text)
+    for n, tok in enumerate(tokens, 1):
+        write(stopper.push(decoder.push(tok.reshape(-1).tolist() if hasattr(tok, "reshape") else [int(tok)])))
         if stopper.done:
             return n
-    text = stopper.push(decoder.flush())
-    text += "" if stopper.done else stopper.flush()
-    if text:
-        write(text)
+    write(stopper.push(decoder.flush()) + ("" if stopper.done else stopper.flush()))
     return n
 
 
-def generation_kwargs(args: argparse.Namespace, generator) -> dict:
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                use_kv_cache=args.kv_cache, generator=generator)
-
-
-def stream_sample(model, tokenizer, ids: list[int], args, generator, out, head: str, compile_decode=False) -> int:
-    """Print one sample (`head` = the prompt, then the continuation); returns the tokens generated."""
-    import torch
-    device = next(model.parameters()).device
-    idx = torch.tensor([ids], dtype=torch.long, device=device)
-    kwargs = generation_kwargs(args, generator)
-    if compile_decode:
-        kwargs["compile"] = True
-    tokens = model.generate_stream(idx, args.max_new_tokens, **kwargs)
-    if args.stream:
-        def write(text):
-            out.write(text)
-            out.flush()
-    else:
-        pieces = []
-        write = pieces.append
-    write(head)
-    n = stream_text(tokens, tokenizer, write, args.stop)
-    if not args.stream:
-        out.write("".join(pieces))
-        out.flush()
-    return n
-
-
-# ------------------------------------------------------------------------------------- attention map
-LABEL_FONTS = ("DejaVu Sans", "Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans CJK TC", "Noto Sans CJK KR",
-               "WenQuanYi Zen Hei", "Droid Sans Fallback", "Noto Sans", "Noto Emoji", "Symbola", "Arial Unicode MS")
-
-
-def label_fonts() -> tuple[list[str], set[int]]:
-    """The installed LABEL_FONTS (matplotlib falls back along the list) and the code points they draw."""
-    from matplotlib import font_manager
-    from matplotlib.ft2font import FT2Font
-    installed = {f.name: f.fname for f in font_manager.fontManager.ttflist}
-    families = [name for name in LABEL_FONTS if name in installed] or ["DejaVu Sans"]
-    glyphs: set[int] = set()
-    for name in families:
-        try:
-            glyphs.update(FT2Font(installed[name]).get_charmap())
-        except (KeyError, OSError, RuntimeError):
-            pass
-    return families, glyphs
-
-
-def _escape(c: str) -> str:
-    return c.encode("unicode_escape").decode("ascii")  # 世 -> \\u4e16, BEL -> \\x07
-
-
-def token_labels(tokenizer, ids: list[int], glyphs: set[int] | None = None) -> list[str]:
-    """Readable axis labels, one per token: newline/space/tab made visible (⏎ · ⇥). A BPE token holding
-    part of a multi-byte character shows that character with "…" on the cut side ("世…", "…世").
-    Characters outside `glyphs` (code points the label fonts can draw) are shown as \\u escapes."""
-    if glyphs is None:
-        glyphs = label_fonts()[1]
-    parts = [tokenizer.decode_bytes([i]) for i in ids]
-    data = b"".join(parts)
-    is_cont = [(b & 0xC0) == 0x80 for b in data]  # UTF-8 continuation byte: not a character start
-    labels, s = [], 0
-    for part in parts:
-        e = s + len(part)
-        a, b = s, e
-        while 0 < a < len(data) and is_cont[a]:
-            a -= 1
-        while b < len(data) and is_cont[b]:
-            b += 1
-        text = data[a:b].decode("utf-8", errors="backslashreplace")
-        text = text.replace("\n", "⏎").replace(" ", "·").replace("\t", "⇥")
-        text = "".join(c if c.isprintable() and ord(c) in glyphs else _escape(c) for c in text)
-        labels.append(("…" if a < s else "") + text + ("…" if b > e else ""))
-        s = e
-    return labels
-
-
-def draw_attention_map(model, tokenizer, ids: list[int], path: str, title: str = "") -> None:
-    """A grid (rows = layers, columns = heads) of the causal attention weights of the prompt's last
-    64 tokens: row i of a heatmap = how much query token i attends to each key token j <= i."""
-    import numpy as np
-    import torch
-    from matplotlib.colors import PowerNorm
-    from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
-
-    ids = ids[-ATTENTION_MAP_MAX_TOKENS:]
-    device = next(model.parameters()).device
-    with torch.no_grad():
-        att = model.attention_maps(torch.tensor([ids], dtype=torch.long, device=device))
-    att = att[:, 0].float().cpu().numpy()  # (n_layer, n_head, T, T)
-    n_layer, n_head, T, _ = att.shape
-    upper = np.triu(np.ones((T, T), dtype=bool), k=1)
-    families, glyphs = label_fonts()
-    labels = token_labels(tokenizer, ids, glyphs)
-
-    cell = min(max(2.4, 0.15 * T + 1.0), 9.0)           # inches per heatmap: room for T labels
-    cell = min(cell, 50 / max(n_layer, n_head))         # but keep the whole picture <= ~50 inches
-    font = min(10.0, max(3.0, 0.9 * cell * 72 / T))     # a label per row/column of the heatmap
-    fig = Figure(figsize=(n_head * cell + 2.0, n_layer * cell + 1.5), dpi=100, layout="constrained")
-    axes = fig.subplots(n_layer, n_head, squeeze=False)
-    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)     # sqrt scale: small weights stay visible
-    for l in range(n_layer):
-        for h in range(n_head):
-            ax = axes[l][h]
-            im = ax.imshow(np.ma.masked_array(att[l, h], mask=upper), cmap="viridis", norm=norm,
-                           interpolation="nearest")
-            ax.set_facecolor("#eeeeee")  # the masked future (upper triangle)
-            ax.set_xticks(range(T))
-            ax.set_yticks(range(T))
-            ax.set_xticklabels(labels if l == n_layer - 1 else [], rotation=90, fontsize=font, family=families)
-            ax.set_yticklabels(labels if h == 0 else [], fontsize=font, family=families)
-            ax.tick_params(length=0, pad=1)
-            if l == 0:
-                ax.set_title(f"head {h}", fontsize=11)
-            if h == 0:
-                ax.set_ylabel(f"layer {l}", fontsize=11)
-    fig.colorbar(im, ax=axes, shrink=min(0.6, 4 / n_layer + 0.2), label="attention weight (sqrt scale)")
-    fig.suptitle("causal self-attention weights: row = query token, column = key token it attends to\n"
-                 f"{title + ', ' if title else ''}{T} prompt tokens (⏎ newline, · space)", fontsize=12)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*[Gg]lyph.*missing")  # e.g. CJK in DejaVu Sans
-        fig.savefig(path, format="png")
-
-
-# ----------------------------------------------------------------------------------------------- main
 def run(argv: list[str] | None = None, out=None) -> int:
     """The whole CLI; raises ValueError/OSError for user mistakes (main() turns them into one line)."""
     out = out if out is not None else sys.stdout
@@ -492,36 +232,36 @@ def run(argv: list[str] | None = None, out=None) -> int:
     ckpt_path = resolve_checkpoint(args)
 
     import torch
-    device = pick_device(args.device)
-    if args.seed is not None:
-        torch.manual_seed(args.seed)
+    from model.device import resolve_device
+    device = resolve_device(args.device, setting="--device")
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
     model, tokenizer = load_model(args, ckpt_path, device)
     ids = encode_prompt(tokenizer, text, model.config.block_size)
-    head = prompt_text(tokenizer, text, ids)
-
-    compile_decode = False
-    if args.compile:
-        if device.startswith("cuda"):
-            compile_decode = True
-        else:
-            print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
-
+    head = text if text is not None else tokenizer.decode(ids)  # the prompt is printed in full
+    compile_decode = args.compile and device.type == "cuda"
+    if args.compile and not compile_decode:
+        print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
     if args.attention_map:
-        name = args.init if args.init is not None else ckpt_path
-        draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(name))
+        from viz.attention_map import draw_attention_map
+        draw_attention_map(model, tokenizer, ids, args.attention_map,
+                           title=str(args.init if args.init is not None else ckpt_path))
         print(f"attention map written to {args.attention_map}", file=sys.stderr)
 
     n_tokens, seconds = 0, 0.0
-    with torch.no_grad():
-        for i in range(args.num_samples):
-            if i:
-                out.write(SEPARATOR)
-            t0 = time.perf_counter()
-            n_tokens += stream_sample(model, tokenizer, ids, args, generator, out, head, compile_decode)
-            if device.startswith("cuda"):
-                torch.cuda.synchronize()
-            seconds += time.perf_counter() - t0
+    for i in range(args.num_samples):
+        sink = out if args.stream else io.StringIO()  # --no-stream: each sample is printed whole once done
+        write = partial(print, end="", file=sink, flush=True)
+        write((SEPARATOR if i else "") + head)
+        t0 = time.perf_counter()
+        tokens = model.generate_stream(torch.tensor([ids], device=device), args.max_new_tokens,
+                                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                       use_kv_cache=args.kv_cache, generator=generator, compile=compile_decode,
+                                       vocab_limit=tokenizer.vocab_size)  # padded vocabulary ids: never sampled
+        n_tokens += stream_text(tokens, tokenizer, write, args.stop)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds += time.perf_counter() - t0
+        out.write("" if sink is out else sink.getvalue())
     out.write("\n")
     out.flush()
     rate = n_tokens / seconds if seconds > 0 else 0.0
@@ -530,29 +270,18 @@ def run(argv: list[str] | None = None, out=None) -> int:
     return 0
 
 
-def error_message(e: Exception) -> str:
-    if isinstance(e, OSError) and e.strerror and e.filename:  # raised by the OS, e.g. permission denied
-        return f"{e.filename}: {e.strerror}"
-    return str(e)
-
-
-def one_line(message: str) -> str:
-    return " ".join(str(message).split()) or "unknown error"
-
-
 def main(argv: list[str] | None = None) -> int:
     try:
         return run(argv)
     except KeyboardInterrupt:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        print(flush=True)  # end the half-printed line
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # e.g. `python sample.py | head`: the reader left; exit quietly
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (ValueError, OSError) as e:
-        print(f"error: {one_line(error_message(e))}", file=sys.stderr)
+        from_os = isinstance(e, OSError) and e.strerror and e.filename  # e.g. permission denied: name the file
+        print("error: " + (f"{e.filename}: {e.strerror}" if from_os else one_line(e)), file=sys.stderr)
         return EXIT_USAGE
     except RuntimeError as e:  # running out of (GPU) memory is a resource problem, not a bug: one line
         if not re.search(r"out of memory|can't allocate memory", str(e), re.IGNORECASE):

@@ -1,7 +1,5 @@
 """tinygpt's model: a GPT-2-style transformer (GPT, GPTConfig), its KV cache and its sampler.
-
-Framework-free by design: nothing here imports Hydra, data/ or training/.
-"""
+Framework-free: nothing here imports Hydra, data/ or training/."""
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.kv_cache import KVCache

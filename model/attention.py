@@ -1,15 +1,7 @@
-"""Causal multi-head self-attention with two interchangeable paths.
+"""Causal multi-head self-attention, two interchangeable paths over the same weights.
 
-Design: one fused Linear `c_attn` produces q, k, v for all heads at once (n_embd -> 3*n_embd); heads are
-split with view/transpose into (B, nh, T, hs), attended, merged back and projected by `c_proj`.
-The two paths compute the same function from the same weights:
-  - "sdpa":   F.scaled_dot_product_attention, which dispatches to flash/memory-efficient kernels.
-              Without a cache it uses is_causal=True; with a KV cache it takes an explicit boolean mask
-              (query at position p may attend to key positions 0..p) because the queries no longer
-              start at position 0.
-  - "manual": the textbook computation, softmax(q @ k^T / sqrt(hs) + causal -inf mask) -> dropout -> @ v.
-              It can also return the attention weights (for attention-map pictures and tests).
-Dropout (on the attention weights and on the output) is active only in training mode.
+"sdpa" calls F.scaled_dot_product_attention (flash / memory-efficient kernels); "manual" is the textbook
+softmax(q k^T / sqrt(hs) + causal mask) v, and can return the attention weights (attention maps, tests).
 """
 from __future__ import annotations
 
@@ -20,11 +12,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from model.config import GPTConfig
-
-
-def causal_mask(q_pos: torch.Tensor, k_pos: torch.Tensor) -> torch.Tensor:
-    """Boolean (Tq, Tk) mask, True where key position <= query position (the keys a query may see)."""
-    return k_pos[None, :] <= q_pos[:, None]
 
 
 class CausalSelfAttention(nn.Module):
@@ -42,10 +29,8 @@ class CausalSelfAttention(nn.Module):
 
     def forward(self, x, *, cache=None, input_pos=None, mask=None, need_weights=False):
         """x (B, T, C) -> (y (B, T, C), weights (B, nh, T, Tk) if need_weights else None).
-
         With `cache`, this layer's k/v are written at `input_pos` and attention runs over the whole
-        cache under `mask` (Tq, Tk) (True = may attend); without it, plain causal attention over x.
-        """
+        cache under `mask` (Tq, Tk) (True = may attend); without it, plain causal attention over x."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
@@ -61,7 +46,7 @@ class CausalSelfAttention(nn.Module):
         else:
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                is_causal=mask is None)  # (B, nh, T, hs)
+                is_causal=mask is None)  # (B, nh, T, hs); cached queries do not start at 0: explicit mask
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side: (B, T, C)
         y = self.resid_dropout(self.c_proj(y))
         return y, (weights if need_weights else None)

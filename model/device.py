@@ -10,37 +10,35 @@ import torch
 DTYPE_BY_NAME = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def resolve_device(spec: str = "auto", local_rank: int = 0) -> torch.device:
-    """`train.device` -> torch.device. auto: CUDA (this process's local_rank) > MPS > CPU."""
+def resolve_device(spec: str = "auto", local_rank: int = 0, *, setting: str = "train.device") -> torch.device:
+    """`train.device` -> torch.device. auto: CUDA (this process's local_rank) > MPS > CPU. `setting` names
+    the option in messages (sample.py passes "--device")."""
     if spec == "auto":
         if torch.cuda.is_available():
             return torch.device("cuda", local_rank % max(1, torch.cuda.device_count()))
-        if _mps_available():
+        if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
     if spec.startswith("cuda"):
         if not torch.cuda.is_available():
-            raise ValueError(f"train.device={spec} but no CUDA GPU is available: use train.device=auto or "
-                             f"train.device=cpu")
-        dev = torch.device(spec)
+            raise ValueError(f"{setting}={spec} but no CUDA GPU is available: use {setting}=auto or {setting}=cpu")
+        try:
+            dev = torch.device(spec)
+        except RuntimeError:
+            raise ValueError(f"{setting}={spec!r} is not valid: use auto, cpu, cuda, cuda:N or mps") from None
         index = dev.index if dev.index is not None else local_rank
         if index >= torch.cuda.device_count():
-            raise ValueError(f"train.device={spec} but only {torch.cuda.device_count()} CUDA GPU(s) are visible: "
+            raise ValueError(f"{setting}={spec} but only {torch.cuda.device_count()} CUDA GPU(s) are visible: "
                              f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
         return torch.device("cuda", index)
     if spec == "mps":
-        if not _mps_available():
-            raise ValueError("train.device=mps but Apple's MPS backend is not available: use train.device=auto "
-                             "or train.device=cpu")
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"{setting}=mps but Apple's MPS backend is not available: use {setting}=auto "
+                             f"or {setting}=cpu")
         return torch.device("mps")
     if spec == "cpu":
         return torch.device("cpu")
-    raise ValueError(f"train.device={spec!r} is not valid: use auto, cpu, cuda, cuda:N or mps")
-
-
-def _mps_available() -> bool:
-    mps = getattr(torch.backends, "mps", None)
-    return bool(mps and mps.is_available())
+    raise ValueError(f"{setting}={spec!r} is not valid: use auto, cpu, cuda, cuda:N or mps")
 
 
 def cuda_bf16_native() -> bool:

@@ -1,36 +1,10 @@
-"""Sampling from a GPT: a ladder of small functions, each built on the one below it.
+"""Sampling from a GPT: a ladder of small functions, each built on the one below (as gpt-fast's generate.py).
 
     logits_to_probs -> sample -> prefill / decode_one_token -> generate_tokens (iterator) -> generate
 
-- `logits_to_probs` applies temperature, then top-k, then top-p (nucleus) filtering; temperature=0 means
-  greedy (a one-hot distribution on the argmax).
-- `sample` draws one token per row. It uses the "exponential race" argmax(p / E), E ~ Exp(1), which
-  picks token i with probability exactly p_i (like torch.multinomial) but needs no host sync, so it can
-  live inside a CUDA graph. Pass a `torch.Generator` for reproducible draws.
-- `prefill` runs a whole window through the model, filling a KVCache; `decode_one_token` feeds one token
-  at an explicit position and reads everything before it from the cache.
-- `generate_tokens` yields each new token as a (B, 1) LongTensor; `generate` collects them.
-
-Context overflow (learned absolute positions stop at block_size). The window of tokens the model sees
-starts as the prompt's last block_size tokens. Whenever the next prediction would need a window longer
-than block_size, the window slides: it restarts at the most recent max(1, block_size // 2) tokens, which
-are re-prefilled at positions 0.. into the cache, and decoding continues from there. Sliding by half a
-block (rather than one token) keeps the cache useful: one re-prefill per block_size // 2 new tokens
-instead of a full forward per token. The uncached path (use_kv_cache=False) feeds the model exactly the
-same windows, so both paths produce identical tokens (up to float rounding, which the tests check).
-
-Generation runs under torch.no_grad() and uses the model as it is: call model.eval() first (dropout).
-The decode loop never waits on the device: positions are views of one `arange` made per generation (a
-`torch.tensor([p])` per token would be a blocking host->device copy), and tokens are written into a
-preallocated buffer.
-
-`compile=True` (CUDA only) captures `decode_one_token` with torch.compile(mode="reduce-overhead"), i.e.
-CUDA graphs over the per-layer cache tensors, whose addresses are marked static so they are written in
-place; elsewhere it warns and runs the same eager cached decode. If the first compiled call fails (no
-Triton, no C compiler, ...), it warns once and that token and all later ones decode eagerly, for the rest
-of the process. With a `generator`, the random draw stays eager (a user's Generator cannot be captured),
-so compiled and eager decoding sample the same tokens; without one, compiled code draws from inductor's
-own RNG stream.
+When the context is full the window slides by half a block, so the KV cache stays useful; the cached and
+uncached paths see the same windows and give the same tokens. Nothing in the decode loop waits on the
+device, so compile=True can replay it as a CUDA graph.
 """
 from __future__ import annotations
 
@@ -43,25 +17,31 @@ import torch.nn.functional as F
 from model.kv_cache import KVCache
 
 
-def _check_sampling(temperature, top_k, top_p) -> None:
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not temperature >= 0:  # `not >=` also rejects NaN
+def _check_sampling(temperature, top_k, top_p, vocab_limit=None) -> None:
+    def number(x, whole=False):  # bool is an int, but True is a typo, not 1
+        return not isinstance(x, bool) and isinstance(x, int if whole else (int, float))
+    if not (number(temperature) and temperature >= 0):  # also rejects NaN
         raise ValueError(f"temperature={temperature!r} is invalid: use 0 (greedy) or a positive number such as 0.8")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and not (number(top_k, whole=True) and top_k >= 1):
         raise ValueError(f"top_k={top_k!r} is invalid: use a positive integer (e.g. top_k=50) or None")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float))
-                              or not (0.0 < top_p <= 1.0)):
+    if top_p is not None and not (number(top_p) and 0.0 < top_p <= 1.0):
         raise ValueError(f"top_p={top_p!r} is outside (0, 1]: use e.g. top_p=0.9, or None to disable")
+    if vocab_limit is not None and not (number(vocab_limit, whole=True) and vocab_limit >= 1):
+        raise ValueError(f"vocab_limit={vocab_limit!r} is invalid: use the tokenizer's vocabulary size, or None")
 
 
-def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None) -> torch.Tensor:
-    """logits (..., V) -> probabilities (..., V) after temperature, top-k and top-p filtering.
+def limit_vocab(logits, vocab_limit=None) -> torch.Tensor:
+    """logits (..., V) with ids >= vocab_limit at -inf: rows of a padded vocabulary are never sampled."""
+    if vocab_limit is None or vocab_limit >= logits.size(-1):
+        return logits
+    return logits.masked_fill(torch.arange(logits.size(-1), device=logits.device) >= vocab_limit, float("-inf"))
 
-    top_k is clamped to V (ties with the k-th logit are kept). top_p keeps the smallest set of most
-    probable tokens whose cumulative probability is >= top_p; the most probable token is always kept.
-    """
-    _check_sampling(temperature, top_k, top_p)
-    logits = logits.float()
+
+def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None, vocab_limit=None) -> torch.Tensor:
+    """logits (..., V) -> probabilities (..., V) after the vocab limit, temperature, top-k (clamped to V, ties
+    kept) and top-p (the smallest set of most probable tokens with mass >= top_p; the top one always stays)."""
+    _check_sampling(temperature, top_k, top_p, vocab_limit)
+    logits = limit_vocab(logits.float(), vocab_limit)
     if temperature == 0:
         return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
     logits = logits / temperature
@@ -79,17 +59,15 @@ def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None) -> torch.Te
     return probs
 
 
-def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
+def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None, vocab_limit=None) -> torch.Tensor:
     """logits (B, V) -> next tokens (B, 1); temperature=0 is argmax and draws no random numbers."""
     if temperature == 0:
-        _check_sampling(temperature, top_k, top_p)
-        return logits.argmax(dim=-1, keepdim=True)
-    probs = logits_to_probs(logits, temperature, top_k, top_p)  # (B, V)
+        _check_sampling(temperature, top_k, top_p, vocab_limit)
+        return limit_vocab(logits, vocab_limit).argmax(dim=-1, keepdim=True)
+    probs = logits_to_probs(logits, temperature, top_k, top_p, vocab_limit)  # (B, V)
     # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) is distributed as p (no host sync needed).
-    if generator is None:
-        e = torch.empty_like(probs).exponential_(1.0)
-    else:
-        e = _exponential(probs.shape, generator).to(probs.device)
+    e = (torch.empty_like(probs).exponential_(1.0) if generator is None
+         else _exponential(probs.shape, generator).to(probs.device))
     return (probs / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(dim=-1, keepdim=True)
 
 
@@ -98,17 +76,16 @@ def _exponential(shape, generator) -> torch.Tensor:
     return torch.empty(shape, device=generator.device).exponential_(1.0, generator=generator)
 
 
-def prefill(model, idx, cache, temperature=1.0, top_k=None, top_p=None, generator=None) -> torch.Tensor:
+def prefill(model, idx, cache, **kw) -> torch.Tensor:
     """Run the window idx (B, T) at positions 0..T-1, writing the cache; return the next token (B, 1)."""
-    input_pos = torch.arange(idx.size(1), device=idx.device)  # (T,)
-    logits, _ = model(idx, cache=cache, input_pos=input_pos)  # (B, T, V)
-    return sample(logits[:, -1], temperature, top_k, top_p, generator)
+    logits, _ = model(idx, cache=cache, input_pos=torch.arange(idx.size(1), device=idx.device))  # (B, T, V)
+    return sample(logits[:, -1], **kw)
 
 
-def decode_one_token(model, tok, pos, cache, temperature=1.0, top_k=None, top_p=None, generator=None):
+def decode_one_token(model, tok, pos, cache, **kw) -> torch.Tensor:
     """Feed tok (B, 1) at position pos (a (1,) LongTensor), attending to the cache; return the next token (B, 1)."""
     logits, _ = model(tok, cache=cache, input_pos=pos)  # (B, 1, V)
-    return sample(logits[:, -1], temperature, top_k, top_p, generator)
+    return sample(logits[:, -1], **kw)
 
 
 _compiled_decode = None  # set to decode_one_token once compilation has failed
@@ -117,21 +94,19 @@ _compiled_decode = None  # set to decode_one_token once compilation has failed
 def _get_compiled_decode():
     global _compiled_decode, _exponential  # compile once per process; CUDA graphs are re-recorded per new cache
     if _compiled_decode is None:
-        # a user's Generator cannot be captured in a CUDA graph: draw eagerly. Wrapped here rather than with a
-        # decorator: torch.compiler.disable imports torch._dynamo, ~1.3 s CPU at every start of train.py/sample.py
+        # a user's Generator cannot be captured in a CUDA graph: draw eagerly. Wrapped here, not by a decorator:
+        # torch.compiler.disable imports torch._dynamo, ~1.3 s CPU at every start of train.py/sample.py
         _exponential = torch.compiler.disable(_exponential)
         _compiled_decode = torch.compile(decode_one_token, mode="reduce-overhead")
     return _compiled_decode
 
 
 def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-                    generator=None, compile=False) -> Iterator[torch.Tensor]:
-    """Yield max_new_tokens new tokens, each a (B, 1) LongTensor, continuing the prompt idx (B, T).
-
-    Arguments are validated here, before the first token is asked for. See the module docstring for
-    the context-overflow strategy shared by the cached and uncached paths.
-    """
-    _check_sampling(temperature, top_k, top_p)
+                    generator=None, compile=False, vocab_limit=None) -> Iterator[torch.Tensor]:
+    """Yield max_new_tokens new tokens, each a (B, 1) LongTensor, continuing the prompt idx (B, T); ids >=
+    vocab_limit are never sampled. Arguments are checked now, not at the first token; call model.eval() first.
+    compile=True (CUDA; elsewhere a warning) decodes with a compiled step, eagerly if compiling fails (warned)."""
+    _check_sampling(temperature, top_k, top_p, vocab_limit)
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.is_floating_point():
         raise ValueError("idx must be a (batch, time) tensor of token ids: e.g. torch.tensor([[0]])")
     if idx.size(1) == 0:
@@ -146,7 +121,7 @@ def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
                       f"decode on {idx.device.type}", RuntimeWarning, stacklevel=2)
     elif compile:
         decode = _get_compiled_decode()
-    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator)
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, vocab_limit=vocab_limit)
     return _generate(model, idx.long(), max_new_tokens, use_kv_cache, decode, decode is not decode_one_token, kw)
 
 
@@ -155,11 +130,11 @@ def _generate(model, idx, max_new_tokens, use_kv_cache, decode, static_cache, kw
     block_size = model.config.block_size
     keep = max(1, block_size // 2)  # tokens kept when the window slides
     B, T0 = idx.shape
-    tokens = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)
+    tokens = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)  # no per-token cat
     tokens[:, :T0] = idx
     n, start = T0, max(0, T0 - block_size)  # tokens so far; the window is tokens[:, start:n]
     cache = _new_cache(model, B, idx.device, static_cache) if use_kv_cache else None
-    positions = torch.arange(block_size, device=idx.device)  # decode at p reads the view positions[p:p+1]
+    positions = torch.arange(block_size, device=idx.device)  # views of it: no host->device copy per token
     untried = decode is not decode_one_token  # the compiled decode's first call compiles: guard it
     for i in range(max_new_tokens):
         slide = n - start > block_size  # the window cannot hold token n-1 at a known position
@@ -196,10 +171,7 @@ def _new_cache(model, batch_size, device, static: bool) -> KVCache:
 
 def _first_compiled_call(decode, args, kw):
     """The compiled decode's first call, which compiles it: its token, or None after a warning if it failed.
-
-    The caller retries eagerly outside this frame, so the failed call's frames and tensors are freed first.
-    The user's generator is rewound, so the retry draws what eager decoding would have drawn.
-    """
+    The caller retries eagerly outside this frame (freeing the failed call first), generator rewound."""
     global _compiled_decode
     g = kw.get("generator")
     state = g.get_state() if g is not None else None
@@ -219,8 +191,8 @@ def _first_compiled_call(decode, args, kw):
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-             generator=None, compile=False) -> torch.Tensor:
+             generator=None, compile=False, vocab_limit=None) -> torch.Tensor:
     """idx (B, T) -> (B, T + max_new_tokens): the prompt followed by the generated tokens."""
-    new = list(generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache,
-                               generator, compile))
+    new = generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, generator,
+                          compile, vocab_limit)
     return torch.cat([idx.long(), *new], dim=1)

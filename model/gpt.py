@@ -1,28 +1,21 @@
-"""GPT: a GPT-2-style decoder-only transformer, readable first.
-
-Design (the nanoGPT layout, with GPT-2's module names so Hugging Face weights map one-to-one):
+"""GPT: a GPT-2-style decoder-only transformer (nanoGPT's layout, GPT-2's module names so HF weights map 1:1).
 
     idx (B, T) -> wte(idx) + wpe(pos) -> drop -> n_layer x Block -> ln_f -> lm_head -> logits (B, T, V)
     Block (pre-LN):  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
 
-GPT-2 initialisation: every Linear/Embedding weight ~ N(0, 0.02), biases zero, and the residual output
-projections (`c_proj`) scaled by 1/sqrt(2 * n_layer) because each block adds two of them to the residual
-stream. With a tied head (`tie_weights`) the logits at init are near zero, so the loss is close to
-ln(vocab_size). The MLP uses tanh-approximated GELU, the activation GPT-2 was trained with ("gelu_new").
-Generation lives in model/generate.py and loading Hugging Face weights in model/hf.py; the methods here
-are thin wrappers. This module knows nothing of Hydra, data loading or training.
+Sampling lives in model/generate.py and the Hugging Face format in model/hf.py; the methods here are thin.
 """
 from __future__ import annotations
 
 import math
-from typing import Iterator
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.attention import CausalSelfAttention, causal_mask
 from model import generate as _gen
+from model import hf
+from model.attention import CausalSelfAttention
 from model.config import GPTConfig
 
 
@@ -75,9 +68,9 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.transformer.wte.weight = self.lm_head.weight  # one matrix: embeds tokens and scores them
 
-        self.apply(self._init_weights)
+        self.apply(self._init_weights)  # GPT-2's: weights ~ N(0, 0.02), biases 0
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):  # residual projections: keep the stream's variance ~constant
+            if name.endswith("c_proj.weight"):  # 2 residual adds per block: keep the stream's variance ~constant
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * config.n_layer))
 
     @staticmethod
@@ -90,11 +83,8 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count (a tied matrix counted once).
-
-        nanoGPT's convention: with non_embedding, the position embeddings are subtracted; the token
-        embedding is subtracted only when untied, since a tied one is also the output layer's weight.
-        """
+        """Parameter count, a tied matrix once (nanoGPT's convention: non_embedding subtracts the position
+        embeddings, and the token embedding only when untied, since a tied one is also the output layer)."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.transformer.wpe.weight.numel()
@@ -108,19 +98,16 @@ class GPT(nn.Module):
                              f"crop the input to its last {self.config.block_size} tokens or use a larger block_size")
 
     def forward(self, idx, targets=None, *, cache=None, input_pos=None):
-        """idx (B, T) token ids -> (logits (B, T, V), loss or None).
-
-        targets (B, T): next-token ids; -1 entries are ignored. With `cache` (a KVCache), `input_pos` (T,)
-        gives the absolute positions of idx's tokens (default 0..T-1, a prefill); their keys/values are
-        written into the cache and each query attends to cached positions <= its own.
-        """
+        """idx (B, T) token ids -> (logits (B, T, V), loss or None); targets (B, T): next ids, -1 = ignored.
+        With `cache` (a KVCache), idx's keys/values are written at `input_pos` (T,) (default 0..T-1, a
+        prefill) and each query attends to the cached positions <= its own."""
         B, T = idx.size()
         self._check_length(T)
         if input_pos is None:
             input_pos = torch.arange(T, device=idx.device)  # (T,)
         mask = None  # no cache: attention is plainly causal over x
         if cache is not None:
-            mask = causal_mask(input_pos, torch.arange(cache.max_len, device=idx.device))  # (T, max_len)
+            mask = torch.arange(cache.max_len, device=idx.device) <= input_pos[:, None]  # (T, max_len): k <= q
 
         x = self.transformer.wte(idx) + self.transformer.wpe(input_pos)  # (B, T, C) + (T, C)
         x = self.transformer.drop(x)
@@ -152,20 +139,19 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
 
-    def generate(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-                 generator=None, *, compile=False) -> torch.Tensor:
-        """idx (B, T) -> (B, T + max_new_tokens). See model.generate.generate."""
-        return _gen.generate(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                        use_kv_cache=use_kv_cache, generator=generator, compile=compile)
-
-    def generate_stream(self, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-                        generator=None, *, compile=False) -> Iterator[torch.Tensor]:
-        """Yield each new token as a (B, 1) LongTensor. See model.generate.generate_tokens."""
-        return _gen.generate_tokens(self, idx, max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-                               use_kv_cache=use_kv_cache, generator=generator, compile=compile)
+    # model.generate(idx, n, ...) is model.generate.generate(model, idx, n, ...): a plain function stored
+    # on the class becomes a method, so the sampling ladder keeps one signature, in one place
+    generate = _gen.generate  # idx (B, T) -> (B, T + max_new_tokens)
+    generate_stream = _gen.generate_tokens  # yields each new token as a (B, 1) LongTensor
 
     @classmethod
     def from_pretrained(cls, path) -> "GPT":
-        """Load a local Hugging Face GPT-2 directory (config.json + weights). See model.hf.from_pretrained."""
-        from model.hf import from_pretrained  # lazy: model.hf imports this module
-        return from_pretrained(path)
+        """A local Hugging Face GPT-2 directory (config.json + weights, 124M to 1.5B) as a GPT in eval mode."""
+        config, sd = hf.read_pretrained(path)
+        with torch.device("meta"):  # shapes only: the checkpoint provides every value
+            model = cls(config)
+        hf.check_weights(sd, model.state_dict(), path)
+        model.load_state_dict(sd, assign=True)
+        if config.tie_weights:  # assign=True replaced the shared Parameter with two tensors: tie them again
+            model.lm_head.weight = model.transformer.wte.weight
+        return model.eval()

@@ -1,15 +1,7 @@
-"""Load a local Hugging Face GPT-2 checkpoint directory into our GPT (no network, no transformers needed).
+"""The Hugging Face GPT-2 format, read locally (no network, no transformers package) for GPT.from_pretrained.
 
-Design: read `config.json`, map its keys onto GPTConfig, build the model on the meta device (no wasted
-random init for 1.5B parameters), then assign the checkpoint's tensors. Hugging Face GPT-2 stores its
-projections as `Conv1D` layers whose weight is (in, out), the transpose of nn.Linear's (out, in), so the
-c_attn / c_proj / c_fc weights are transposed. Key names otherwise match ours (we use GPT-2's names),
-with or without the `transformer.` prefix (GPT2LMHeadModel vs GPT2Model / the original hub files).
-
-Weights: `model.safetensors` (needs the `safetensors` package, imported lazily) or `pytorch_model.bin`
-(read with torch.load(weights_only=True): tensors only, never arbitrary pickled code), or a sharded
-`*.index.json` of either. Tensors are loaded as float32 on the CPU; dropout is set to 0 (inference).
-GPT-2 uses tanh-approximated GELU ("gelu_new"), which is what our MLP computes, so logits match exactly.
+Our module names are GPT-2's, so the mapping is small: HF's Conv1D weights are stored (in, out) and get
+transposed to nn.Linear's (out, in). Weights are read as tensors only (safetensors or weights_only).
 """
 from __future__ import annotations
 
@@ -19,7 +11,6 @@ from pathlib import Path
 import torch
 
 from model.config import GPTConfig
-from model.gpt import GPT
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # names HF uses for the same tanh formula
@@ -95,8 +86,8 @@ def convert_hf_state_dict(sd: dict, config: GPTConfig) -> dict:
     return out
 
 
-def from_pretrained(path) -> GPT:
-    """Build a GPT from a local Hugging Face GPT-2 directory (any size: 124M to 1.5B)."""
+def read_pretrained(path) -> tuple[GPTConfig, dict]:
+    """(our config, the weights in our names and layouts) of a local Hugging Face GPT-2 directory."""
     path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}/config.json not found: point from_pretrained at a local HF GPT-2 "
@@ -106,18 +97,14 @@ def from_pretrained(path) -> GPT:
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}/config.json is not valid JSON ({e.msg} at line {e.lineno}): re-download it") from None
     config = config_from_hf(hf_config)
-    sd = convert_hf_state_dict(load_hf_state_dict(path), config)
+    return config, convert_hf_state_dict(load_hf_state_dict(path), config)
 
-    with torch.device("meta"):  # shapes only: the checkpoint provides every value
-        model = GPT(config)
-    expected = model.state_dict()
+
+def check_weights(sd: dict, expected: dict, path) -> None:
+    """ValueError unless `sd` has exactly the tensors `expected` (a model's state_dict) has, in its shapes."""
     missing = sorted(k for k in expected if sd.get(k) is None)
     unexpected = sorted(set(sd) - set(expected))
     wrong = sorted(k for k in expected if sd.get(k) is not None and sd[k].shape != expected[k].shape)
     if missing or unexpected or wrong:
         raise ValueError(f"weights in {path} do not match config.json: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]}")
-    model.load_state_dict(sd, assign=True)
-    if config.tie_weights:  # assign=True replaced the shared Parameter with two tensors: tie them again
-        model.lm_head.weight = model.transformer.wte.weight
-    return model.eval()

@@ -1,13 +1,7 @@
-"""KVCache: preallocated key/value buffers written at explicit positions (gpt-fast style).
+"""KVCache: per-layer key/value buffers allocated once and written in place at explicit positions (gpt-fast).
 
-Design: one key and one value tensor of shape (B, n_head, max_len, head_dim) per layer (`k[layer]`,
-`v[layer]`), allocated once. Each attention layer writes the keys/values of its new tokens at the positions
-it is given (`index_copy_`, no concatenation, no reallocation) and reads back its whole buffer. Slots that
-were never written, or hold stale values from an earlier window, are harmless: the model masks every key
-whose position is greater than the query's position, so a query at position p sees exactly the keys at
-0..p. Fixed shapes and in-place writes are what CUDA graphs need (see `generate_tokens(compile=True)`).
-Separate tensors per layer, not one stacked (n_layer, ...) tensor: torch.compile turns an in-place write
-into a view of a stacked tensor into copies of the layer plus a write-back of the whole cache every token.
+Fixed shapes and addresses are what CUDA graphs need; stale slots are harmless because the model masks
+every key after the query's position. One tensor per layer: torch.compile copies views of a stacked one.
 """
 from __future__ import annotations
 
@@ -37,7 +31,3 @@ class KVCache:
         k_all.index_copy_(2, input_pos, k.to(k_all.dtype))  # cast: k may be bf16 under autocast
         v_all.index_copy_(2, input_pos, v.to(v_all.dtype))
         return k_all, v_all
-
-    def reset(self) -> None:
-        for t in (*self.k, *self.v):
-            t.zero_()

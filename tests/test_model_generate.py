@@ -83,6 +83,62 @@ def test_bad_sampling_parameters_raise(kwargs, field):
         sample(torch.zeros(1, 4), **{"temperature": 1.0, **kwargs})
 
 
+# ---- vocab_limit (a padded vocabulary: ids no tokenizer knows) -------------------------------
+
+def test_vocab_limit_gives_padded_ids_zero_probability():
+    logits = torch.tensor([[1.0, 2.0, 9.0, 8.0], [3.0, 1.0, 0.0, 7.0]])
+    probs = logits_to_probs(logits, vocab_limit=2)
+    assert (probs[:, 2:] == 0).all() and torch.allclose(probs[:, :2], torch.softmax(logits[:, :2], -1))
+    assert logits_to_probs(logits, temperature=0, vocab_limit=2).tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
+    assert sample(logits, temperature=0, vocab_limit=2).tolist() == [[1], [0]]
+    g = torch.Generator().manual_seed(0)
+    assert (sample(logits.repeat(1000, 1), top_k=3, top_p=0.99, generator=g, vocab_limit=2) < 2).all()
+    assert torch.equal(logits_to_probs(logits, vocab_limit=4), logits_to_probs(logits))  # no padding: no-op
+    assert logits[0, 2] == 9.0  # the caller's logits are not modified
+
+
+@pytest.mark.parametrize("vocab_limit", [0, -1, 2.5, True])
+def test_bad_vocab_limit_raises(tiny_gpt_config, vocab_limit):
+    with pytest.raises(ValueError, match="vocab_limit"):
+        logits_to_probs(torch.zeros(1, 4), vocab_limit=vocab_limit)
+    with pytest.raises(ValueError, match="vocab_limit"):
+        generate_tokens(GPT(tiny_gpt_config), torch.zeros(1, 1, dtype=torch.long), 2, vocab_limit=vocab_limit)
+
+
+def _mask_hook(model, vocab_limit):
+    """What sample.py did before vocab_limit: -inf on the padded logits on the way out of lm_head."""
+    def hook(module, inputs, logits):
+        logits[..., vocab_limit:] = float("-inf")
+        return logits
+    return model.lm_head.register_forward_hook(hook)
+
+
+@pytest.mark.parametrize("use_kv_cache", [True, False])
+def test_vocab_limit_samples_what_the_old_lm_head_hook_did(tiny_gpt_config, use_kv_cache):
+    """Same seed, same tokens: vocab_limit is a drop-in for sample.py's old forward hook, and it matters."""
+    limit = tiny_gpt_config.vocab_size - 8
+    model = spiky_model(tiny_gpt_config)
+    with torch.no_grad():
+        model.transformer.wte.weight[limit:] *= 3  # tied head: padded ids would often win
+    idx = torch.zeros(2, 3, dtype=torch.long)
+    n = 2 * tiny_gpt_config.block_size  # the window slides
+    for kw in (dict(temperature=0), dict(temperature=1.5, top_k=20, top_p=0.95)):
+        def run(**extra):
+            return model.generate(idx, n, **kw, use_kv_cache=use_kv_cache,
+                                  generator=torch.Generator().manual_seed(3), **extra)
+        new = run(vocab_limit=limit)
+        assert (new[:, 3:] < limit).all()
+        assert (run()[:, 3:] >= limit).any(), "the test must be sensitive: without a limit padded ids are drawn"
+        handle = _mask_hook(model, limit)
+        try:
+            assert torch.equal(new, run())
+        finally:
+            handle.remove()
+        stream = model.generate_stream(idx, n, **kw, use_kv_cache=use_kv_cache,
+                                       generator=torch.Generator().manual_seed(3), vocab_limit=limit)
+        assert torch.equal(torch.cat([idx, *stream], dim=1), new)
+
+
 # ---- sample ---------------------------------------------------------------------------------
 
 def test_sample_is_reproducible_and_follows_probs():

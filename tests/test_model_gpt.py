@@ -117,3 +117,17 @@ def test_model_package_imports_no_framework():
             "bad = [m for m in ('hydra', 'omegaconf', 'data', 'training', 'transformers') if m in sys.modules]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
+
+
+def test_model_modules_import_first_and_no_local_import_hides_a_loop():
+    """model.gpt and model.hf once imported each other (GPT.from_pretrained): each must import first in a
+    fresh interpreter, and no function-level `import model...` may dodge a loop."""
+    import ast
+    for name in ("model.gpt", "model.hf", "model.generate"):
+        subprocess.run([sys.executable, "-c", f"import {name}"], cwd=REPO, check=True, timeout=120)
+    for path in sorted((REPO / "model").glob("*.py")):
+        functions = [f for f in ast.walk(ast.parse(path.read_text())) if isinstance(f, ast.FunctionDef)]
+        local = [n for f in functions for n in ast.walk(f) if isinstance(n, (ast.Import, ast.ImportFrom))
+                 and any(m.split(".")[0] == "model" for m in
+                         ([n.module or ""] if isinstance(n, ast.ImportFrom) else [a.name for a in n.names]))]
+        assert not local, f"{path.name}: function-level import of model/ at line {local[0].lineno}"

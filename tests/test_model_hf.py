@@ -1,4 +1,4 @@
-"""from_pretrained: a transformers GPT2LMHeadModel saved locally loads with identical logits (no network)."""
+"""GPT.from_pretrained: a transformers GPT2LMHeadModel saved locally loads with identical logits (no network)."""
 import json
 import sys
 
@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from model import GPT
-from model.hf import from_pretrained
 
 transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
 
@@ -65,16 +64,16 @@ def write_bin_checkpoint(hf_model, path, *, strip_prefix=False, with_mask_buffer
 
 
 def test_pytorch_model_bin_parity(hf_model, tmp_path):
-    assert_parity(hf_model, from_pretrained(write_bin_checkpoint(hf_model, tmp_path / "bin")))
+    assert_parity(hf_model, GPT.from_pretrained(write_bin_checkpoint(hf_model, tmp_path / "bin")))
     original = write_bin_checkpoint(hf_model, tmp_path / "hub", strip_prefix=True, with_mask_buffers=True)
-    assert_parity(hf_model, from_pretrained(original))
+    assert_parity(hf_model, GPT.from_pretrained(original))
 
 
 def test_untied_head_parity(tmp_path):
     torch.manual_seed(1)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**HF_CONFIG, tie_word_embeddings=False)).eval()
     hf.save_pretrained(tmp_path)
-    model = from_pretrained(tmp_path)
+    model = GPT.from_pretrained(tmp_path)
     assert not model.config.tie_weights
     assert_parity(hf, model)
 
@@ -83,24 +82,24 @@ def test_pickled_objects_are_refused(hf_model, tmp_path):
     path = write_bin_checkpoint(hf_model, tmp_path / "evil")
     torch.save({"transformer.wte.weight": torch.zeros(1), "x": object()}, path / "pytorch_model.bin")
     with pytest.raises(ValueError, match="tensor-only"):
-        from_pretrained(path)
+        GPT.from_pretrained(path)
 
 
 def test_missing_and_mismatched_checkpoints(hf_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        from_pretrained(tmp_path / "nope")
+        GPT.from_pretrained(tmp_path / "nope")
     hf_model.save_pretrained(tmp_path / "ok")
     (tmp_path / "ok" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
-        from_pretrained(tmp_path / "ok")
+        GPT.from_pretrained(tmp_path / "ok")
     cfg = json.loads((tmp_path / "ok" / "config.json").read_text())
     bad = write_bin_checkpoint(hf_model, tmp_path / "bad")
     (bad / "config.json").write_text(json.dumps({**cfg, "n_layer": 3}))
     with pytest.raises(ValueError, match="do not match"):
-        from_pretrained(bad)
+        GPT.from_pretrained(bad)
     (bad / "config.json").write_text(json.dumps({**cfg, "activation_function": "relu"}))
     with pytest.raises(ValueError, match="activation_function"):
-        from_pretrained(bad)
+        GPT.from_pretrained(bad)
 
 
 def test_safetensors_without_package_gives_clear_error(hf_model, tmp_path, monkeypatch):
@@ -108,12 +107,12 @@ def test_safetensors_without_package_gives_clear_error(hf_model, tmp_path, monke
     monkeypatch.setitem(sys.modules, "safetensors", None)  # makes `import safetensors...` fail
     monkeypatch.setitem(sys.modules, "safetensors.torch", None)
     with pytest.raises(ValueError, match="pip install safetensors"):
-        from_pretrained(tmp_path)
+        GPT.from_pretrained(tmp_path)
 
 
 def test_loaded_model_generates_like_hf_greedy(hf_model, tmp_path):
     hf_model.save_pretrained(tmp_path)
-    model = from_pretrained(tmp_path)
+    model = GPT.from_pretrained(tmp_path)
     idx = torch.tensor([[1, 2, 3]])
     ours = model.generate(idx, 10, temperature=0)
     seq = idx

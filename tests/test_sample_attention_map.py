@@ -1,5 +1,5 @@
-"""sample.py with BPE models: attention-map labels for tokens that split characters, and `--init` with a
-tiny random Hugging Face GPT-2 saved by transformers (end to end: BPE streaming + attention map)."""
+"""sample.py `--init` with a tiny random Hugging Face GPT-2 saved by transformers, end to end: BPE streaming
+and an attention map of a prompt whose characters GPT-2 splits over tokens (the labels: test_viz_attention_map)."""
 from __future__ import annotations
 
 import pytest
@@ -7,25 +7,6 @@ import torch
 
 import sample
 from tests.test_sample import _one_thread, assert_png, report_of, samples_of  # noqa: F401 (fixture)
-
-
-@pytest.fixture
-def gpt2_tok(cache_with_gpt2):
-    from data.tokenizer import GPT2Tokenizer
-    return GPT2Tokenizer()
-
-
-def test_labels_show_whitespace_and_split_characters(gpt2_tok):
-    ids = gpt2_tok.encode("Hi 世界\n\tok")
-    labels = sample.token_labels(gpt2_tok, ids, glyphs={ord(c) for c in "Hi世界ok·⏎⇥…"})
-    assert len(labels) == len(ids)
-    assert labels[0] == "Hi" and "⏎" in "".join(labels) and "⇥" in "".join(labels)
-    # "世" and "界" are 3 bytes each and GPT-2 splits them over tokens: each piece names its character
-    pieces = [lab for lab in labels if "世" in lab or "界" in lab]
-    assert pieces and all("…" in lab for lab in pieces)
-    assert not any("\\x" in lab or "\ufffd" in lab for lab in labels)
-    # characters the label fonts cannot draw are escaped instead of drawn as empty boxes
-    assert sample.token_labels(gpt2_tok, gpt2_tok.encode("世"), glyphs=set())[0].startswith("\\u4e16")
 
 
 @pytest.fixture

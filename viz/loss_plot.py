@@ -1,0 +1,51 @@
+"""The loss curves of a training run (loss.png): train per log interval, train/val per eval, against step."""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Optional
+
+
+def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path]:
+    """Train (per log interval) and val/train (per eval) loss against step, as a PNG. None if nothing to plot."""
+    train = [(r["step"], r["loss"]) for r in records
+             if r.get("type") == "train" and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
+    evals = [r for r in records if r.get("type") == "eval"]
+    ev_train = [(r["step"], r["train_loss"]) for r in evals
+                if isinstance(r.get("train_loss"), (int, float)) and math.isfinite(r["train_loss"])]
+    ev_val = [(r["step"], r["val_loss"]) for r in evals
+              if isinstance(r.get("val_loss"), (int, float)) and math.isfinite(r["val_loss"])]
+    if not (train or ev_val):
+        return None
+    import logging
+    mpl_log = logging.getLogger("matplotlib")
+    if mpl_log.getEffectiveLevel() < logging.WARNING:  # its INFO lines ("generated new fontManager") are noise
+        mpl_log.setLevel(logging.WARNING)
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8, 4.5), dpi=100)
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    if train:
+        ax.plot(*zip(*train), color="tab:blue", alpha=0.35, linewidth=1, label="train (log interval)")
+    if ev_train:
+        ax.plot(*zip(*ev_train), color="tab:blue", marker="o", markersize=3, label="train (eval)")
+    if ev_val:
+        ax.plot(*zip(*ev_val), color="tab:orange", marker="o", markersize=3, label="val (eval)")
+        best = min(ev_val, key=lambda p: p[1])
+        ax.annotate(f"best val {best[1]:.4f}", best, textcoords="offset points", xytext=(-4, 10),
+                    ha="right", fontsize=8)
+    ax.set_xlabel("step")
+    ax.set_ylabel("loss")
+    if title:
+        ax.set_title(title, fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
+    fig.savefig(tmp, format="png")
+    os.replace(tmp, path)
+    return path
