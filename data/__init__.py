@@ -2,5 +2,6 @@
 
 config (DataConfig, also the Hydra `data` node), sources (cache directory, downloads, GPT-2 ranks), tokenizer,
 corpus (reading the text), encode (streamed tokenization), cache (prepared-data directories), prepare
-(`prepare(cfg)` and its CLI), loader (token files, batches). Imports neither hydra nor model/ nor training/.
+(`prepare(cfg)` and its CLI), loader (token files, batches), hf_tokenizer (tokenizer files for an export).
+Imports neither hydra nor model/ nor training/.
 """

@@ -55,9 +55,11 @@ def prepared_root() -> Path:
     return sources.cache_dir() / "prepared"
 
 
-def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str) -> str:
+def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str, **more) -> str:
+    """`more`: settings that change the tokens of some sources only (a jsonl text_key, a document separator),
+    given only for those, so the keys of all other sources stay what they were."""
     blob = json.dumps({"format": FORMAT_VERSION, "source": source_hash, "tokenizer": tokenizer,
-                       "val_fraction": float(val_fraction), "encoding_errors": encoding_errors}, sort_keys=True)
+                       "val_fraction": float(val_fraction), "encoding_errors": encoding_errors, **more}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -130,10 +132,14 @@ def _remove_stale_tmp(root: Path) -> None:
 @contextmanager
 def staging(root: Path) -> Iterator[Path]:
     """A fresh `root/.tmp-<random>/` (with an `.owner` file naming host and pid), removed on any error."""
-    root.mkdir(parents=True, exist_ok=True)
-    _remove_stale_tmp(root)
     tmp = root / f".tmp-{os.urandom(6).hex()}"
-    tmp.mkdir()
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        _remove_stale_tmp(root)
+        tmp.mkdir()
+    except OSError as e:
+        raise type(e)(f"the data cache {root} is not writable ({e.strerror or e}): make it writable, or set "
+                      f"TINYGPT_CACHE to a writable directory") from None
     try:
         (tmp / ".owner").write_text(f"{socket.gethostname()} {os.getpid()}\n")
         yield tmp

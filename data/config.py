@@ -6,7 +6,7 @@ called by `data.prepare.prepare`, not `__post_init__`, so OmegaConf can build th
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Sequence
 
 NAMES = ("shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2")
@@ -16,10 +16,11 @@ ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 @dataclass
 class DataConfig:
     name: str = "shakespeare_char"
-    path: Optional[str] = None
+    path: Any = None  # a file or directory, or a list of them (data.path=[a.txt,b.jsonl])
     tokenizer: str = "char"
     val_fraction: float = 0.1
     encoding_errors: str = "strict"
+    text_key: str = "text"  # the field holding the text in .jsonl files
 
     @classmethod
     def coerce(cls, cfg: Any) -> "DataConfig":
@@ -35,6 +36,15 @@ class DataConfig:
         if unknown:
             raise ValueError(f"unknown data option(s) {', '.join(unknown)}: the data options are {', '.join(names)}")
         return cls(**d)
+
+    def paths(self) -> list[str]:
+        """data.path as a list (empty when unset): one path, or a list of them (Hydra's ListConfig too)."""
+        p = self.path
+        items = [] if p is None else list(p) if isinstance(p, Sequence) and not isinstance(p, str) else [p]
+        if not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) and str(x) for x in items):
+            raise ValueError(f"data.path={p!r} is not a path: give a file or directory, or a list of them "
+                             f"(data.path=[a.txt,b.txt])")
+        return [str(x) for x in items]
 
     def validate(self) -> str:
         """Check every field (one-line ValueError naming the option) and return the effective tokenizer."""
@@ -56,6 +66,10 @@ class DataConfig:
                              f"{', '.join(ENCODING_ERRORS)} (replace turns undecodable bytes into U+FFFD)")
         if self.name == "text" and not self.path:
             raise ValueError("data=text needs your text: add data.path=<a text file or a directory of .txt files>")
+        self.paths()
+        if not isinstance(self.text_key, str) or not self.text_key:
+            raise ValueError(f"data.text_key={self.text_key!r} must name the JSON field holding the text: "
+                             f"e.g. data.text_key=text")
         if self.name == "shakespeare_char":
             if self.tokenizer != "char":
                 raise ValueError("data=shakespeare_char is char-level but data.tokenizer=gpt2 was given: use "

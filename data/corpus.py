@@ -1,12 +1,14 @@
-"""The text to prepare: which files, their content hash (the cache key), and their characters, streamed.
+"""The text to prepare: which files, their content hash (the cache key), and their documents, streamed.
 
-Decoding is exact UTF-8 in bounded chunks (no newline translation), so any file size fits in memory, and a
-bad byte under encoding_errors=strict is reported with its file and byte offset.
+Each text file is one document, each line of a .jsonl file another; `read_text` yields None between two
+documents (GPT-2 puts <|endoftext|> there). Decoding is exact UTF-8 in bounded chunks (no newline
+translation), so any file size fits in memory, and a bad byte is reported with its file and position.
 """
 from __future__ import annotations
 
 import codecs
 import hashlib
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,40 +21,78 @@ from data.config import DataConfig
 
 CHUNK_BYTES = 4 << 20  # bytes read and decoded at a time
 HASH_BLOCK = 1 << 20
+SUFFIXES = (".txt", ".jsonl")  # what a directory contributes
 
 
 @dataclass
 class Corpus:
     files: list[Path]
-    names: list[str] | None  # relative names when the source is a directory (part of the hash), else None
+    names: list[str] | None  # relative names when the source is a directory or a list (part of the hash), else None
     display: str  # as the user gave it (messages)
     abspath: str  # absolute (meta.json)
     nbytes: int
+    setting: str  # what messages name: data.path=... (or the downloaded file)
+    text_key: str  # the field of a .jsonl line that holds its text
+
+    @property
+    def jsonl(self) -> bool:
+        return any(f.suffix == ".jsonl" for f in self.files)
+
+    @property
+    def documents(self) -> bool:
+        """Whether the text can hold more than one document."""
+        return len(self.files) > 1 or self.jsonl
+
+
+def _expand(given: str) -> tuple[list[Path], list[str] | None]:
+    """One data.path entry: a file, or every .txt / .jsonl under a directory sorted by relative path."""
+    p = Path(os.path.expanduser(given))
+    if not p.exists():
+        raise FileNotFoundError(f"data.path={given} does not exist (looked at {p.absolute()}): give an "
+                                f"existing text file or a directory of .txt files")
+    if not p.is_dir():
+        return [p], None
+    files = sorted((f for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file()),
+                   key=lambda f: f.relative_to(p).as_posix())
+    if not files:
+        raise ValueError(f"directory {p} has no .txt files (nor .jsonl): put your text in files ending in .txt, "
+                         f"or point data.path at a single file")
+    return files, [f.relative_to(p).as_posix() for f in files]
 
 
 def resolve(cfg: DataConfig) -> Corpus:
-    """data.path (one file, or every *.txt under a directory sorted by relative path), else Tiny Shakespeare."""
-    if cfg.path:
-        p = Path(os.path.expanduser(str(cfg.path)))
-        if not p.exists():
-            raise FileNotFoundError(f"data.path={cfg.path} does not exist (looked at {p.absolute()}): give an "
-                                    f"existing text file or a directory of .txt files")
-        if p.is_dir():
-            files = sorted((f for f in p.rglob("*.txt") if f.is_file()), key=lambda f: f.relative_to(p).as_posix())
-            if not files:
-                raise ValueError(f"directory {p} has no .txt files: put your text in files ending in .txt, or "
-                                 f"point data.path at a single file")
-            names = [f.relative_to(p).as_posix() for f in files]
-        else:
-            files, names = [p], None
+    """data.path (one or several files or directories), else Tiny Shakespeare (cached or downloaded)."""
+    given = cfg.paths()
+    if len(given) == 1:
+        files, names = _expand(given[0])
+        p = Path(os.path.expanduser(given[0]))
+        display, abspath, setting = str(p), str(p.absolute()), f"data.path={given[0]}"
+    elif given:  # several: their files in order, each name prefixed by its entry's position
+        files, names = [], []
+        for i, g in enumerate(given):
+            f, n = _expand(g)
+            files += f
+            names += [f"{i}:{x}" for x in (n or [f[0].name])]
+        display, setting = ", ".join(given), f"data.path=[{','.join(given)}]"
+        abspath = ", ".join(str(Path(os.path.expanduser(g)).absolute()) for g in given)
     else:  # the Shakespeare presets without a local copy: cache / download
         p = sources.shakespeare_path()
-        files, names = [p], None
+        files, names, display, abspath, setting = [p], None, str(p), str(p.absolute()), str(p)
     nbytes = sum(f.stat().st_size for f in files)
     if nbytes == 0:
-        what = f"all {len(files)} .txt files in {p} are empty" if names else f"{p} is empty"
+        what = f"all {len(files)} files of {display} are empty" if names else f"{display} is empty"
         raise ValueError(f"{what}: give a text file with some content")
-    return Corpus(files, names, str(p), str(p.absolute()), nbytes)
+    return Corpus(files, names, display, abspath, nbytes, setting, cfg.text_key)
+
+
+def _open(src: Corpus, path: Path):
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        denied = isinstance(e, PermissionError)
+        where = "" if str(path) == src.display else f": {path}"
+        raise type(e)(f"{src.setting} cannot be read ({'permission denied' if denied else e.strerror or e}{where}): "
+                      f"{'check its permissions' if denied else 'check the file'} or give another file") from None
 
 
 def _file_header(src: Corpus, i: int) -> bytes:
@@ -64,41 +104,86 @@ def sha256(src: Corpus) -> str:
     h = hashlib.sha256()
     for i, f in enumerate(src.files):
         h.update(_file_header(src, i))
-        with open(f, "rb") as fh:
+        with _open(src, f) as fh:
             while block := fh.read(HASH_BLOCK):
                 h.update(block)
     return h.hexdigest()
 
 
-def read_text(src: Corpus, errors: str, hasher=None, bar=None) -> Iterator[str]:
-    """The decoded text in chunks (each file on its own), feeding `hasher` (as `sha256`) and `bar` the bytes."""
+def _text_chunks(f, path: Path, errors: str, feed) -> Iterator[str]:
+    """A text file's characters, CHUNK_BYTES at a time."""
+    dec = codecs.getincrementaldecoder("utf-8")(errors=errors)
+    offset = 0
+    while True:
+        block = f.read(CHUNK_BYTES)
+        final = not block
+        pending = len(dec.getstate()[0])
+        try:
+            text = dec.decode(block, final=final)
+        except UnicodeDecodeError as e:
+            bad = e.object[e.start:e.start + 1]
+            what = f"byte 0x{bad.hex()}" if bad else "an incomplete character at the end"
+            raise ValueError(f"{path} is not valid UTF-8: {what} at byte offset {offset - pending + e.start:,} "
+                             f"({e.reason}): re-save the file as UTF-8, or set data.encoding_errors=replace to turn "
+                             f"undecodable bytes into U+FFFD") from None
+        offset += len(block)
+        feed(block)
+        if text:
+            yield text
+        if final:
+            return
+
+
+def _jsonl_documents(f, path: Path, errors: str, key: str, feed) -> Iterator[tuple[str]]:
+    """The text of each line of a .jsonl file (blank lines and empty texts skipped), as 1-chunk documents."""
+    for lineno, line in enumerate(f, 1):
+        feed(line)
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line.decode("utf-8-sig" if lineno == 1 else "utf-8", errors=errors))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path} line {lineno} is not valid UTF-8 ({e.reason}): re-save the file as UTF-8, "
+                             f"or set data.encoding_errors=replace") from None
+        except ValueError as e:
+            raise ValueError(f"{path} line {lineno} is not JSON ({e.__class__.__name__}: {str(e)[:80]}): a .jsonl "
+                             f"file holds one JSON object per line") from None
+        text = obj.get(key) if isinstance(obj, dict) else None
+        if not isinstance(text, str):
+            fields = ", ".join(list(obj)[:8]) if isinstance(obj, dict) else type(obj).__name__
+            raise ValueError(f"{path} line {lineno} has no text under {key!r} (it has: {fields}): set "
+                             f"data.text_key=<the field that holds the text>")
+        if text:
+            yield (text,)
+
+
+def read_text(src: Corpus, errors: str, hasher=None, bar=None) -> Iterator[str | None]:
+    """The decoded text in chunks, None between two documents, feeding `hasher` (as `sha256`) and `bar` the bytes."""
+    unshown, started = 0, False  # bytes read but not yet on the bar; whether a document has begun
+
+    def feed(block: bytes) -> None:
+        nonlocal unshown
+        if hasher is not None:
+            hasher.update(block)
+        unshown += len(block)
+        if bar is not None and unshown >= HASH_BLOCK:
+            bar.update(unshown)
+            unshown = 0
+
     for i, path in enumerate(src.files):
         if hasher is not None:
             hasher.update(_file_header(src, i))
-        dec = codecs.getincrementaldecoder("utf-8")(errors=errors)
-        offset = 0
-        with open(path, "rb") as f:
-            while True:
-                block = f.read(CHUNK_BYTES)
-                final = not block
-                pending = len(dec.getstate()[0])
-                try:
-                    text = dec.decode(block, final=final)
-                except UnicodeDecodeError as e:
-                    bad = e.object[e.start:e.start + 1]
-                    what = f"byte 0x{bad.hex()}" if bad else "an incomplete character at the end"
-                    raise ValueError(f"{path} is not valid UTF-8: {what} at byte offset {offset - pending + e.start:,}"
-                                     f" ({e.reason}): re-save the file as UTF-8, or set data.encoding_errors=replace "
-                                     f"to turn undecodable bytes into U+FFFD") from None
-                offset += len(block)
-                if hasher is not None:
-                    hasher.update(block)
-                if bar is not None:
-                    bar.update(len(block))
-                if text:
+        with _open(src, path) as f:
+            docs = (_jsonl_documents(f, path, errors, src.text_key, feed) if path.suffix == ".jsonl"
+                    else [_text_chunks(f, path, errors, feed)])
+            for doc in docs:
+                for j, text in enumerate(doc):
+                    if j == 0 and started:
+                        yield None
+                    started = True
                     yield text
-                if final:
-                    break
+    if bar is not None:
+        bar.update(unshown)
 
 
 def blocks(text: str, size: int = 1 << 18) -> Iterator[str]:
@@ -112,6 +197,8 @@ def scan(src: Corpus, errors: str, want_vocab: bool) -> tuple[int, list[str]]:
     n = 0
     seen = np.zeros(0x110000, dtype=bool) if want_vocab else None
     for text in read_text(src, errors):
+        if text is None:
+            continue
         n += len(text)
         if seen is not None:
             for part in blocks(text):

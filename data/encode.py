@@ -86,10 +86,14 @@ class _Cutter:
         return out, buf[start:]
 
 
-def _split_stream(texts: Iterator[str], n_train: int) -> Iterator[tuple[str, str, bool]]:
-    """(split, text, last_of_split) with the train part ending exactly at character n_train."""
+def _split_stream(texts: Iterator[str | None], n_train: int) -> Iterator[tuple[str, str | None, bool]]:
+    """(split, text, last_of_split) with the train part ending exactly at character n_train; a document boundary
+    (None) goes to the split it falls in (val when it falls exactly at the split point)."""
     remaining = n_train
     for text in texts:
+        if text is None:
+            yield ("train" if remaining > 0 else "val"), None, False
+            continue
         if remaining > 0:
             head = text[:remaining]
             remaining -= len(head)
@@ -114,7 +118,7 @@ def encode_char(texts, n_train: int, tok: CharTokenizer, writers: dict, changed_
     table = tok.code_table().astype(np.int32)
     dtype = writers["train"].dtype
     for split, text, _ in _split_stream(texts, n_train):
-        for part in blocks(text):
+        for part in blocks(text or ""):  # no separator between documents
             cps = np.frombuffer(part.encode("utf-32-le"), dtype="<u4")
             try:
                 ids = table[cps]
@@ -126,7 +130,8 @@ def encode_char(texts, n_train: int, tok: CharTokenizer, writers: dict, changed_
 
 
 def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, writers: dict, note: Callable[[str], None]) -> int:
-    """Returns the number of forced (not provably safe) cuts."""
+    """<|endoftext|> between documents, as nanoGPT's OpenWebText preparation. Returns the number of forced (not
+    provably safe) cuts."""
     enc = tok.enc
     if hasattr(enc, "encode_to_numpy"):  # no Python int list; same ids as encode_ordinary (no specials)
         encode = lambda s: enc.encode_to_numpy(s, allowed_special=set(), disallowed_special=())  # noqa: E731
@@ -138,16 +143,18 @@ def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, writers: dict, note: Cal
     with ThreadPoolExecutor(n_threads, thread_name_prefix="bpe") as pool:
         def drain(limit):
             while len(inflight) > limit:
-                split, fut = inflight.popleft()
-                writers[split].write(fut.result())
+                split, ids = inflight.popleft()
+                writers[split].write(ids if isinstance(ids, np.ndarray) else ids.result())
 
-        buf, cur = "", "train"
+        buf, cur, eot = "", "train", np.array([tok.eot_id], dtype=np.uint32)
         for split, text, last in _split_stream(texts, n_train):
             if split != cur:  # the train part has been flushed (last=True) before val starts
                 cur, buf = split, ""
-            pieces, buf = cutter.pieces(buf + text, final=last)
+            pieces, buf = cutter.pieces(buf + (text or ""), final=last or text is None)
             for p in pieces:
                 inflight.append((split, pool.submit(encode, p)))
                 drain(2 * n_threads)
+            if text is None:  # a document ends here (its pieces are in flight): the separator follows
+                inflight.append((split, eot))
         drain(0)
     return cutter.forced

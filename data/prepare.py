@@ -22,6 +22,7 @@ from data.config import DataConfig
 from data.encode import encode_bpe, encode_char
 from data.encode import threads as _threads  # noqa: F401 - re-export for bench.py
 from data.loader import TokenWriter, dtype_for_vocab
+from data.sources import GPT2_EOT
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
 
 
@@ -48,7 +49,10 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
 def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool, note) -> Prepared:
     errors, vf = cfg.encoding_errors, float(cfg.val_fraction)
     src_hash = corpus.sha256(src)
-    key = cache_key(src_hash, tok_kind, vf, errors)
+    more = {"text_key": cfg.text_key} if src.jsonl else {}
+    if tok_kind == "gpt2" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
+        more["separator"] = GPT2_EOT
+    key = cache_key(src_hash, tok_kind, vf, errors, **more)
     final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"
     hit = lookup(final, key, note)
     if hit is not None:
@@ -89,7 +93,7 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
             "dtype": dtype_for_vocab(tok.vocab_size).name,
             "train_tokens": w_train.count, "val_tokens": w_val.count,
             "source": {"path": src.abspath, "files": len(src.files), "bytes": src.nbytes, "chars": n_chars,
-                       "sha256": src_hash, "encoding_errors": errors},
+                       "sha256": src_hash, "encoding_errors": errors, **more},
             "split": {"val_fraction": vf, "by": "characters", "train_chars": n_train, "val_chars": n_chars - n_train},
             "forced_bpe_cuts": forced, "seconds": round(seconds, 3),
         }
@@ -102,13 +106,13 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
 
 # ---------------------------------------------------------------------------------------------------- CLI
 _CLI_NAMES = {"data.path=": "--path ", "data.tokenizer=": "--tokenizer ", "data.val_fraction=": "--val-fraction ",
-              "data.encoding_errors=": "--encoding-errors ", "data=": "--data "}
+              "data.encoding_errors=": "--encoding-errors ", "data.text_key=": "--text-key ", "data=": "--data "}
 
 
 def _cli_message(msg: str) -> str:
     """One line, with the Hydra override names (data.path=...) spelled as this CLI's flags."""
-    return re.sub(r"(?<![\w./-])(data\.path=|data\.tokenizer=|data\.val_fraction=|data\.encoding_errors=|data=)",
-                  lambda m: _CLI_NAMES[m.group(1)], " ".join(msg.split()))
+    names = "|".join(map(re.escape, _CLI_NAMES))  # data= last: the longer names match first
+    return re.sub(rf"(?<![\w./-])({names})", lambda m: _CLI_NAMES[m.group(1)], " ".join(msg.split()))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,17 +121,19 @@ def main(argv: list[str] | None = None) -> int:
         description="Tokenize a corpus into train.bin/val.bin in the tinygpt cache (training does this "
                     "automatically; this runs it on its own).")
     ap.add_argument("--data", default="shakespeare_char", help="shakespeare_char (default), shakespeare or text")
-    ap.add_argument("--path", default=None, help="text file or directory of .txt files (required for --data text; "
-                                                  "replaces the download for shakespeare*)")
+    ap.add_argument("--path", nargs="+", default=None, help="text or .jsonl files or directories of them (required "
+                                                             "for --data text; replaces the download for shakespeare*)")
     ap.add_argument("--tokenizer", default=None, help="char or gpt2 (for --data text; default char)")
     ap.add_argument("--val-fraction", type=float, default=0.1, help="last fraction of the text kept for validation")
     ap.add_argument("--encoding-errors", default="strict",
                     help="strict (default), replace, ignore or backslashreplace for bytes that are not UTF-8")
+    ap.add_argument("--text-key", default="text", help="the field holding the text in .jsonl files (default text)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     args = ap.parse_args(argv)
     tokenizer = args.tokenizer or ("gpt2" if args.data == "shakespeare" else "char")
-    cfg = DataConfig(name=args.data, path=args.path, tokenizer=tokenizer, val_fraction=args.val_fraction,
-                     encoding_errors=args.encoding_errors)
+    path = args.path[0] if args.path and len(args.path) == 1 else args.path
+    cfg = DataConfig(name=args.data, path=path, tokenizer=tokenizer, val_fraction=args.val_fraction,
+                     encoding_errors=args.encoding_errors, text_key=args.text_key)
     try:
         p = prepare(cfg, progress=not args.quiet)
     except (ValueError, OSError) as e:

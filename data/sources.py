@@ -181,6 +181,17 @@ def gpt2_encoding():
     return enc
 
 
+def gpt2_ranks() -> dict[bytes, int]:
+    """The GPT-2 BPE ranks (token bytes -> id), found or fetched as `gpt2_encoding()` does."""
+    path = gpt2_ranks_path()
+    if path is None:
+        enc = gpt2_encoding()  # fetched by tiktoken, and saved where gpt2_ranks_path() looks when it can be
+        path = gpt2_ranks_path()
+        if path is None:
+            return dict(enc._mergeable_ranks)
+    return load_ranks(path)
+
+
 # ---------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     """`python -m data.sources`: fetch Tiny Shakespeare and the GPT-2 ranks into the cache, print where."""

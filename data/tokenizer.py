@@ -124,6 +124,16 @@ class GPT2Tokenizer(Tokenizer):
         return f"gpt2 BPE ({self.vocab_size:,} tokens)"
 
 
+def token_bytes(tokenizer: Tokenizer):
+    """int64 tensor, one entry per id: the UTF-8 bytes the token stands for (0 for <|endoftext|>), so that
+    bits per byte = sum of nats / ln 2 / token_bytes[targets].sum(), comparable across tokenizers."""
+    import torch
+    n = [len(tokenizer.decode_bytes([i])) for i in range(tokenizer.vocab_size)]
+    if tokenizer.eot_id is not None:
+        n[tokenizer.eot_id] = 0
+    return torch.tensor(n, dtype=torch.int64)
+
+
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     """Rebuild a tokenizer from `to_dict()` output (checkpoint or meta.json)."""
     kind = d.get("type") if isinstance(d, dict) else None

@@ -1,14 +1,18 @@
-"""data/cache.py: cache hits, the key, damaged copies, interrupted and killed preparations, load_prepared."""
+"""data/cache.py: cache hits, the key (and its compatibility), damaged copies, interrupted and killed preparations,
+load_prepared, a read-only cache."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from data import corpus, sources
+from data.cache import cache_key
 from data.config import DataConfig
 from data.loader import TokenFile, TokenWriter
 from data.prepare import load_prepared, prepare
@@ -91,3 +95,63 @@ def test_load_prepared_checks_meta(tiny_corpus):
     (p.dir / "meta.json").write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         load_prepared(p.dir)
+
+
+def test_cache_keys_of_existing_inputs_are_unchanged(tmp_path, cache_with_gpt2):
+    """Keys computed with the code before documents/jsonl existed: those caches stay valid. A directory with
+    GPT-2 now gets <|endoftext|> between its files, so its key had to change."""
+    assert cache_key(sources.SHAKESPEARE_SHA256, "char", 0.1, "strict") == "6f6a4e890b805290"  # shakespeare_char
+    assert cache_key(sources.SHAKESPEARE_SHA256, "gpt2", 0.1, "strict") == "636eb1f2f28c7cf8"  # shakespeare
+    one = tmp_path / "one.txt"
+    one.write_text("hello world\nsecond line\n")
+    d = tmp_path / "dir"
+    (d / "sub").mkdir(parents=True)
+    (d / "a.txt").write_text("first document\n")
+    (d / "sub" / "b.txt").write_text("second document\n")
+    for path, tok, name in [(one, "char", "text-char-0b0035bba3ade2bc"), (d, "char", "text-char-019f0081c1488eb0"),
+                            (one, "gpt2", "text-gpt2-77f999037f34bbaf")]:
+        assert prepare(DataConfig(name="text", path=str(path), tokenizer=tok), progress=False).dir.name == name
+    p = prepare(DataConfig(name="text", path=str(d), tokenizer="gpt2"), progress=False)
+    assert p.dir.name != "text-gpt2-9af09a7fe917c5c5" and 50256 in TokenFile(p.train_path).tokens
+
+
+def test_overwritten_token_ids_are_prepared_again(tiny_corpus, capsys):
+    cfg = DataConfig(name="text", path=str(tiny_corpus))
+    p = prepare(cfg, progress=False)
+    good = p.train_path.read_bytes()
+    with open(p.train_path, "r+b") as f:  # same size, ids far outside the 30-odd-character vocabulary
+        f.seek(len(good) // 2)
+        f.write(b"\xff" * 64)
+    with pytest.raises(ValueError, match="is corrupt: it holds token id 65,535 but its vocabulary has"):
+        TokenFile(p.train_path)
+    p2 = prepare(cfg, progress=True)
+    assert not p2.cached and p2.train_path.read_bytes() == good
+    err = capsys.readouterr().err
+    assert "damaged" in err and "token id 65,535" in err
+
+
+def test_read_only_cache_names_the_cache(tiny_corpus, monkeypatch):
+    root = sources.cache_dir() / "prepared"
+    mkdir = Path.mkdir
+
+    def deny(self, *a, **k):
+        if self.name.startswith(".tmp-"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return mkdir(self, *a, **k)
+
+    monkeypatch.setattr(Path, "mkdir", deny)
+    with pytest.raises(PermissionError) as ei:
+        prepare(DataConfig(name="text", path=str(tiny_corpus)), progress=False)
+    assert str(ei.value) == (f"the data cache {root} is not writable (Permission denied): make it writable, or set "
+                             f"TINYGPT_CACHE to a writable directory")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes whatever the mode")
+def test_read_only_cache_for_real(tiny_corpus):
+    root = sources.cache_dir()
+    root.chmod(0o500)
+    try:
+        with pytest.raises(PermissionError, match=f"the data cache {root / 'prepared'} is not writable"):
+            prepare(DataConfig(name="text", path=str(tiny_corpus)), progress=False)
+    finally:
+        root.chmod(0o700)

@@ -1,4 +1,5 @@
-"""data/corpus.py: which files make the text, exact UTF-8 decoding (bad bytes, lossy modes), bounded memory."""
+"""data/corpus.py: which files make the text, documents (<|endoftext|>, jsonl), exact UTF-8 decoding, bounded
+memory, unreadable files."""
 from __future__ import annotations
 
 import json
@@ -6,6 +7,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from data import sources
 from data.config import DataConfig
@@ -107,3 +111,156 @@ def test_bounded_memory_streaming(tmp_path):
     # whole-file processing would need several times the file size; streaming needs a few chunks
     assert r["traced_peak"] < size / 3 and r["growth_kb"] * 1024 < size / 3, r
     big.unlink()
+
+
+# ------------------------------------------------------------------------------------- documents, jsonl
+def _expected(docs, n, tok):
+    """nanoGPT's rule on our character split: each document encoded on its own, <|endoftext|> between two;
+    the train part ends at character n (a separator exactly there opens val)."""
+    out, pos, first = {"train": [], "val": []}, 0, True
+    for d in filter(None, docs):
+        if not first:
+            out["train" if pos < n else "val"].append(50256)
+        first = False
+        cut = max(0, n - pos)
+        out["train"] += tok.encode_ordinary(d[:cut])
+        out["val"] += tok.encode_ordinary(d[cut:])
+        pos += len(d)
+    return out
+
+
+def _check_gpt2(p, docs, vf):
+    n = int(sum(map(len, docs)) * (1 - vf))
+    want = _expected(docs, n, p.tokenizer)
+    assert tokens(p.train_path).tolist() == want["train"] and tokens(p.val_path).tolist() == want["val"]
+    assert want["train"].count(50256) + want["val"].count(50256) == len(list(filter(None, docs))) - 1
+
+
+def test_gpt2_puts_endoftext_between_documents(tmp_path, cache_with_gpt2, monkeypatch):
+    small_chunks(monkeypatch, chunk=64, seg=40)  # documents span many chunks and BPE pieces
+    d = tmp_path / "docs"
+    d.mkdir()
+    docs = ["First document.\nIt ends here", "", "Second <|endoftext|> one.\n", "Third, 你好 😀 it's\n" * 30]
+    for i, text in enumerate(docs):
+        (d / f"{i}.txt").write_text(text, encoding="utf-8")
+    p = prepare(DataConfig(name="text", path=str(d), tokenizer="gpt2", val_fraction=0.3), progress=False)
+    _check_gpt2(p, docs, 0.3)
+    assert p.meta["source"]["separator"] == "<|endoftext|>"
+    # a list of paths: files and directories in the order given
+    extra = write(tmp_path, "extra.txt", "An extra document.\n")
+    p2 = prepare(DataConfig(name="text", path=[str(extra), str(d)], tokenizer="gpt2", val_fraction=0.3),
+                 progress=False)
+    _check_gpt2(p2, ["An extra document.\n", *docs], 0.3)
+    # char-level: no separator, byte-for-byte concatenation
+    p3 = prepare(DataConfig(name="text", path=[str(extra), str(d)]), progress=False)
+    assert p3.tokenizer.decode(tokens(p3.train_path).tolist() + tokens(p3.val_path).tolist()) == \
+        "An extra document.\n" + "".join(docs)
+
+
+def test_document_boundary_at_the_split_point_opens_val():
+    from data.encode import _split_stream
+    assert list(_split_stream(iter(["ab", None, "cd"]), 2)) == [
+        ("train", "ab", True), ("val", None, False), ("val", "cd", False), ("val", "", True)]
+
+
+def test_jsonl_lines_are_documents(tmp_path, cache_with_gpt2, monkeypatch):
+    small_chunks(monkeypatch, chunk=64, seg=40)
+    rows = [{"text": "Hello world.", "id": 1}, {"text": "Second 😀 doc\nwith lines", "body": "B"}, {"text": ""},
+            {"body": "b3", "text": "third " * 40}]
+    f = tmp_path / "c.jsonl"
+    f.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n\n", encoding="utf-8")
+    docs = [r["text"] for r in rows]
+    p = prepare(DataConfig(name="text", path=str(f), tokenizer="gpt2", val_fraction=0.25), progress=False)
+    _check_gpt2(p, docs, 0.25)
+    c = prepare(DataConfig(name="text", path=str(f), val_fraction=0.25), progress=False)
+    assert c.tokenizer.decode(tokens(c.train_path).tolist() + tokens(c.val_path).tolist()) == "".join(docs)
+    # the text key is part of the cache key; a line without it is named
+    g = tmp_path / "d.jsonl"
+    g.write_text("".join(json.dumps({"text": t, "body": t.upper()}) + "\n" for t in ("abc", "def")))
+    a = prepare(DataConfig(name="text", path=str(g)), progress=False)
+    b = prepare(DataConfig(name="text", path=str(g), text_key="body"), progress=False)
+    assert a.dir != b.dir
+    assert b.tokenizer.decode(tokens(b.train_path).tolist() + tokens(b.val_path).tolist()) == "ABCDEF"
+    one_line_error(ValueError, DataConfig(name="text", path=str(f), text_key="body"),
+                   f"{f} line 1 has no text under 'body' (it has: text, id)", "data.text_key=")
+
+
+def test_jsonl_bad_lines_are_named(tmp_path):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('{"text": "ok"}\n\n{"text": "fine"\n')
+    one_line_error(ValueError, DataConfig(name="text", path=str(f)), f"{f} line 3 is not JSON", "one JSON object")
+    f.write_text('{"text": "ok"}\n["a list"]\n')
+    one_line_error(ValueError, DataConfig(name="text", path=str(f)), "line 2 has no text under 'text' (it has: list)")
+    f.write_bytes(b'\xef\xbb\xbf{"text": "a BOM is fine"}\n{"text": 5}\n')
+    one_line_error(ValueError, DataConfig(name="text", path=str(f)), "line 2 has no text")
+    f.write_bytes(b'{"text": "ok"}\n{"text": "\xff"}\n')
+    one_line_error(ValueError, DataConfig(name="text", path=str(f)), "line 2 is not valid UTF-8", "encoding_errors")
+    p = prepare(DataConfig(name="text", path=str(f), encoding_errors="replace", val_fraction=0.5), progress=False)
+    assert "\ufffd" in p.tokenizer.chars
+
+
+def test_jsonl_is_streamed(tmp_path):
+    """1.5 MB then 4.5 MB of lines: the traced peak does not grow with the file (a line at a time)."""
+    import tracemalloc
+    line = json.dumps({"text": "the quick brown fox jumps over the lazy dog " * 40, "meta": {"n": 1}}) + "\n"
+    peaks = []
+    for mb in (1.5, 4.5):
+        f = tmp_path / f"{mb}.jsonl"
+        f.write_text(line * int(mb * (1 << 20) / len(line)))
+        tracemalloc.start()
+        try:
+            p = prepare(DataConfig(name="text", path=str(f)), progress=False)
+            peaks.append(tracemalloc.get_traced_memory()[1])
+        finally:
+            tracemalloc.stop()
+        assert p.train_tokens + p.val_tokens == int(mb * (1 << 20) / len(line)) * 44 * 40
+    assert peaks[1] < peaks[0] + (128 << 10), peaks
+
+
+def test_path_list_and_bad_paths(tmp_path):
+    one_line_error(ValueError, DataConfig(name="text", path=[str(tmp_path), {"a": 1}]), "is not a path",
+                   "data.path=[a.txt,b.txt]")
+    one_line_error(ValueError, DataConfig(name="text", path=[]), "data=text needs your text")
+    one_line_error(FileNotFoundError, DataConfig(name="text", path=[str(write(tmp_path, "a.txt", "a")), "nope.txt"]),
+                   "data.path=nope.txt does not exist")
+    assert DataConfig(path=5).paths() == ["5"]
+    from omegaconf import OmegaConf  # what Hydra hands over for data.path=[a.txt,b.txt]
+    cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), OmegaConf.from_dotlist(["path=[a.txt,b.txt]"]))
+    assert DataConfig.coerce(cfg).paths() == OmegaConf.to_object(cfg).paths() == ["a.txt", "b.txt"]
+
+
+# ------------------------------------------------------------------------------------------ unreadable
+def _deny(monkeypatch, name):
+    import builtins
+    from data import corpus
+
+    def fake_open(path, *a, **k):
+        if Path(path).name == name:
+            raise PermissionError(13, "Permission denied", str(path))
+        return builtins.open(path, *a, **k)
+
+    monkeypatch.setattr(corpus, "open", fake_open, raising=False)
+
+
+def test_unreadable_corpus_names_the_setting(tmp_path, monkeypatch):
+    write(tmp_path, "secret.txt", "top secret\n")
+    _deny(monkeypatch, "secret.txt")
+    msg = one_line_error(PermissionError, DataConfig(name="text", path="secret.txt"))
+    assert msg == "data.path=secret.txt cannot be read (permission denied): check its permissions or give another file"
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "a.txt").write_text("fine\n")
+    (d / "secret.txt").write_text("no\n")
+    one_line_error(PermissionError, DataConfig(name="text", path=str(d)),
+                   f"data.path={d} cannot be read (permission denied: {d / 'secret.txt'})")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_corpus_for_real(tmp_path):
+    f = write(tmp_path, "secret.txt", "top secret\n")
+    f.chmod(0)
+    try:
+        one_line_error(PermissionError, DataConfig(name="text", path="secret.txt"),
+                       "data.path=secret.txt cannot be read")
+    finally:
+        f.chmod(0o600)

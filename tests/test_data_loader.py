@@ -62,6 +62,19 @@ def test_token_file_damage_is_detected(bins, damage, match):
     assert "\n" not in msg and str(bins[0]) in msg and "delete" in msg
 
 
+def test_ids_outside_the_vocabulary_are_refused(bins):
+    """Overwritten bytes (same size) would crash the model's embedding with an IndexError: refused at open."""
+    raw = bytearray(bins[0].read_bytes())
+    raw[HEADER_SIZE + 200:HEADER_SIZE + 202] = (1000).to_bytes(2, "little")  # vocabulary 0..999
+    bins[0].write_bytes(bytes(raw))
+    for make in (lambda: TokenFile(bins[0]), lambda: _loader(bins)):
+        with pytest.raises(ValueError) as ei:
+            make()
+        msg = str(ei.value)
+        assert "\n" not in msg and msg.startswith(f"{bins[0]} is corrupt: it holds token id 1,000 but its "
+                                                  f"vocabulary has 1,000 ids") and "delete" in msg
+
+
 def test_missing_token_file(tmp_path):
     with pytest.raises(FileNotFoundError, match="prepare"):
         TokenFile(tmp_path / "nope.bin")

@@ -64,6 +64,7 @@ def test_shakespeare_char_matches_nanogpt(cache_with_shakespeare):
     assert meta["source"]["sha256"] == sources.SHAKESPEARE_SHA256
     assert meta["split"]["train_chars"] == 1_003_854 and meta["dtype"] == "uint16"
     assert p.dir.parent == sources.cache_dir() / "prepared" and p.dir.name.startswith("shakespeare_char-char-")
+    assert p.dir.name == "shakespeare_char-char-6f6a4e890b805290"  # the key before documents/jsonl existed
     assert isinstance(p.tokenizer, CharTokenizer) and p.tokenizer.vocab_size == 65
 
 
@@ -142,6 +143,17 @@ def test_cli_prepares_and_reports(tiny_corpus):
     r2 = run_cli(["-m", "data.prepare", "--data", "text", "--path", "copy.txt"], cwd=tiny_corpus.parent)
     assert r2.returncode == 0 and "already prepared" in r2.stdout
     assert f"from {copy.absolute()} (already prepared)" in r2.stdout  # ... that names the file given
+
+
+def test_cli_several_paths_and_jsonl(tmp_path):
+    write(tmp_path, "a.txt", "plain text\n")
+    write(tmp_path, "b.jsonl", '{"body": "from json"}\n{"body": "again"}\n')
+    r = run_cli(["-m", "data.prepare", "--data", "text", "--path", "a.txt", "b.jsonl", "--text-key", "body",
+                 "--quiet"], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert f"from {tmp_path / 'a.txt'}, {tmp_path / 'b.jsonl'}" in r.stdout
+    r = run_cli(["-m", "data.prepare", "--data", "text", "--path", "b.jsonl"], cwd=tmp_path)
+    assert r.returncode == 2 and "line 1 has no text under 'text'" in r.stderr and "--text-key <" in r.stderr
 
 
 def test_cli_errors_are_one_line(tmp_path):

@@ -142,6 +142,19 @@ def test_gpt2_online_fallback_seeds_the_cache(shared_data_dir, monkeypatch):
     assert GPT2Tokenizer().encode("Hello world") == [15496, 995]
 
 
+def test_gpt2_ranks_from_the_cache_or_tiktoken(shared_data_dir, monkeypatch):
+    """gpt2_ranks() (the HF export's input) reads the cached file, else takes tiktoken's (and caches them)."""
+    import tiktoken
+    ranks = sources.load_ranks(shared_data_dir / "gpt2.tiktoken")
+    enc = tiktoken.Encoding(name="gpt2", pat_str=sources.GPT2_PAT_STR, mergeable_ranks=ranks,
+                            special_tokens={"<|endoftext|>": 50256})
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: enc)
+    assert sources.gpt2_ranks() == ranks and sources.gpt2_ranks_path() is not None
+    monkeypatch.setattr(sources, "_save_ranks", lambda *a: None)  # an unwritable cache: tiktoken's ranks still
+    sources.gpt2_ranks_path().unlink()
+    assert sources.gpt2_ranks() == ranks and len(ranks) == 50256 and ranks[b"Hello"] == 15496
+
+
 def test_gpt2_bad_ranks_file(monkeypatch):
     _no_tiktoken_download(monkeypatch)
     p = sources.gpt2_ranks_cache_path()

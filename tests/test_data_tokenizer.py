@@ -1,4 +1,4 @@
-"""data/tokenizer.py: char + GPT-2 BPE tokenizers, dict round-trips, offline errors, StreamDecoder."""
+"""data/tokenizer.py: char + GPT-2 BPE tokenizers, dict round-trips, offline errors, token_bytes, StreamDecoder."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from data import sources
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, StreamDecoder, tokenizer_from_dict
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, StreamDecoder, token_bytes, tokenizer_from_dict
 
 MULTIBYTE = "héllo wörld — 你好，世界。🤗🚀 naïve café 𝔘𝔫𝔦𝔠𝔬𝔡𝔢 👩‍👩‍👧 ok\n"
 
@@ -96,6 +96,19 @@ def test_gpt2_offline_without_ranks_says_where(monkeypatch):
         msg = str(ei.value)
         assert "\n" not in msg
         assert str(sources.gpt2_ranks_cache_path()) in msg and "Failed to resolve" in msg
+
+
+# ----------------------------------------------------------------------------------------- token bytes
+def test_token_bytes_count_utf8_bytes(cache_with_gpt2):
+    import torch
+    tb = token_bytes(CharTokenizer("aé你😀\n"))
+    assert tb.dtype == torch.int64 and tb.tolist() == [1, 1, 2, 3, 4]  # sorted: \n a é 你 😀
+    tok = GPT2Tokenizer()
+    tb = token_bytes(tok)
+    assert tb.shape == (50257,) and tb.dtype == torch.int64 and tb[50256] == 0 and tb[:50256].min() >= 1
+    for text in (MULTIBYTE, "Hello world, it's 2024!\n\n   spaces"):  # bits per byte: the denominator is exact
+        assert int(tb[torch.tensor(tok.encode(text))].sum()) == len(text.encode("utf-8"))
+    assert int(tb[torch.tensor(tok.encode("a<|endoftext|>b"))].sum()) == 2
 
 
 # ------------------------------------------------------------------------------------------ streaming

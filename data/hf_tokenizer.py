@@ -1,0 +1,84 @@
+"""Tokenizer files for Hugging Face: GPT-2's vocab.json + merges.txt rebuilt exactly from tiktoken's ranks,
+or a char-level vocab.json.
+
+An exported model must come with the tokenizer it was trained with. The GPT-2 ranks (`sources.gpt2_ranks`)
+hold every token but not the merges, so each merge is recovered by running BPE on the token's bytes with only
+the merges ranked below it: the last two parts are the pair whose merge made the token. Byte-level tokens are
+written in GPT-2's bytes-to-unicode alphabet.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from common.files import write_text_atomic
+from data.sources import GPT2_EOT, GPT2_EOT_ID, gpt2_ranks
+from data.tokenizer import CharTokenizer
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from the 256 byte values to printable characters (its vocab.json alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]  # mapped to 256, 257, ... in byte order
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+def _last_merge(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
+    """The pair BPE merges last when it builds `token` from its bytes using lower-ranked merges only."""
+    parts = [bytes([b]) for b in token]
+    limit = ranks[token]
+    while len(parts) > 2:
+        best = None
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and r < limit and (best is None or r < best[1]):
+                best = (i, r)
+        assert best is not None, f"token {token!r} cannot be built from lower-ranked merges"
+        i = best[0]
+        parts[i:i + 2] = [parts[i] + parts[i + 1]]
+    return parts[0], parts[1]
+
+
+def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[str]]:
+    """vocab.json's mapping and merges.txt's lines (in rank order) for these ranks."""
+    enc = bytes_to_unicode()
+
+    def text(b: bytes) -> str:
+        return "".join(enc[x] for x in b)
+
+    vocab = {text(token): rank for token, rank in ranks.items()}
+    merges = []
+    for token, _ in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) > 1:
+            a, b = _last_merge(ranks, token)
+            merges.append(f"{text(a)} {text(b)}")
+    return vocab, merges
+
+
+def write_hf_tokenizer(out_dir: str | Path, model_max_length: int) -> list[Path]:
+    """vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json for transformers'
+    GPT2Tokenizer / GPT2TokenizerFast (`AutoTokenizer.from_pretrained(out_dir)`). Like tinygpt's
+    GPT2Tokenizer.encode, they read a literal "<|endoftext|>" as the special token."""
+    out_dir = Path(out_dir)
+    vocab, merges = vocab_and_merges(gpt2_ranks())
+    out_dir.mkdir(parents=True, exist_ok=True)
+    vocab[GPT2_EOT] = GPT2_EOT_ID
+    special = {"bos_token": GPT2_EOT, "eos_token": GPT2_EOT, "unk_token": GPT2_EOT}
+    files = {
+        "vocab.json": json.dumps(vocab, ensure_ascii=False),
+        "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n",
+        "tokenizer_config.json": json.dumps({"tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length,
+                                             **special, "add_prefix_space": False}, indent=2),
+        "special_tokens_map.json": json.dumps(special, indent=2),
+    }
+    for name, content in files.items():
+        write_text_atomic(out_dir / name, content)
+    return [out_dir / name for name in files]
+
+
+def write_char_vocab(tokenizer: CharTokenizer, out_dir: str | Path) -> Path:
+    """vocab.json ({character: id}) for a char-level model (transformers has no char tokenizer to load it into)."""
+    path = Path(out_dir) / "vocab.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(tokenizer.stoi, ensure_ascii=False))
+    return path

@@ -1,0 +1,45 @@
+"""data/hf_tokenizer.py: the exported GPT-2 files encode exactly as tinygpt's tokenizer; the char vocab.json."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from data.hf_tokenizer import write_char_vocab, write_hf_tokenizer
+from data.tokenizer import CharTokenizer, GPT2Tokenizer
+
+transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
+
+TEXTS = [
+    "Hello world", "", " ", "plain ASCII, with punctuation: (a) [b] {c}; d! e? f... g-h_i/j",
+    "line one\nline two\n\n\nafter blank lines\r\nwindows\rmac", "\t\ttabs\tand    runs   of spaces   \n   ",
+    "don't won't I'm you're they've we'll she'd IT'S O'Neil 'quoted'",
+    "1 22 333 4444 55555 3.14159 1,000,000 2024-06-01",
+    "你好，世界。日本語のテキスト。한국어 텍스트", "emoji 😀🤗🚀 family 👩‍👩‍👧 flags 🇫🇷 skin 👍🏽",
+    "naïve café résumé Zürich Ångström façade São Paulo ĳ ǅ", "a<|endoftext|>b <|endoftext|>",
+]
+
+
+def test_gpt2_files_encode_like_tinygpt(cache_with_gpt2, shared_data_dir, tmp_path):
+    out = tmp_path / "hf"
+    paths = write_hf_tokenizer(out, model_max_length=1024)
+    assert sorted(p.name for p in paths) == ["merges.txt", "special_tokens_map.json", "tokenizer_config.json",
+                                             "vocab.json"]
+    tok = GPT2Tokenizer()
+    shakespeare = (shared_data_dir / "tinyshakespeare.txt").read_text(encoding="utf-8")[100_000:120_000]
+    for hf in (transformers.GPT2TokenizerFast.from_pretrained(out), transformers.AutoTokenizer.from_pretrained(out)):
+        assert hf.eos_token_id == 50256 and hf.model_max_length == 1024 and len(hf) == 50257
+        for text in [*TEXTS, shakespeare]:
+            ids = tok.encode(text)
+            assert hf.encode(text) == ids, text[:40]
+            assert hf.decode(ids) == text
+    vocab = json.loads((out / "vocab.json").read_text(encoding="utf-8"))
+    assert len(vocab) == 50257 and vocab["Hello"] == 15496 and vocab["Ġworld"] == 995
+    assert len((out / "merges.txt").read_text(encoding="utf-8").splitlines()) == 1 + 50000
+
+
+def test_char_vocab(tmp_path):
+    tok = CharTokenizer.from_text("hello wörld 你\n")
+    path = write_char_vocab(tok, tmp_path / "out")
+    vocab = json.loads(path.read_text(encoding="utf-8"))
+    assert path.name == "vocab.json" and vocab == tok.stoi and vocab["ö"] == tok.encode("ö")[0]
