@@ -1,46 +1,30 @@
-"""The run configuration: structured-config dataclasses, their Hydra registration, and validation.
+"""The run configuration: one dataclass per config group (model, data, optim, train, logger) under `Config`.
 
-Design: one dataclass per config group (`model`, `data`, `optim`, `train`, `logger`) under a root
-`Config`. The root is registered with Hydra's ConfigStore as `config_schema` and listed first in
-`conf/config.yaml`'s defaults, so every YAML preset and every command-line override is merged onto a
-typed schema: an unknown key (`train.max_iter=5`) or a wrong type (`train.batch_size=big`) fails when
-Hydra composes the config, before any data is read or any step is taken.
-
-The `data` node is the data package's own `data.config.DataConfig` (one definition, no copy).
-`resume` and `compile` take more than one type (`false` / `true` / a path; `auto` / `true` / `false`),
-which OmegaConf cannot express as a Union, so they are typed `Any` and checked here.
-
-`to_dataclass(cfg)` is the edge: it turns a composed DictConfig (or a plain dict) into a `Config` of
-plain dataclasses and runs `validate()`, which checks what types cannot (ranges, choices, cross-field
-rules) and raises `ValueError` with a one-line message naming the key and the fix. Past this edge the
-training loop never sees OmegaConf. This is the only module in training/ that imports OmegaConf.
+Registered with Hydra as the schema every preset and override is merged onto, so an unknown key or a wrong
+type fails before any work; `validate` adds what types cannot say (ranges, choices, cross-field rules).
+`to_dataclass` is the edge: past it the loop sees plain dataclasses, never OmegaConf.
 """
 from __future__ import annotations
 
-import dataclasses
+import difflib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from data.config import DataConfig
+from model.config import GPTConfig
 
-SCHEMA_NAME = "config_schema"
-
-DEVICES = ("auto", "cpu", "cuda", "mps")  # "cuda:N" is also accepted
-DTYPES = {  # accepted spellings -> canonical torch dtype name
-    "auto": "auto",
-    "float32": "float32", "fp32": "float32",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "float16": "float16", "fp16": "float16",
-}
+PRESETS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))  # conf/<group>/<option>.yaml, for `group=option`
+           for d in (Path(__file__).resolve().parents[1] / "conf").iterdir() if d.is_dir() and d.name != "hydra"}
+DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
+          "float16": "float16", "fp16": "float16"}  # accepted spellings -> canonical torch dtype name
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 OPTIMIZERS = ("adamw", "muon")
-LOGGERS = (None, "wandb")
-WANDB_MODES = ("online", "offline", "disabled")
-PARALLEL_MODES = ("none", "ddp", "fsdp")  # (training/distributed.py has the same tuple; no torch import here)
+PARALLEL_MODES = ("none", "ddp", "fsdp")
 
 
 @dataclass
@@ -110,71 +94,63 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
-_SUBSCHEMAS = {"model": ModelConfig, "data": DataConfig, "optim": OptimConfig, "train": TrainConfig,
-               "logger": LoggerConfig}
-
-
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (idempotent). Imported lazily: Hydra is optional here."""
     from hydra.core.config_store import ConfigStore
-    ConfigStore.instance().store(name=SCHEMA_NAME, node=Config)
+    ConfigStore.instance().store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
 
 
 def to_container(cfg: Any) -> dict:
-    """A DictConfig, dataclass or dict as a plain, resolved dict (what checkpoints and wandb store)."""
-    if isinstance(cfg, DictConfig):
-        return OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
-    if dataclasses.is_dataclass(cfg) and not isinstance(cfg, type):
-        return dataclasses.asdict(cfg)
-    if isinstance(cfg, dict):
-        return OmegaConf.to_container(OmegaConf.create(cfg), resolve=True)
-    raise TypeError(f"expected a DictConfig, dataclass or dict, got {type(cfg).__name__}")
+    """A Config, DictConfig or dict as a plain, resolved dict (what checkpoints and wandb store)."""
+    return OmegaConf.to_container(OmegaConf.create(cfg), resolve=True, throw_on_missing=True)
 
 
-def one_line(exc: BaseException) -> str:
-    """An OmegaConf/Hydra error message squeezed onto one line (their messages span several)."""
-    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
-    keep = [ln for ln in lines if not ln.startswith(("full_key:", "object_type=", "reference_type=",
-                                                         "Set the environment variable"))]
-    return "; ".join(keep or lines) or type(exc).__name__
+def _dotted(d: dict, prefix: str = "") -> Iterator[str]:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _dotted(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
+
+
+SCHEMA_KEYS = tuple(_dotted(OmegaConf.to_container(OmegaConf.structured(Config))))  # model.n_layer, ...
+
+
+def _refuse_unknown(keys: Iterable[str]) -> None:
+    for key in keys:
+        if key not in SCHEMA_KEYS:
+            close = difflib.get_close_matches(key, SCHEMA_KEYS, n=1, cutoff=0.6)
+            raise ValueError(f"unknown config key '{key}'{f' (did you mean {close[0]}?)' if close else ''}: check "
+                             f"the spelling; python train.py --cfg job prints every key")
+
+
+def check_override(key: str, value: Any, text: str) -> None:
+    """A command-line override (`text`, parsed: key, value) checked before Hydra composes: `group=option` needs
+    conf/<group>/<option>.yaml, `key=value` a schema key and a value its type takes; else a one-line ValueError."""
+    if key in PRESETS:
+        if value is not None and str(value) not in PRESETS[key]:
+            raise ValueError(f"{key}={value} is not a preset: available {key} presets are {', '.join(PRESETS[key])}")
+        return
+    _refuse_unknown([key])
+    try:  # the field's own OmegaConf node converts it, exactly as composition will
+        OmegaConf.update(OmegaConf.structured(Config), key, value, merge=True)
+    except OmegaConfBaseException as e:
+        raise ValueError(f"cannot set {text}: {str(e).splitlines()[0]}: give a value of the right type "
+                         f"(python train.py --cfg job shows the current value of {key})") from None
 
 
 def to_dataclass(cfg: Any) -> Config:
     """Composed config (DictConfig, dict or Config) -> validated `Config` of plain dataclasses."""
-    if isinstance(cfg, Config):
-        validate(cfg)
-        return cfg
-    try:
-        if isinstance(cfg, dict):
+    if not isinstance(cfg, Config):
+        try:  # (`+model.foo=1` adds a key even to a typed node: refused here)
             cfg = OmegaConf.create(cfg)
-        if not isinstance(cfg, DictConfig):
-            raise ValueError(f"config must be a DictConfig or dict, got {type(cfg).__name__}")
-        unknown = _unknown_keys(cfg, Config)
-        if unknown:  # e.g. `+model.foo=1`: Hydra's + adds keys even to a typed node
-            raise ValueError(f"unknown config key {unknown[0]!r}: remove it or check its spelling; "
-                             f"python train.py --cfg job prints every key")
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), cfg)  # typed: unknown keys / bad types raise
-        obj = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as e:
-        raise ValueError(f"invalid config: {one_line(e)}") from None
-    validate(obj)
-    return obj
-
-
-def _unknown_keys(node: DictConfig, cls: type, prefix: str = "") -> list[str]:
-    """Keys of `node` that the dataclass `cls` does not declare (recursively), as dotted paths."""
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    out = []
-    for key in node.keys():
-        if key not in fields:
-            out.append(f"{prefix}{key}")
-            continue
-        ftype = fields[key].type
-        sub = ftype if isinstance(ftype, type) else _SUBSCHEMAS.get(key)
-        child = node._get_node(key)
-        if sub is not None and dataclasses.is_dataclass(sub) and isinstance(child, DictConfig):
-            out.extend(_unknown_keys(child, sub, f"{prefix}{key}."))
-    return out
+            _refuse_unknown(_dotted(OmegaConf.to_container(cfg)))
+            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+        except OmegaConfBaseException as e:
+            where = f"{e.full_key}: " if getattr(e, "full_key", None) else ""
+            raise ValueError(f"invalid config: {where}{str(e).splitlines()[0]}") from None
+    validate(cfg)
+    return cfg
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -187,32 +163,20 @@ def _finite(x: float) -> bool:
 
 
 def normalize_compile(value: Any) -> Any:
-    """`train.compile` -> "auto" | True | False (accepts the strings true/false/on/off too)."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        v = value.strip().lower()
-        if v == "auto":
-            return "auto"
-        if v in ("true", "on", "yes", "1"):
-            return True
-        if v in ("false", "off", "no", "0"):
-            return False
+    """`train.compile` -> "auto" | True | False (accepts the strings true/false/on/off/yes/no/1/0 too)."""
+    v = value.strip().lower() if isinstance(value, str) else value
+    if isinstance(v, bool) or v in ("auto", "true", "on", "yes", "1", "false", "off", "no", "0"):
+        return v if isinstance(v, bool) or v == "auto" else v in ("true", "on", "yes", "1")
     raise ValueError(f"train.compile={value!r} is not valid: use auto, true or false")
 
 
 def validate(c: Config) -> None:
     """Range and cross-field checks the schema's types cannot express; ValueError with one line."""
     m, o, t, lg = c.model, c.optim, c.train, c.logger
-    for name in ("n_layer", "n_head", "n_embd", "block_size"):
-        v = getattr(m, name)
-        _check(v >= 1, f"model.{name}={v} must be >= 1: give a positive whole number")
-    _check(m.n_embd % m.n_head == 0,
-           f"model.n_embd={m.n_embd} is not divisible by model.n_head={m.n_head}: choose n_embd as a multiple "
-           f"of n_head (e.g. model.n_embd={max(m.n_head, round(m.n_embd / m.n_head) * m.n_head)})")
-    _check(0.0 <= m.dropout < 1.0, f"model.dropout={m.dropout} is outside [0, 1): use e.g. model.dropout=0.1")
+    # GPTConfig holds the shape checks; the vocabulary comes from the tokenizer later (1 stands in)
+    GPTConfig(vocab_size=1, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
+              dropout=m.dropout, bias=m.bias, tie_weights=m.tie_weights, attention=m.attention, field_prefix="model.")
     _check(m.pad_vocab_to >= 1, f"model.pad_vocab_to={m.pad_vocab_to} must be >= 1: use 1 (no padding) or 64")
-
     _check(o.name in OPTIMIZERS, f"optim.name={o.name!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     _check(_finite(o.lr) and o.lr > 0, f"optim.lr={o.lr} must be a positive number: e.g. optim.lr=1e-3")
     _check(_finite(o.min_lr) and o.min_lr >= 0, f"optim.min_lr={o.min_lr} must be >= 0: e.g. optim.min_lr=1e-4")
@@ -220,45 +184,37 @@ def validate(c: Config) -> None:
                              f"optim.lr (e.g. optim.min_lr={o.lr / 10:g})")
     _check(_finite(o.weight_decay) and o.weight_decay >= 0,
            f"optim.weight_decay={o.weight_decay} must be >= 0: e.g. optim.weight_decay=0.1")
-    for name in ("beta1", "beta2"):
-        v = getattr(o, name)
+    for name, v in (("beta1", o.beta1), ("beta2", o.beta2)):
         _check(0.0 <= v < 1.0, f"optim.{name}={v} must be in [0, 1): e.g. optim.{name}=0.9")
     _check(o.warmup_iters >= 0, f"optim.warmup_iters={o.warmup_iters} must be >= 0: e.g. optim.warmup_iters=100")
     _check(o.decay_iters is None or o.decay_iters >= 1,
            f"optim.decay_iters={o.decay_iters} must be >= 1: or null to decay over train.max_iters")
     _check(_finite(o.grad_clip) and o.grad_clip >= 0,
            f"optim.grad_clip={o.grad_clip} must be >= 0: use 0 to disable clipping or e.g. optim.grad_clip=1.0")
-    _check(_finite(o.muon_lr) and o.muon_lr > 0, f"optim.muon_lr={o.muon_lr} must be a positive number: e.g. "
-                                                  f"optim.muon_lr=0.02")
+    _check(_finite(o.muon_lr) and o.muon_lr > 0, f"optim.muon_lr={o.muon_lr} must be a positive number: e.g. 0.02")
     _check(0.0 <= o.muon_momentum < 1.0, f"optim.muon_momentum={o.muon_momentum} must be in [0, 1): e.g. 0.95")
     _check(o.muon_ns_steps >= 1, f"optim.muon_ns_steps={o.muon_ns_steps} must be >= 1: e.g. optim.muon_ns_steps=5")
     _check(_finite(o.cooldown_frac) and 0.0 <= o.cooldown_frac <= 1.0,
            f"optim.cooldown_frac={o.cooldown_frac} must be in [0, 1]: e.g. optim.cooldown_frac=0.2")
     _check(o.schedule in SCHEDULES, f"optim.schedule={o.schedule!r} is not known: use one of {', '.join(SCHEDULES)}")
-
-    dev = t.device
-    _check(dev in DEVICES or (dev.startswith("cuda:") and dev[5:].isdigit()),
-           f"train.device={dev!r} is not valid: use auto, cpu, cuda, cuda:N or mps")
+    _check(t.device in ("auto", "cpu", "cuda", "mps") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
+           f"train.device={t.device!r} is not valid: use auto, cpu, cuda, cuda:N or mps")
     _check(t.dtype in DTYPES, f"train.dtype={t.dtype!r} is not valid: use auto, float32, bfloat16 or float16")
     t.dtype = DTYPES[t.dtype]
     t.compile = normalize_compile(t.compile)
     for name in ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"):
-        v = getattr(t, name)
-        _check(v >= 1, f"train.{name}={v} must be >= 1: give a positive whole number")
+        _check(getattr(t, name) >= 1, f"train.{name}={getattr(t, name)} must be >= 1: give a positive whole number")
     _check(t.seed >= 0, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337")
-    _check(t.parallel in PARALLEL_MODES,
-           f"train.parallel={t.parallel!r} is not valid: use none (DDP under torchrun), ddp or fsdp")
-    # Newton-Schulz needs whole matrices; FSDP holds only shards of them on each rank.
+    _check(t.parallel in PARALLEL_MODES, f"train.parallel={t.parallel!r} is not valid: use none (DDP under torchrun), "
+                                         f"ddp or fsdp")
     _check(not (t.parallel == "fsdp" and o.name == "muon"),
            "optim=muon does not work with train.parallel=fsdp (Muon needs whole weight matrices): "
            "use optim=adamw with FSDP, or train.parallel=ddp with Muon")
     r = t.resume
     _check(isinstance(r, bool) or (isinstance(r, str) and r.strip() != ""),
            f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
-    if isinstance(r, str) and r.strip().lower() in ("true", "false"):
-        t.resume = r.strip().lower() == "true"
-
+    t.resume = {"true": True, "false": False}.get(r.strip().lower(), r) if isinstance(r, str) else r
     c.data.validate()  # the data package's own checks (no I/O)
-
-    _check(lg.name in LOGGERS, f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
-    _check(lg.mode in WANDB_MODES, f"logger.mode={lg.mode!r} is not valid: use online, offline or disabled")
+    _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
+    _check(lg.mode in ("online", "offline", "disabled"),
+           f"logger.mode={lg.mode!r} is not valid: use online, offline or disabled")
