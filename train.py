@@ -2,9 +2,14 @@
 
 Around Hydra: without CUDA and without `experiment=`, the CPU preset (`experiment=cpu`, said in one line);
 the command line checked before anything runs, so a mistake is one `error: ...` line, exit 2, and no run
-directory; under torchrun every rank runs in rank 0's run directory; SIGINT/SIGTERM exit 130/143.
+directory; a run (a sweep) locks its directory for its life, so two never share one (common/run_lock.py);
+under torchrun every rank runs in rank 0's run directory, which rank 0 locks; SIGINT/SIGTERM exit 130/143.
 """
 from __future__ import annotations
+
+from common.threads import configure_threads
+
+configure_threads()  # before torch is imported (so the imports below come after it): see common/threads.py
 
 import itertools
 import logging
@@ -21,6 +26,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from common import run_lock
 from common.text import one_line
 from training import distributed
 from training.config import check_override, register_configs, to_dataclass
@@ -78,6 +84,39 @@ def main(cfg: DictConfig) -> None:
         sys.exit(result.exit_code)
 
 
+def claim(given: str, key: str, resume: object = None) -> str | None:
+    """Make `given` this process's run (or sweep) directory, locked for the process's life (common/run_lock);
+    else the one-line reason why not. The checks without side effects come first: a refusal leaves no trace."""
+    path = Path(given)
+    if path.resolve() == Path.cwd().resolve():
+        return (f"{key}={given or repr(given)} is the current directory, where the run's files (last.pt, "
+                f"train.log, .hydra/) would mix with yours: give the run a directory of its own, e.g. "
+                f"{key}=runs/demo, or leave {key} out for a new dated one")
+    busy = "wait for it to finish, or choose another " + key
+    for up in (path.resolve(), *path.resolve().parents):  # a live run's or sweep's directory, or one inside it
+        if who := run_lock.holder(up):
+            return (f"{key}={given} is in use by another training run ({who}): {busy}" if up == path.resolve() else
+                    f"{key}={given} is inside {up}, which another training run is using ({who}): {busy}")
+    overwrite = (f"{path} already holds last.pt from an earlier run: continue it with train.resume=true, or "
+                 f"choose another hydra.run.dir (nothing was overwritten)")
+    if resume is False and (path / "last.pt").exists():
+        return overwrite
+    parent = next(d for d in (path, *path.parents) if d.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return f"{key}={path} cannot be created: {parent} is " + (
+            f"not writable: choose another {key} or fix its permissions" if parent.is_dir() else
+            f"a file, not a directory: choose another {key}")
+    try:
+        if not run_lock.acquire(path):
+            print(f"warning: {path} cannot be locked on this filesystem: make sure no other run uses it",
+                  file=sys.stderr, flush=True)
+    except run_lock.DirectoryInUse as e:  # it started a moment ago
+        return f"{key}={given} is in use by another training run ({e}): {busy}"
+    except OSError as e:
+        return f"{key}={path} cannot be created: {e.strerror or e}: choose another {key}"
+    return overwrite if resume is False and (path / "last.pt").exists() else None  # one that ended meanwhile
+
+
 class Checks(Callback):
     """Hydra calls this (conf/config.yaml: hydra.callbacks) with the config it composed, before it makes the
     run directory and writes .hydra/ there. Hydra turns a callback's exception into a warning: hence _fail."""
@@ -93,18 +132,20 @@ class Checks(Callback):
                     config.hydra.run.dir = distributed.broadcast_object(str(config.hydra.run.dir), _dist)
                     if not _dist.is_main:  # rank 0 alone records the config in .hydra/
                         config.hydra.output_subdir = None
-            run_dir = Path(str(config.hydra.run.dir))
         except (ValueError, HydraException, OmegaConfBaseException) as e:
             _fail(e)
-        if c.train.resume is False and (run_dir / "last.pt").exists():
-            _fail(f"{run_dir} already holds last.pt from an earlier run: continue it with train.resume=true, or "
-                  f"choose another hydra.run.dir (nothing was overwritten)")
-        parent = next(d for d in (run_dir, *run_dir.parents) if d.exists())
-        if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-            _fail(f"hydra.run.dir={run_dir} cannot be created: {parent} is " + (
-                "not writable: choose another hydra.run.dir or fix its permissions" if parent.is_dir() else
-                "a file, not a directory: choose another hydra.run.dir"))
+        main_rank = _dist is None or _dist.is_main  # rank 0 claims the directory for the whole job
+        problem = claim(str(config.hydra.run.dir), "hydra.run.dir", c.train.resume) if main_rank else None
+        if _dist is not None:
+            problem = distributed.broadcast_object(problem, _dist)
+        if problem:
+            _fail(problem)
         _say_cpu_preset()
+
+    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
+        """A sweep owns its sweep directory (before multirun.yaml is written): its jobs' directories are inside."""
+        if problem := claim(str(config.hydra.sweep.dir), "hydra.sweep.dir"):
+            _fail(problem)
 
 
 def with_override(args: list[str], override: str) -> list[str]:
@@ -126,6 +167,10 @@ def preflight(args: list[str]) -> None:
         lists = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if multirun and
                  o.is_sweep_override() else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
     except OverrideParseException as e:
+        key, _, value = str(e.override).partition("=")
+        if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
+            _fail(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
+                  f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell to expand")
         _fail(f"cannot read the override {e.override}: {e}")
     except HydraException:  # glob() / interval() sweeps: only Hydra's sweeper expands them
         return
@@ -156,7 +201,7 @@ if __name__ == "__main__":
     if _auto_cpu:
         sys.argv[1:] = with_override(sys.argv[1:], "experiment=cpu")
     preflight(sys.argv[1:])
-    if any(a.startswith("-") for a in sys.argv[1:]):  # a sweep, --cfg job, --info, ...: Checks does not run
+    if any(a.startswith("-") for a in sys.argv[1:]):  # a sweep, --cfg job, --info, ...: no on_run_start
         _say_cpu_preset()
     _raise_hydra_errors = "HYDRA_FULL_ERROR" not in os.environ  # so that a composition error the checks did
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # not foresee is raised to the except below (main() undoes it)

@@ -38,7 +38,8 @@ def _corpus(n_chars: int = 20_000) -> str:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """A project dir with inputs/ (good and bad corpora, bad checkpoints), cache/ and run/ (a real run)."""
+    """A project dir with inputs/ (good and bad corpora, bad checkpoints), cache/, run/ (a real run) and busy/
+    (a run directory this process holds the lock of)."""
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -76,7 +77,10 @@ def project(tmp_path_factory) -> Path:
     last = (p / "run" / "last.pt").read_bytes()
     (inputs / "half.pt").write_bytes(last[: len(last) // 2])
     assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png"} <= {f.name for f in (p / "run").iterdir()}
-    return p
+    from common import run_lock
+    run_lock.acquire(p / "busy")  # a run directory in use (by this process): resuming into it is refused
+    yield p
+    run_lock.release(p / "busy")
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -117,12 +121,23 @@ ROWS = [
      ["model.n_embd=33 is not divisible by model.n_head=2", "choose n_embd as a multiple of n_head"], {}, []),
     ("train-negative-lr", [*TRAIN, "optim.lr=-0.001"],
      ["optim.lr=-0.001 must be a positive number", "e.g. optim.lr=1e-3"], {}, []),
+    ("train-seed-too-large", [*TRAIN, "train.seed=99999999999999999999"],
+     ["train.seed=99999999999999999999 is too large", "from 0 to 4294967295", "e.g. train.seed=1337"], {}, []),
+    ("train-unquoted-tilde", ["train.py", *TINY, "data=text", "data.path=~/corpus.txt"],
+     ["cannot read the override data.path=~/corpus.txt", "write \"data.path='~/corpus.txt'\"",
+      "data.path=$HOME/corpus.txt"], {}, []),
     # --- training: the run directory
     ("train-run-dir-under-a-file", [*TRAIN, "hydra.run.dir={inputs}/corpus.txt/run"],
      ["hydra.run.dir={inputs}/corpus.txt/run cannot be created", "{inputs}/corpus.txt is a file",
       "choose another hydra.run.dir"], {}, []),
     ("train-existing-run-without-resume", [*TRAIN, "hydra.run.dir={run}"],
      ["{run} already holds last.pt", "continue it with train.resume=true", "choose another hydra.run.dir"], {}, []),
+    ("train-run-dir-in-use", [*TRAIN, "hydra.run.dir={busy}", "train.resume=true"],
+     ["hydra.run.dir={busy} is in use by another training run (pid {pid} on host", "wait for it to finish",
+      "choose another hydra.run.dir"], {}, []),
+    ("train-run-dir-is-cwd", [*TRAIN, "hydra.run.dir="],
+     ["hydra.run.dir='' is the current directory", "give the run a directory of its own", "hydra.run.dir=runs/demo"],
+     {}, []),
     # --- training: resuming
     ("train-resume-other-shape", [*TRAIN, "model.n_layer=3", "train.resume={run}/last.pt"],
      ["the model does not match the checkpoint", "n_layer=3", "resume with the checkpoint's model settings",
@@ -162,7 +177,8 @@ ROWS = [
 def test_mistake_gives_one_error_line_and_damages_nothing(project, row_id, argv, words, env_extra, env_unset):
     cwd = project / "scratch" / row_id  # an empty directory (sample-no-run relies on it)
     cwd.mkdir(parents=True)
-    fill = {"inputs": str(project / "inputs"), "run": str(project / "run"), "cwd": str(cwd)}
+    fill = {"inputs": str(project / "inputs"), "run": str(project / "run"), "cwd": str(cwd),
+            "busy": str(project / "busy"), "pid": str(os.getpid())}
     argv = [a.format(**fill) for a in argv]
     words = [w.format(**fill) for w in words]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",

@@ -143,3 +143,117 @@ def test_sweep_gets_one_run_dir_per_job(tmp_path, tiny_corpus):
     assert [p.name for p in runs] == ["0", "1"]
     lrs = [ck.load_checkpoint(p / "last.pt")["config"]["optim"]["lr"] for p in runs]
     assert lrs == [1e-3, 3e-3]
+
+
+def test_threads_are_configured_before_torch_is_imported():
+    """train.py sets OMP_WAIT_POLICY (common/threads.py) before anything imports torch; the user's value wins."""
+    spy = ("import os, sys\nseen = []\n"
+           "class Spy:\n"
+           "    def find_spec(self, name, path=None, target=None):\n"
+           "        if name == 'torch' and not seen:\n"
+           "            seen.append(os.environ.get('OMP_WAIT_POLICY', 'unset'))\n"
+           "sys.meta_path.insert(0, Spy())\n"
+           "import train\nprint(seen)\n")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    for given, want in ((None, "['PASSIVE']"), ("ACTIVE", "['ACTIVE']")):
+        proc = subprocess.run([sys.executable, "-c", spy], cwd=REPO, capture_output=True, text=True, timeout=120,
+                              env=dict(env, **({"OMP_WAIT_POLICY": given} if given else {})))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip().splitlines()[-1] == want
+
+
+@pytest.mark.parametrize("given, shown", [("", "''"), (".", ".")])
+def test_run_dir_that_is_the_current_directory_is_refused(tmp_path, given, shown):
+    before = sorted(p.name for p in tmp_path.iterdir())
+    proc = run_cli(["train.py", "experiment=cpu", f"hydra.run.dir={given}"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    _no_traceback(proc)
+    assert proc.stderr.strip().splitlines() == [
+        f"error: hydra.run.dir={shown} is the current directory, where the run's files (last.pt, train.log, "
+        f".hydra/) would mix with yours: give the run a directory of its own, e.g. hydra.run.dir=runs/demo, or "
+        f"leave hydra.run.dir out for a new dated one"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written
+
+
+def _wait_for(proc, text: str, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    for line in proc.stdout:
+        if text in line or time.time() > deadline:
+            return
+    raise AssertionError(f"exit {proc.wait()}: {proc.stderr.read()}")
+
+
+@pytest.mark.slow
+def test_a_running_run_owns_its_directory(tmp_path, tiny_corpus):
+    """A second run into a live run's directory (resuming or not) is refused naming the live one; once that
+    one is killed (SIGKILL: the kernel drops its lock) a new run takes over and resumes, and sample.py still
+    finds the run (the .lock file is in nobody's way). The live run reads data.path='~/corpus.txt' (quoted ~)."""
+    (tmp_path / "corpus.txt").write_bytes(tiny_corpus.read_bytes())
+    args = [*TINY, "data=text", "data.path='~/corpus.txt'", "train.eval_interval=2", "hydra.run.dir=outputs/run"]
+    home = {"HOME": str(tmp_path)}
+    first = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, "train.max_iters=100000"], cwd=tmp_path,
+                             env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **home),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(first, "step 4/")  # under way, last.pt written at step 2
+        log = (tmp_path / "outputs/run/train.log").read_text()
+        for extra in ([], ["train.resume=true"]):
+            proc = run_cli(["train.py", *args, "train.max_iters=4", *extra], cwd=tmp_path, timeout=120, env=home)
+            assert proc.returncode == 2
+            _no_traceback(proc)
+            error = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+            assert error == [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:], proc.stderr
+            assert error[0].startswith("error: hydra.run.dir=outputs/run is in use by another training run (pid "
+                                       f"{first.pid} on host ") and "choose another hydra.run.dir" in error[0]
+        assert (tmp_path / "outputs/run/train.log").read_text().startswith(log)  # the refusals wrote nothing
+    finally:
+        first.kill()
+        first.wait()
+    step = ck.load_checkpoint(tmp_path / "outputs/run/last.pt")["step"]
+    proc = run_cli(["train.py", *args, "train.resume=true", f"train.max_iters={step + 2}"], cwd=tmp_path, env=home)
+    assert proc.returncode == 0, proc.stderr
+    assert ck.load_checkpoint(tmp_path / "outputs/run/last.pt")["step"] == step + 2
+    assert f'"pid": {first.pid},' not in (tmp_path / "outputs/run/.lock").read_text()
+    proc = run_cli(["sample.py", "--max-new-tokens", "5"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"using {os.path.join('outputs', 'run', 'last.pt')}" in proc.stderr or "outputs/run" in proc.stderr
+
+
+def test_a_sweep_owns_its_sweep_directory(tmp_path):
+    """A sweep, or a single run into one of its job directories, is refused while another sweep holds it."""
+    from common import run_lock
+    run_lock.acquire(tmp_path / "sweep")
+    try:
+        proc = run_cli(["train.py", "-m", "experiment=cpu", "optim.lr=1e-3,3e-3", "hydra.sweep.dir=sweep"],
+                       cwd=tmp_path, timeout=120)
+        assert proc.returncode == 2
+        assert proc.stderr.strip().splitlines()[-1].startswith(
+            f"error: hydra.sweep.dir=sweep is in use by another training run (pid {os.getpid()} on host ")
+        proc = run_cli(["train.py", "experiment=cpu", "hydra.run.dir=sweep/0"], cwd=tmp_path, timeout=120)
+        assert proc.returncode == 2
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith(f"error: hydra.run.dir=sweep/0 is inside {tmp_path.resolve() / 'sweep'}, which "
+                               f"another training run is using (pid {os.getpid()} on host "), last
+        assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == [".lock"]  # nothing written
+    finally:
+        run_lock.release(tmp_path / "sweep")
+
+
+@pytest.mark.slow
+def test_torchrun_ranks_share_rank_0s_lock_and_its_refusal(tmp_path):
+    """Rank 0 alone claims the run directory; when it is in use, every rank says so and nothing is written."""
+    from common import run_lock
+    run_lock.acquire(tmp_path / "run")
+    try:
+        proc = run_cli(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(REPO / "train.py"),
+                        *TINY, "experiment=cpu", "hydra.run.dir=run", "train.resume=true"], cwd=tmp_path, timeout=240,
+                       env={"OMP_NUM_THREADS": "1"})
+        assert proc.returncode != 0
+        errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
+        refusal = f"hydra.run.dir=run is in use by another training run (pid {os.getpid()} on host "
+        assert len(errors) == 2, proc.stderr
+        assert sum(e.startswith(f"error: {refusal}") for e in errors) == 1, errors
+        assert sum(e.startswith(f"error: [rank 1] {refusal}") for e in errors) == 1, errors
+        assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock"]
+    finally:
+        run_lock.release(tmp_path / "run")

@@ -89,11 +89,26 @@ def test_unknown_preset():
     ("model.dropout=1.0", "model.dropout=1.0 is outside"),
     ("logger.mode=loud", "logger.mode='loud' is not valid"),
     ("data=text", "data=text needs your text"),
+    ("train.seed=-1", "train.seed=-1 must be >= 0: e.g. train.seed=1337"),
+    ("train.seed=4294967296", "train.seed=4294967296 is too large: use a whole number from 0 to 4294967295"),
+    ("train.seed=99999999999999999999", "train.seed=99999999999999999999 is too large"),
 ])
 def test_invalid_values_are_one_line_value_errors(override, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")) as info:
         to_dataclass(_compose(override))
     assert "\n" not in str(info.value)
+
+
+def test_every_seed_the_loop_can_use_is_accepted():
+    """The loop seeds torch, random and numpy with train.seed (numpy's range, 0..2**32-1, is the narrowest)."""
+    import numpy as np
+    import torch
+    for seed in (0, 4294967295):
+        assert to_dataclass(_compose(f"train.seed={seed}")).train.seed == seed
+        torch.Generator().manual_seed(seed + 7)  # as torch.manual_seed(seed + rank) for rank 7's dropout
+        np.random.RandomState(seed)  # as np.random.seed(seed), without touching the global state
+    with pytest.raises(ValueError):
+        np.random.RandomState(4294967296)
 
 
 def test_multi_type_keys_are_normalised():

@@ -25,6 +25,7 @@ DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 OPTIMIZERS = ("adamw", "muon")
 PARALLEL_MODES = ("none", "ddp", "fsdp")
+SEED_MAX = 2**32 - 1  # numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
 
 
 @dataclass
@@ -204,7 +205,8 @@ def validate(c: Config) -> None:
     t.compile = normalize_compile(t.compile)
     for name in ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"):
         _check(getattr(t, name) >= 1, f"train.{name}={getattr(t, name)} must be >= 1: give a positive whole number")
-    _check(t.seed >= 0, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337")
+    _check(0 <= t.seed <= SEED_MAX, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337" if t.seed < 0 else
+           f"train.seed={t.seed} is too large: use a whole number from 0 to {SEED_MAX}, e.g. train.seed=1337")
     _check(t.parallel in PARALLEL_MODES, f"train.parallel={t.parallel!r} is not valid: use none (DDP under torchrun), "
                                          f"ddp or fsdp")
     _check(not (t.parallel == "fsdp" and o.name == "muon"),
