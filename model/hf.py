@@ -1,7 +1,9 @@
-"""The Hugging Face GPT-2 format, read locally (no network, no transformers package) for GPT.from_pretrained.
+"""The Hugging Face GPT-2 format both ways, locally (no network, no transformers package): read for
+GPT.from_pretrained, written for export.py.
 
-Our module names are GPT-2's, so the mapping is small: HF's Conv1D weights are stored (in, out) and get
-transposed to nn.Linear's (out, in). Weights are read as tensors only (safetensors or weights_only).
+Our module names are GPT-2's, so the mapping is small: HF's Conv1D weights are stored (in, out), nn.Linear's
+(out, in). Weights are read as tensors only (safetensors or weights_only). HF's GPT-2 always has biases and
+no padded vocabulary rows, so an export adds zero biases (bias=false) and drops the padding.
 """
 from __future__ import annotations
 
@@ -108,3 +110,47 @@ def check_weights(sd: dict, expected: dict, path) -> None:
     if missing or unexpected or wrong:
         raise ValueError(f"weights in {path} do not match config.json: missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]}")
+
+
+def hf_config(config: GPTConfig, vocab_size: int) -> dict:
+    """config.json for transformers' GPT2LMHeadModel with this model's shape and the real (unpadded) vocabulary."""
+    eot = vocab_size - 1 if vocab_size == 50257 else None  # GPT-2 BPE: <|endoftext|> begins and ends texts
+    return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": vocab_size,
+            "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
+            "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": None,
+            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+            "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
+            "tie_word_embeddings": config.tie_weights, "bos_token_id": eot, "eos_token_id": eot,
+            "torch_dtype": "float32"}
+
+
+def to_hf_state_dict(model, vocab_size: int) -> dict:
+    """`model`'s weights in GPT2LMHeadModel's names and layouts (float32, CPU): Conv1D weights transposed,
+    padded vocabulary rows dropped, zero biases where the model has none, the head stored only when untied."""
+    c = model.config
+    assert 1 <= vocab_size <= c.vocab_size, (vocab_size, c.vocab_size)
+    out = {}
+    for key, t in model.state_dict().items():
+        t = t.detach().to("cpu", torch.float32)
+        if key == "lm_head.weight" and c.tie_weights:
+            continue  # HF ties it to wte on load
+        if key in ("lm_head.weight", "transformer.wte.weight"):
+            t = t[:vocab_size]
+        out[key] = (t.t() if key.endswith(_CONV1D) else t).contiguous().clone()  # own storage: safetensors
+    if not c.bias:  # zeros compute the same function as no bias
+        widths = {"ln_1": c.n_embd, "ln_2": c.n_embd, "attn.c_attn": 3 * c.n_embd, "attn.c_proj": c.n_embd,
+                  "mlp.c_fc": 4 * c.n_embd, "mlp.c_proj": c.n_embd}
+        for i in range(c.n_layer):
+            out.update({f"transformer.h.{i}.{name}.bias": torch.zeros(n) for name, n in widths.items()})
+        out["transformer.ln_f.bias"] = torch.zeros(c.n_embd)
+    return out
+
+
+def write_pretrained(model, vocab_size: int, out_dir) -> list[Path]:
+    """config.json + model.safetensors in `out_dir` (created): what GPT2LMHeadModel.from_pretrained reads."""
+    from safetensors.torch import save_file
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(hf_config(model.config, vocab_size), indent=2) + "\n")
+    save_file(to_hf_state_dict(model, vocab_size), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return [out_dir / "config.json", out_dir / "model.safetensors"]

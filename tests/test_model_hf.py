@@ -1,5 +1,11 @@
-"""GPT.from_pretrained: a transformers GPT2LMHeadModel saved locally loads with identical logits (no network)."""
+"""model.hf both ways: a transformers GPT2LMHeadModel saved locally loads with identical logits (no network),
+and write_pretrained's export loads into transformers with no missing or unexpected weights.
+
+`load_hf` (transformers' loader, failing on any load-report warning) is shared with test_export.
+"""
+import io
 import json
+import logging
 import sys
 
 import pytest
@@ -8,9 +14,6 @@ import torch
 from model import GPT
 
 transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
-
-
-
 
 HF_CONFIG = dict(n_embd=32, n_layer=2, n_head=2, n_positions=32, vocab_size=100, bos_token_id=0, eos_token_id=0)
 
@@ -119,3 +122,52 @@ def test_loaded_model_generates_like_hf_greedy(hf_model, tmp_path):
     for _ in range(10):  # HF greedy by hand (no generate() config surprises)
         seq = torch.cat([seq, hf_logits(hf_model, seq)[:, -1].argmax(-1, keepdim=True)], 1)
     assert torch.equal(ours, seq)
+
+
+# ------------------------------------------------------------------------------- tinygpt -> Hugging Face
+def load_hf(path):
+    """GPT2LMHeadModel.from_pretrained(path), asserting that nothing was missing, unexpected or mismatched
+    (both in its loading info and in what transformers logs)."""
+    log, handler = logging.getLogger("transformers"), logging.StreamHandler(buf := io.StringIO())
+    log.addHandler(handler)
+    try:
+        model, info = transformers.GPT2LMHeadModel.from_pretrained(path, output_loading_info=True)
+    finally:
+        log.removeHandler(handler)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys", "error_msgs")), info
+    assert not any(w in buf.getvalue().lower() for w in ("missing", "unexpected", "mismatch")), buf.getvalue()
+    return model.eval()
+
+
+def test_hf_round_trip(hf_model, tmp_path):
+    from model.hf import write_pretrained
+    hf_model.save_pretrained(tmp_path / "in")
+    ours = GPT.from_pretrained(tmp_path / "in")
+    write_pretrained(ours, ours.config.vocab_size, tmp_path / "out")
+    back = load_hf(tmp_path / "out")
+    assert_parity(back, ours)
+    original = hf_model.state_dict()
+    assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
+
+
+@pytest.mark.parametrize("bias,tie", [(False, True), (True, False), (False, False)])
+def test_export_bias_free_padded_untied(tmp_path, bias, tie):
+    from model import GPTConfig
+    from model.hf import write_pretrained
+    torch.manual_seed(2)
+    ours = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=bias, tie_weights=tie))
+    with torch.no_grad():
+        for p in ours.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    names = [p.name for p in write_pretrained(ours.eval(), 60, tmp_path)]  # 4 padded vocabulary rows
+    assert names == ["config.json", "model.safetensors"]
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert (cfg["vocab_size"], cfg["n_positions"], cfg["activation_function"], cfg["tie_word_embeddings"]) == (
+        60, 16, "gelu_new", tie)
+    hf = load_hf(tmp_path)
+    assert hf.config.vocab_size == 60 and (hf.lm_head.weight is hf.transformer.wte.weight) == tie
+    if not bias:
+        assert not hf.transformer.h[1].mlp.c_fc.bias.any() and not hf.transformer.ln_f.bias.any()
+    idx = torch.randint(0, 60, (2, 16), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert (ours(idx)[0][..., :60] - hf(idx).logits).abs().max() <= 1e-5

@@ -1,0 +1,187 @@
+"""Score a text file with a trained model: `python eval.py --file TEXT --run RUN_DIR` (see --help).
+
+Mean next-token cross-entropy, perplexity and bits per byte. A text longer than the context is scored
+with overlapping windows (Hugging Face's strided-perplexity scheme): every token once, with the context its
+window gives. The text is read and checked before torch is imported; a mistake is one `error: ...` line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from common.text import one_line
+
+EXIT_USAGE = 2
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one `error: ...` line instead of usage + message
+        raise ValueError(f"{message} (see python eval.py --help)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _ArgumentParser(description="Mean next-token cross-entropy (nats/token), perplexity and bits per byte "
+                        "of a UTF-8 text file. The first token has no context, so it is not scored and its "
+                        "bytes are not counted: bits per byte = total nats / ln 2 / UTF-8 bytes of the scored "
+                        "tokens.")
+    p.add_argument("--file", required=True, metavar="TEXT", help="UTF-8 text file to score")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
+    src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
+    src.add_argument("--hf", metavar="DIR", help="local Hugging Face GPT-2 directory (GPT-2 BPE, or the "
+                     "vocab.json of a char model exported by export.py)")
+    p.add_argument("--stride", type=int, metavar="N", help="tokens between window starts on texts longer than "
+                   "the context (default: half the context; smaller = more context per token, slower)")
+    p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
+    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
+    p.add_argument("--json", action="store_true", help="print one JSON object: loss, perplexity, bits_per_byte, "
+                   "tokens, bytes")
+    args = p.parse_args(argv)
+    if args.stride is not None and args.stride < 1:
+        raise ValueError(f"--stride {args.stride} is invalid: use a whole number >= 1 (at most the context length)")
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size {args.batch_size} is invalid: use 1 or more")
+    return args
+
+
+def read_text(path: str) -> str:
+    try:
+        data = Path(path).read_bytes()
+    except FileNotFoundError:
+        raise FileNotFoundError(f"--file {path} does not exist: check the path") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"--file {path} is a directory: give a text file") from None
+    if not data:
+        raise ValueError(f"--file {path} is empty: give a text file with something to score")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"--file {path} is not UTF-8 text (invalid byte at offset {e.start}): "
+                         "save it as UTF-8") from None
+
+
+def windows(n_inputs: int, block_size: int, stride: int) -> list[tuple[int, int, int]]:
+    """(begin, length, first scored) of each window over `n_inputs` positions: inputs ids[begin:begin+length]
+    predict ids[begin+1:begin+length+1]; positions before `first scored` were scored by an earlier window."""
+    assert 1 <= stride <= block_size and n_inputs >= 1, (stride, block_size, n_inputs)
+    out, begin, done = [], 0, 0
+    while done < n_inputs:
+        length = min(block_size, n_inputs - begin)
+        out.append((begin, length, done - begin))
+        done, begin = begin + length, begin + stride
+    return out
+
+
+def token_losses(model, ids, *, stride: int | None = None, batch_size: int = 8, vocab_limit: int | None = None,
+                 progress: bool = False):
+    """Cross-entropy (nats, float64, CPU) of each of ids[1:] given the tokens before it in its window.
+    `vocab_limit`: the softmax runs over ids < vocab_limit only (padded vocabulary rows are no tokens)."""
+    import torch
+    import torch.nn.functional as F
+    from tqdm import tqdm
+    device = next(model.parameters()).device
+    ids = torch.as_tensor(ids, dtype=torch.long)
+    T = model.config.block_size
+    spans = windows(len(ids) - 1, T, stride or max(1, T // 2))
+    losses = torch.full((len(ids) - 1,), float("nan"), dtype=torch.float64)
+    with torch.inference_mode(), tqdm(total=len(spans), unit="window", file=sys.stderr, leave=False,
+                                      disable=not progress or len(spans) <= batch_size) as bar:
+        for i in range(0, len(spans), batch_size):
+            batch = spans[i:i + batch_size]
+            width = max(length for _, length, _ in batch)
+            x = torch.zeros(len(batch), width, dtype=torch.long)
+            y = torch.full((len(batch), width), -1, dtype=torch.long)  # -1: not scored here
+            for row, (begin, length, first) in enumerate(batch):
+                x[row, :length] = ids[begin:begin + length]
+                y[row, first:length] = ids[begin + 1 + first:begin + 1 + length]
+            logits = model(x.to(device))[0][..., :vocab_limit].float()
+            nll = F.cross_entropy(logits.transpose(1, 2), y.to(device), ignore_index=-1, reduction="none").cpu()
+            for row, (begin, length, first) in enumerate(batch):
+                losses[begin + first:begin + length] = nll[row, first:length].double()
+            bar.update(len(batch))
+    assert not losses.isnan().any(), "a token was left unscored"
+    return losses
+
+
+def summarize(losses, ids, byte_lengths) -> dict:
+    """The figures eval.py prints: loss, perplexity, bits_per_byte, tokens and bytes (of the scored tokens)."""
+    import torch
+    total, n_bytes = losses.sum().item(), int(byte_lengths[torch.as_tensor(ids[1:])].sum())
+    return {"loss": total / len(losses), "perplexity": math.exp(total / len(losses)),
+            "bits_per_byte": total / math.log(2) / n_bytes if n_bytes else None,
+            "tokens": len(losses), "bytes": n_bytes}
+
+
+def load_hf(path: str):
+    """GPT.from_pretrained + its tokenizer: a char vocab.json (export.py's) when there is no merges.txt, else GPT-2."""
+    from data.tokenizer import CharTokenizer, GPT2Tokenizer
+    from model import GPT
+    model, d = GPT.from_pretrained(path), Path(path)
+    if (d / "vocab.json").is_file() and not (d / "merges.txt").is_file():
+        vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+        tokenizer = CharTokenizer(vocab)
+        if tokenizer.stoi != vocab:
+            raise ValueError(f"{d / 'vocab.json'} is not a char vocabulary written by export.py: its ids are not "
+                             "the sorted characters")
+        return model, tokenizer
+    return model, GPT2Tokenizer()
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    text = read_text(args.file)
+    from checkpoint.locate import check_vocab, load_for_inference, resolve_checkpoint
+    from data.tokenizer import token_bytes, tokenizer_from_dict
+    from model.device import resolve_device
+    device = resolve_device(args.device, setting="--device")
+    if args.hf is not None:
+        model, tokenizer = load_hf(args.hf)
+    else:
+        model, tokenizer_dict, _ = load_for_inference(resolve_checkpoint(args.run, args.checkpoint, "--hf DIR"))
+        tokenizer = tokenizer_from_dict(tokenizer_dict)
+    check_vocab(tokenizer.vocab_size, model)
+    try:
+        ids = tokenizer.encode_ordinary(text)
+    except ValueError as e:  # a char model meeting characters it never saw: the message names them
+        raise ValueError(f"cannot score --file {args.file}: {e}") from None
+    if len(ids) < 2:
+        raise ValueError(f"--file {args.file} is a single token: nothing to score (the first token has no "
+                         "context): give a longer text")
+    T = model.config.block_size
+    if args.stride is not None and args.stride > T:
+        raise ValueError(f"--stride {args.stride} is larger than the model's context of {T}: tokens would be "
+                         f"skipped; use at most --stride {T}")
+    losses = token_losses(model.to(device), ids, stride=args.stride, batch_size=args.batch_size,
+                          vocab_limit=tokenizer.vocab_size, progress=True)
+    r = summarize(losses, ids, token_bytes(tokenizer))
+    if args.json:
+        print(json.dumps(r))
+    else:
+        bpb = "n/a (no bytes)" if r["bits_per_byte"] is None else f"{r['bits_per_byte']:.4f}"
+        print(f"loss {r['loss']:.4f} nats/token | perplexity {r['perplexity']:.3f} | bits per byte {bpb}\n"
+              f"scored {r['tokens']:,} tokens ({r['bytes']:,} bytes; the first token has no context and is not "
+              f"scored) with context {T}, stride {args.stride or max(1, T // 2)}, on {device}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, OSError) as e:
+        from_os = isinstance(e, OSError) and e.strerror and e.filename  # e.g. permission denied: name the file
+        print("error: " + (f"{e.filename}: {e.strerror}" if from_os else one_line(e)), file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeError as e:  # running out of (GPU) memory is a resource problem, not a bug: one line
+        if "out of memory" not in str(e).lower() and "can't allocate memory" not in str(e).lower():
+            raise
+        print("error: out of memory while scoring: use a smaller --batch-size, or another --device", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""Export a trained tinygpt model to Hugging Face: `python export.py --hf OUT_DIR --run RUN_DIR` (see --help).
+
+Writes config.json + model.safetensors (transformers' GPT2LMHeadModel) and the tokenizer files into a temp
+directory beside OUT_DIR, then renames it into place: a failure never leaves a half-written OUT_DIR.
+Arguments and OUT_DIR are checked before torch is imported; a mistake is one `error: ...` line, exit 2.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from pathlib import Path
+
+from common.text import one_line
+
+EXIT_USAGE = 2
+
+
+class _ArgumentParser(argparse.ArgumentParser):
+    def error(self, message):  # one `error: ...` line instead of usage + message
+        raise ValueError(f"{message} (see python export.py --help)")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = _ArgumentParser(description="Export a tinygpt checkpoint as a Hugging Face GPT-2 directory "
+                        "(config.json, model.safetensors and the tokenizer files), loadable with "
+                        "transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR).")
+    p.add_argument("--hf", required=True, metavar="OUT_DIR", help="directory to write (created)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
+    src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
+    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty")
+    return p.parse_args(argv)
+
+
+def check_out_dir(out: Path, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--hf {out} is a file: give a directory to write the model into")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise FileExistsError(f"--hf {out} is not empty: choose a new directory, or pass --force to replace it")
+
+
+def write_export(model, tokenizer, out: Path) -> list[str]:
+    """Everything HF needs into `out` (an empty directory); the names of the files written."""
+    from data.hf_tokenizer import write_char_vocab, write_hf_tokenizer
+    from model.hf import write_pretrained
+    files = write_pretrained(model, tokenizer.vocab_size, out)
+    if tokenizer.to_dict()["type"] == "gpt2":
+        files += write_hf_tokenizer(out, model_max_length=model.config.block_size)
+    else:
+        files.append(write_char_vocab(tokenizer, out))
+    return [f.name for f in files]
+
+
+def replace_dir(tmp: Path, out: Path) -> None:
+    """Move the finished `tmp` to `out`; an existing `out` (--force) is removed only once `tmp` is in place."""
+    old = out.with_name(f".{out.name}.old-{os.getpid()}")
+    if out.exists():
+        os.replace(out, old)
+    try:
+        os.replace(tmp, out)
+    except OSError:
+        if old.exists():
+            os.replace(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.hf).expanduser()
+    check_out_dir(out, args.force)
+    from checkpoint.locate import check_vocab, load_for_inference, resolve_checkpoint
+    path = resolve_checkpoint(args.run, args.checkpoint)
+    if out.resolve() in Path(path).resolve().parents:  # --force would delete the checkpoint itself
+        raise ValueError(f"--hf {out} holds the checkpoint {path}: export into another directory")
+    model, tokenizer_dict, _ = load_for_inference(path)
+    from data.tokenizer import tokenizer_from_dict
+    tokenizer = tokenizer_from_dict(tokenizer_dict)
+    check_vocab(tokenizer.vocab_size, model)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        tmp.mkdir()
+        names = write_export(model, tokenizer, tmp)
+        replace_dir(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    padded = model.config.vocab_size - tokenizer.vocab_size
+    print(f"wrote {out}: {', '.join(names)} ({tokenizer.describe()}"
+          + (f"; {padded} padded vocabulary rows dropped" if padded else "") + ")")
+    tok = ("AutoTokenizer.from_pretrained(d)" if tokenizer.to_dict()["type"] == "gpt2"
+           else "the characters' ids in vocab.json (docs/export_eval.md)")
+    print(f"load it with transformers: GPT2LMHeadModel.from_pretrained(d) and {tok}, d = {str(out)!r}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except (ValueError, OSError) as e:
+        from_os = isinstance(e, OSError) and e.strerror and e.filename  # e.g. permission denied: name the file
+        print("error: " + (f"{e.filename}: {e.strerror}" if from_os else one_line(e)), file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""eval.py: the loss equals a direct computation, sliding windows score every token exactly once (checked
+against a brute-force per-token computation), bits per byte counts the scored tokens' bytes, and bad input
+is one error line."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval as eval_cli
+from tests.helpers import run_cli
+from tests.test_checkpoint_locate import assert_one_error, save_run, tiny_model
+
+KEYS = {"loss", "perplexity", "bits_per_byte", "tokens", "bytes"}
+
+
+@pytest.fixture
+def char_run(tmp_path, tiny_corpus):
+    """(checkpoint path, model with 3 padded vocabulary rows, tokenizer); the vocabulary includes 'é'."""
+    from data.tokenizer import CharTokenizer
+    tok = CharTokenizer(set(tiny_corpus.read_text()) | {"é"})
+    model = tiny_model(tok.vocab_size + 3)
+    return save_run(tmp_path / "run", model, tok), model, tok
+
+
+def eval_json(capsys, tmp_path, text: str, *args) -> dict:
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    code = eval_cli.main(["--file", str(tmp_path / "text.txt"), "--json", *map(str, args)])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    result = json.loads(out)
+    assert set(result) == KEYS
+    return result
+
+
+def test_windows_score_every_target_once():
+    for n in range(1, 30):
+        for T in range(1, 7):
+            for stride in range(1, T + 1):
+                spans = eval_cli.windows(n, T, stride)
+                scored = [p for begin, length, first in spans for p in range(begin + first, begin + length)]
+                assert scored == list(range(n)), (n, T, stride)
+                assert all(length <= T and 0 <= first < length for _, length, first in spans)
+                # context of a scored position p (target p + 1): p - begin + 1 tokens, as many as the window gives
+                assert all(p - b + 1 >= min(p + 1, T - stride + 1)
+                           for b, length, first in spans for p in range(b + first, b + length))
+
+
+def test_one_window_equals_direct_loss(tmp_path, capsys, char_run):
+    path, model, tok = char_run
+    text = "KING:\nGood café"  # 15 tokens: 14 inputs, within the context of 16
+    r = eval_json(capsys, tmp_path, text, "--checkpoint", path)
+    ids = torch.tensor([tok.encode(text)])
+    with torch.no_grad():
+        logits = model(ids[:, :-1])[0][..., :tok.vocab_size]  # padded rows are no tokens
+    direct = F.cross_entropy(logits[0], ids[0, 1:]).item()
+    assert r["loss"] == pytest.approx(direct, abs=1e-6) and r["perplexity"] == pytest.approx(math.exp(direct))
+    assert (r["tokens"], r["bytes"]) == (14, 15)  # the first token "K" is not scored; "é" is 2 bytes
+    assert r["bits_per_byte"] == pytest.approx(direct * 14 / math.log(2) / 15)
+    unpadded = tiny_model(tok.vocab_size, seed=3)  # no padding: exactly the model's own loss
+    r = eval_json(capsys, tmp_path, text, "--checkpoint", save_run(tmp_path / "run2", unpadded, tok))
+    with torch.no_grad():
+        assert r["loss"] == pytest.approx(unpadded(ids[:, :-1], ids[:, 1:])[1].item(), abs=1e-6)
+
+
+def brute_force(model, ids, T, stride, vocab):
+    """Target t's loss given ids[begin:t], begin = the start of the first HF window that reaches t."""
+    out = []
+    for t in range(1, len(ids)):
+        begin = max(0, math.ceil((t - T) / stride)) * stride
+        with torch.no_grad():
+            logits = model(torch.tensor([ids[begin:t]]))[0][0, -1, :vocab]
+        out.append(F.cross_entropy(logits, torch.tensor(ids[t])).item())
+    return torch.tensor(out, dtype=torch.float64)
+
+
+def test_sliding_windows_match_brute_force(tmp_path, capsys, char_run, tiny_corpus):
+    path, _, tok = char_run
+    model = tiny_model(tok.vocab_size + 3, seed=1, block_size=8)
+    ids = tok.encode(tiny_corpus.read_text()[:41])
+    for stride in (1, 3, 8):
+        expected = brute_force(model, ids, 8, stride, tok.vocab_size)
+        for batch_size in (1, 4):
+            got = eval_cli.token_losses(model, ids, stride=stride, batch_size=batch_size, vocab_limit=tok.vocab_size)
+            assert got.shape == (40,) and (got - expected).abs().max() <= 1e-5
+    # the CLI on a text of many windows: every token counted once, the mean is the per-token mean
+    text = tiny_corpus.read_text()[:500]
+    r = eval_json(capsys, tmp_path, text, "--checkpoint", path, "--stride", 5, "--batch-size", 16)
+    ids = tok.encode(text)
+    expected = brute_force(char_run[1], ids, 16, 5, tok.vocab_size)
+    assert (r["tokens"], r["bytes"]) == (499, 499) and r["loss"] == pytest.approx(expected.mean().item(), abs=1e-6)
+
+
+def test_bpe_bytes_and_hf_round_trip(tmp_path, capsys, cache_with_gpt2):
+    from data.tokenizer import GPT2Tokenizer
+    from model.hf import write_pretrained
+    tok = GPT2Tokenizer()
+    model = tiny_model(50304, n_embd=8)  # padded like the gpt2 preset
+    path = save_run(tmp_path, model, tok)
+    text = "Ünïcode first. Then plain text, long enough for two windows of sixteen tokens: " * 2
+    ids = tok.encode_ordinary(text)
+    r = eval_json(capsys, tmp_path, text, "--checkpoint", path, "--batch-size", 2)
+    assert r["tokens"] == len(ids) - 1 > 16
+    assert r["bytes"] == len(text.encode()) - len(tok.decode_bytes(ids[:1]))  # the first token's bytes: not counted
+    assert r["bits_per_byte"] == pytest.approx(r["loss"] * r["tokens"] / math.log(2) / r["bytes"])
+    write_pretrained(model, tok.vocab_size, tmp_path / "hf")
+    assert eval_json(capsys, tmp_path, text, "--hf", tmp_path / "hf") == pytest.approx(r, rel=1e-6)
+
+
+def test_char_export_round_trip(tmp_path, capsys, char_run, tiny_corpus):
+    import export
+    path = char_run[0]
+    assert export.main(["--hf", str(tmp_path / "hf"), "--checkpoint", str(path)]) == 0
+    capsys.readouterr()
+    text = tiny_corpus.read_text()[:100]
+    r = eval_json(capsys, tmp_path, text, "--checkpoint", path)
+    assert eval_json(capsys, tmp_path, text, "--hf", tmp_path / "hf") == pytest.approx(r, rel=1e-6)
+
+
+def test_bad_options(tmp_path, capsys, char_run):
+    (tmp_path / "t.txt").write_text("KING:\nGood night")
+    for args, words in ((["--stride", "0"], "--stride 0 is invalid"), (["--batch-size", "0"], "--batch-size 0"),
+                        (["--stride", "17"], "--stride 17 is larger than the model's context of 16")):
+        assert eval_cli.main(["--file", "t.txt", "--checkpoint", str(char_run[0]), *args]) == 2
+        assert capsys.readouterr().err.startswith(f"error: {words}")
+    (tmp_path / "t.txt").write_text("K")
+    assert eval_cli.main(["--file", "t.txt", "--checkpoint", str(char_run[0])]) == 2
+    assert "is a single token: nothing to score" in capsys.readouterr().err
+
+
+def test_bad_input_cli(tmp_path, char_run):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    (tmp_path / "latin1.txt").write_bytes("KING: caf".encode() + "é".encode("latin-1") + b"!")
+    (tmp_path / "foreign.txt").write_text("KING: Ωmega €5", encoding="utf-8")
+    ckpt = ["--checkpoint", str(char_run[0])]
+    cases = [(["--file", "empty.txt", *ckpt], ["--file empty.txt is empty"]),
+             (["--file", "latin1.txt", *ckpt], ["--file latin1.txt is not UTF-8 text (invalid byte at offset 9)"]),
+             (["--file", "missing.txt", *ckpt], ["--file missing.txt does not exist"]),
+             (["--file", "foreign.txt", *ckpt], ["cannot score --file foreign.txt: characters not in the "
+                                                 "vocabulary: '5', 'Ω', '€'"])]
+    for args, words in cases:
+        assert_one_error(run_cli(["eval.py", *args], cwd=tmp_path), *words)

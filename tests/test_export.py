@@ -1,0 +1,106 @@
+"""export.py: every kind of model tinygpt trains loads into transformers' GPT2LMHeadModel with no missing or
+unexpected weights and the same logits; bad input is one error line and leaves nothing half-written."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import export
+from tests.helpers import run_cli
+from tests.test_checkpoint_locate import assert_one_error, save_run, tiny_model
+from tests.test_model_hf import load_hf, transformers
+
+
+@pytest.fixture
+def char_tok(tiny_corpus):
+    from data.tokenizer import CharTokenizer
+    return CharTokenizer.from_text(tiny_corpus.read_text())
+
+
+def export_ok(capsys, *args) -> str:
+    code = export.main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return out
+
+
+def assert_same_logits(ours, hf, vocab_size: int) -> None:
+    idx = torch.randint(0, vocab_size, (2, ours.config.block_size), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        diff = (ours(idx)[0][..., :vocab_size] - hf(idx).logits).abs().max()
+    assert diff <= 1e-5, diff
+
+
+@pytest.mark.parametrize("kind", ["default", "bias_free", "untied", "fsdp"])
+def test_export_char_run(tmp_path, capsys, char_tok, kind):
+    kw = {"bias_free": dict(bias=False), "untied": dict(tie_weights=False)}.get(kind, {})
+    model = tiny_model(char_tok.vocab_size + 3, **kw)  # 3 padded vocabulary rows (model.pad_vocab_to)
+    save_run(tmp_path / "run", model, char_tok, name="last.pt", fsdp=kind == "fsdp")
+    out = export_ok(capsys, "--hf", tmp_path / "hf", "--run", tmp_path / "run")
+    assert f"wrote {tmp_path / 'hf'}: config.json, model.safetensors, vocab.json" in out and "3 padded" in out
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    assert json.loads((tmp_path / "hf" / "vocab.json").read_text(encoding="utf-8")) == char_tok.stoi
+    hf = load_hf(tmp_path / "hf")
+    assert hf.config.vocab_size == char_tok.vocab_size and hf.config.n_positions == 16
+    assert_same_logits(model, hf, char_tok.vocab_size)
+    assert not list(tmp_path.glob(".hf.*"))  # the temp dir became hf
+
+
+def test_export_bpe_run_with_padded_vocab(tmp_path, capsys, cache_with_gpt2):
+    from data.tokenizer import GPT2Tokenizer
+    from model.config import pad_vocab
+    tok = GPT2Tokenizer()
+    model = tiny_model(pad_vocab(tok.vocab_size, 64), n_embd=8)  # 50304 rows, as the gpt2 preset trains
+    path = save_run(tmp_path, model, tok)
+    out = export_ok(capsys, "--hf", tmp_path / "hf", "--checkpoint", path)
+    assert "47 padded vocabulary rows dropped" in out and "AutoTokenizer" in out
+    hf = load_hf(tmp_path / "hf")
+    assert (hf.config.vocab_size, hf.config.eos_token_id) == (50257, 50256)
+    assert_same_logits(model, hf, tok.vocab_size)
+    text = "ROMEO:\nWhat light through yonder window breaks? 1234 naïve café<|endoftext|>"
+    hf_tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf_tok.encode(text) == tok.encode(text) and hf_tok.model_max_length == 16
+
+
+def test_force_replaces_and_failures_leave_nothing(tmp_path, capsys, char_tok, monkeypatch):
+    save_run(tmp_path / "run", tiny_model(char_tok.vocab_size), char_tok)
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / "old.txt").write_text("keep me")
+    assert export.main(["--hf", str(out), "--run", str(tmp_path / "run")]) == 2
+    assert "is not empty: choose a new directory, or pass --force" in capsys.readouterr().err
+    import data.hf_tokenizer
+
+    def broken(*a, **k):
+        raise OSError("disk full")
+    monkeypatch.setattr(data.hf_tokenizer, "write_char_vocab", broken)
+    for target in (out, tmp_path / "new"):  # a failure half-way: the old directory intact, no new one
+        assert export.main(["--hf", str(target), "--run", str(tmp_path / "run"), "--force"]) == 2
+        assert capsys.readouterr().err.splitlines()[-1] == "error: disk full"
+    assert [p.name for p in out.iterdir()] == ["old.txt"] and not (tmp_path / "new").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "hf", "run", "tiny.txt"]
+    monkeypatch.undo()
+    export_ok(capsys, "--hf", out, "--run", tmp_path / "run", "--force")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "hf", "run", "tiny.txt"]
+    assert export.main(["--hf", str(tmp_path / "run"), "--run", str(tmp_path / "run"), "--force"]) == 2
+    assert "holds the checkpoint" in capsys.readouterr().err and (tmp_path / "run" / "best.pt").is_file()
+
+
+def test_bad_input_cli(tmp_path):
+    (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint at all")
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("x")
+    cases = [(["--checkpoint", "missing.pt"], "out", ["checkpoint missing.pt does not exist"]),
+             (["--checkpoint", "corrupt.pt"], "out", ["corrupt.pt is not a PyTorch checkpoint"]),
+             (["--checkpoint", "corrupt.pt"], "full", ["--hf full is not empty", "--force"]),
+             (["--checkpoint", "corrupt.pt", "--force"], "file", ["--hf file is a file"]),
+             (["--run", "nope"], "out", ["run directory nope does not exist"]),
+             ([], "out", ["one of the arguments --run --checkpoint is required"])]
+    for args, out, words in cases:
+        assert_one_error(run_cli(["export.py", "--hf", out, *args], cwd=tmp_path), *words)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "corrupt.pt", "file", "full"]
+    assert (tmp_path / "file").read_text() == "x" and [p.name for p in (tmp_path / "full").iterdir()] == ["x"]
