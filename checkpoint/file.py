@@ -1,24 +1,8 @@
-"""Checkpoints: plain dicts, written atomically, loaded safely.
+"""One checkpoint file: a plain dict, written atomically, loaded with torch.load(weights_only=True).
 
-Design:
-- A checkpoint is one plain dict of tensors, numbers, strings, lists and dicts, so it loads with
-  `torch.load(weights_only=True)`; nothing in tinygpt ever unpickles arbitrary objects. Layout
-  (format "tinygpt", version 1):
-      format, version, step, best_val_loss, model (state_dict of the *uncompiled, unwrapped* module),
-      model_config (GPTConfig.to_dict()), tokenizer (tokenizer.to_dict()), optimizer, scaler (or None),
-      config (the resolved run config), rng (python/numpy/torch/cuda states as plain containers),
-      loader (the batch loader's state), wandb_run_id, elapsed_s (training time so far), tokens (training
-      tokens so far: counted, not step x batch, since a resume may change the global batch).
-  Distributed runs (training/distributed.py) add `rng_ranks` (every rank's RNG states, a list of the
-  same plain dicts as `rng`); an FSDP run's last.pt/best.pt are weights-only exports (`optimizer` None,
-  `sharded` True) beside the resumable sharded checkpoints last_dcp/ and best_dcp/.
-- `save_checkpoint` never leaves a half-written file under the real name: it writes a temp file in the
-  same directory, fsyncs it, `os.replace`s it over the target (atomic on POSIX), then fsyncs the
-  directory. A failure (disk full, unwritable directory, kill -9) leaves the previous file intact and
-  is reported as one-line `OSError`. `link_checkpoint` publishes a second name for the same bytes
-  (best.pt = last.pt at an improving eval) by hard link, atomically, with a copy as fallback.
-- `load_checkpoint` turns every way a file can be wrong (missing, empty, truncated, not a checkpoint,
-  pickled objects, a newer format) into a one-line `CheckpointError` (a `ValueError`).
+Plain containers only, so loading never unpickles code; every way a file can be unusable becomes one
+CheckpointError line. Format 1's keys are listed in docs/design.md (Checkpoints). Imports model/ and
+common/ only: inference (sample.py) reads checkpoints without the training package.
 """
 from __future__ import annotations
 
@@ -27,7 +11,6 @@ import os
 import random
 import re
 import shutil
-import uuid
 import warnings
 from pathlib import Path
 from pickle import UnpicklingError  # what torch.load(weights_only=True) raises on a refused object
@@ -36,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.files import fsync_dir
+from common.files import atomic_write, fsync_dir, remove_quietly, temp_path
 
 FORMAT = "tinygpt"
 VERSION = 1
@@ -49,15 +32,8 @@ class CheckpointError(ValueError):
 
 # ----------------------------------------------------------------------------------------------- writing
 
-def _tmp_name(path: Path) -> Path:
-    return path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-
-
 def _save_error(path: Path, e: BaseException) -> OSError:
-    if isinstance(e, OSError) and e.strerror:
-        reason = e.strerror
-    else:
-        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+    reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
     err = OSError(f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact; "
                   f"free some disk space or fix the directory's permissions, then resume)")
     err.errno = getattr(e, "errno", None) or 0  # set afterwards: OSError(errno, msg) would print "[Errno N] msg"
@@ -65,23 +41,13 @@ def _save_error(path: Path, e: BaseException) -> OSError:
 
 
 def save_checkpoint(obj: dict, path: str | os.PathLike) -> Path:
-    """Write `obj` to `path` atomically: temp file in the same dir, fsync, os.replace, fsync dir."""
+    """Write `obj` to `path` atomically (common.files.atomic_write); a failure is one OSError line."""
     path = Path(path)
-    tmp = _tmp_name(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "xb") as f:
+        with atomic_write(path) as f:
             torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
     except (OSError, RuntimeError) as e:  # RuntimeError: torch's zip writer on a full disk
-        _remove_quietly(tmp)
         raise _save_error(path, e) from None
-    except BaseException:  # KeyboardInterrupt, pickling bugs: clean up, keep the real error
-        _remove_quietly(tmp)
-        raise
-    fsync_dir(path.parent)
     return path
 
 
@@ -91,54 +57,32 @@ def link_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     A hard link shares the inode, so when `src` is later replaced by os.replace, `dst` keeps the old bytes.
     """
     src, dst = Path(src), Path(dst)
-    tmp = _tmp_name(dst)
+    tmp = temp_path(dst)
     try:
         try:
             os.link(src, tmp)
-        except OSError:
-            with open(src, "rb") as fi, open(tmp, "xb") as fo:
+        except OSError:  # a filesystem without hard links: copy
+            with open(src, "rb") as fi, atomic_write(dst) as fo:
                 shutil.copyfileobj(fi, fo, 1 << 20)
-                fo.flush()
-                os.fsync(fo.fileno())
+            return dst
         os.replace(tmp, dst)
     except OSError as e:
-        _remove_quietly(tmp)
         raise _save_error(dst, e) from None
-    except BaseException:
-        _remove_quietly(tmp)
-        raise
+    finally:
+        remove_quietly(tmp)  # gone already unless something failed
     fsync_dir(dst.parent)
     return dst
 
 
-def _remove_quietly(p: Path) -> None:
-    try:
-        os.unlink(p)
-    except OSError:
-        pass
-
-
 def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
     """Delete temp files a killed save left behind (`.last.pt.<pid>.<id>.tmp`); returns how many."""
-    n = 0
-    for p in Path(run_dir).glob(".*.pt.*.tmp"):
-        _remove_quietly(p)
-        n += 1
-    return n
+    stale = list(Path(run_dir).glob(".*.pt.*.tmp"))
+    for p in stale:
+        remove_quietly(p)
+    return len(stale)
 
 
 # ----------------------------------------------------------------------------------------------- reading
-
-def resolve_checkpoint_path(path: str | os.PathLike) -> Path:
-    """A checkpoint file, or a run directory (-> its last.pt)."""
-    p = Path(os.path.expanduser(str(path)))
-    if p.is_dir():
-        if (p / "last.pt").is_file():
-            return p / "last.pt"
-        raise CheckpointError(f"{p} is a directory without last.pt: point at a run directory that has one, "
-                              f"or at a checkpoint file")
-    return p
-
 
 def _not_a_checkpoint(p: Path) -> CheckpointError:
     return CheckpointError(f"{p} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or best.pt "
@@ -228,25 +172,27 @@ def clean_state_dict(sd: dict) -> dict:
     return out
 
 
-def load_model_weights(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> None:
-    """load_state_dict(strict) with a one-line ValueError when names or shapes differ."""
+def check_model_weights(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> dict:
+    """`state_dict` without wrapper prefixes; a one-line ValueError when its names or shapes differ from `model`'s."""
     own = model.state_dict()
     sd = clean_state_dict(state_dict)
     missing = [k for k in own if k not in sd]
     unexpected = [k for k in sd if k not in own]
     if missing or unexpected:
-        parts = []
-        if missing:
-            parts.append(f"missing {len(missing)} (e.g. {missing[0]})")
-        if unexpected:
-            parts.append(f"unexpected {len(unexpected)} (e.g. {unexpected[0]})")
+        parts = [f"missing {len(missing)} (e.g. {missing[0]})"] if missing else []
+        parts += [f"unexpected {len(unexpected)} (e.g. {unexpected[0]})"] if unexpected else []
         raise ValueError(f"the weights in {source} do not match the model ({'; '.join(parts)}): use the model "
                          f"settings the checkpoint was trained with")
     for k, v in own.items():
         if tuple(sd[k].shape) != tuple(v.shape):
             raise ValueError(f"the weights in {source} do not match the model: {k} has shape {tuple(sd[k].shape)} "
                              f"there but {tuple(v.shape)} here: use the model settings the checkpoint was trained with")
-    model.load_state_dict(sd, strict=True)
+    return sd
+
+
+def load_model_weights(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> None:
+    """load_state_dict(strict) with a one-line ValueError when names or shapes differ."""
+    model.load_state_dict(check_model_weights(model, state_dict, source), strict=True)
 
 
 def model_from_checkpoint(ckpt: dict):

@@ -30,7 +30,9 @@ import torch
 
 from tests.helpers import REPO, run_cli
 from checkpoint import file as ck
+from checkpoint import sharded as S
 from training import distributed as D
+from training import state as TS
 
 TINY = ["experiment=cpu", "train.device=cpu", "optim=adamw", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
         "model.dropout=0.0", "train.device=cpu", "train.batch_size=4", "train.eval_iters=3",
@@ -114,7 +116,7 @@ def test_single_process_needs_no_process_group(monkeypatch):
         assert (info.rank, info.world_size, info.parallel, info.distributed) == (0, 1, "none", False)
         assert not torch.distributed.is_initialized()
         t = torch.tensor([3.0])
-        assert D.all_reduce_mean(t, info).item() == 3.0 and D.gather_rng_states(info) is None
+        assert D.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
         stop = D.StopAgreement(info)
         assert stop.poll(None) == 0 and stop.poll(15) == 15  # single process: immediate, no collective
         m = torch.nn.Linear(2, 2)
@@ -130,22 +132,6 @@ def test_eval_plan_covers_every_batch_once():
     assert [len(p) for p in fsdp] == [3, 3]  # same number of forwards: each is a collective under FSDP
     assert sorted(i for p in fsdp for i, counted in p if counted) == [0, 1, 2, 3, 4]
     assert D.eval_plan(3, D.DistInfo()) == [(0, True), (1, True), (2, True)]
-
-
-def test_rank_rng_state():
-    from checkpoint.file import capture_rng_state
-    base = capture_rng_state()
-    torch.manual_seed(5)
-    other = capture_rng_state()
-    ckpt = {"rng": base, "rng_ranks": [base, other], "step": 7}
-    two = [D.rank_rng_state(ckpt, D.DistInfo(rank=r, world_size=2, parallel="ddp"), 1) for r in range(2)]
-    assert two[0] is base and two[1] is other  # same world size: each rank its own stream
-    three = [D.rank_rng_state(ckpt, D.DistInfo(rank=r, world_size=3, parallel="ddp"), 1) for r in range(3)]
-    assert three[0] is base
-    assert not torch.equal(three[1]["torch"], three[2]["torch"])  # fresh, distinct, deterministic streams
-    assert torch.equal(three[1]["torch"], D.rank_rng_state(ckpt, D.DistInfo(rank=1, world_size=3), 1)["torch"])
-    single = {"rng": base, "step": 3}  # a single-process checkpoint
-    assert D.rank_rng_state(single, D.DistInfo(), 1) is base
 
 
 def _tiny_model_and_opt(seed=0):
@@ -167,58 +153,6 @@ def _steps(m, opt, n, seed):
         opt.zero_grad(set_to_none=True)
         out.append(loss.item())
     return out
-
-
-def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
-    """DCP save/load without a process group, the resume-source rule, and the offline export CLI."""
-    m, opt = _tiny_model_and_opt()
-    _steps(m, opt, 2, seed=1)
-    meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "optimizer": None, "step": 2,
-            "model_config": m.config.to_dict(), "config": {"optim": {"lr": 1e-2}}, "sharded": True}
-    run = tmp_path / "run"
-    D.save_sharded(run / D.LAST_DCP, m, opt, meta, D.DistInfo(), best_path=run / D.BEST_DCP)
-    assert D.is_sharded_checkpoint(run / D.LAST_DCP) and D.is_sharded_checkpoint(run / D.BEST_DCP)
-    assert D.read_sharded_meta(run / D.LAST_DCP)["step"] == 2
-    expected = _steps(m, opt, 2, seed=2)
-
-    m2, opt2 = _tiny_model_and_opt(seed=9)
-    D.load_sharded(run / D.LAST_DCP, m2, opt2, D.DistInfo())
-    assert _steps(m2, opt2, 2, seed=2) == expected  # model and optimizer state: bitwise
-
-    # resume=true picks the freshest resumable checkpoint: an FSDP export (no optimizer) loses to last_dcp
-    assert D.resume_source(True, run) == ("sharded", run / D.LAST_DCP)
-    ck.save_checkpoint({**meta, "model": m.state_dict(), "optimizer": None}, run / "last.pt")
-    assert D.resume_source(True, run) == ("sharded", run / D.LAST_DCP)
-    ck.save_checkpoint({**meta, "model": m.state_dict(), "optimizer": opt.state_dict(), "step": 4},
-                       run / "last.pt")
-    assert D.resume_source(True, run) == ("file", run / "last.pt")  # a later, complete single file wins
-    assert D.resume_source(str(run / D.LAST_DCP), tmp_path) == ("sharded", run / D.LAST_DCP)
-    assert D.resume_source(False, run) is None
-
-    assert D.main(["export", str(run / D.BEST_DCP), "-o", str(tmp_path / "f.pt")]) == 0  # python -m training.distributed
-    full = ck.load_checkpoint(tmp_path / "f.pt")
-    assert full["step"] == 2 and full["optimizer"] is not None and ck.find_non_plain(full) is None
-    m3 = ck.model_from_checkpoint(full).train()  # what sample.py does
-    from training.optim import build_optimizer
-    opt3 = build_optimizer(m3, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
-    opt3.load_state_dict(full["optimizer"])
-    assert _steps(m3, opt3, 2, seed=2) == expected
-    capsys.readouterr()
-    ddp_run = tmp_path / "ddp"  # a run without sharded checkpoints: its last.pt is already one file
-    ddp_run.mkdir()
-    (ddp_run / "last.pt").write_bytes((run / "last.pt").read_bytes())
-    for src, why in ((tmp_path, "is not a sharded tinygpt checkpoint"), (tmp_path / "nope", "does not exist"),
-                     (ddp_run, "has no last_dcp/, so there is nothing to export"),
-                     (ddp_run / "last.pt", "is a file, but export reads a sharded checkpoint directory")):
-        assert D.main(["export", str(src)]) == 2
-        err = capsys.readouterr().err
-        assert err.startswith(f"error: {src} {why}") and err.count("\n") == 1, err
-        assert "last_dcp/" in err and "or a last.pt" not in err
-
-    D.recover_sharded(run)  # nothing to recover: leaves the checkpoint alone
-    os.rename(run / D.LAST_DCP, run / f".{D.LAST_DCP}.old")  # a kill between the two renames of a swap
-    D.recover_sharded(run)
-    assert D.is_sharded_checkpoint(run / D.LAST_DCP)
 
 
 @pytest.fixture
@@ -245,26 +179,26 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
     f.load_state_dict(sd)  # single-file weights load before sharding ...
     D.wrap_model(f, info, torch.device("cpu"))
     fopt = build_optimizer(f, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
-    D.load_full_optimizer_state(f, fopt, osd, info)  # ... the optimizer state after
+    S.load_full_optimizer_state(f, fopt, osd)  # ... the optimizer state after
     assert fopt.param_groups[0]["foreach"] is True
     meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "model_config": m.config.to_dict(),
             "step": 2}
-    D.save_sharded(tmp_path / "s", f, fopt, meta, info)
+    S.save_sharded(tmp_path / "s", f, fopt, meta)
     assert _steps(f, fopt, 2, seed=2) == expected
     assert D.weights_finite(list(f.parameters()), info)
-    full = D.full_model_state_dict(f, info)
+    full = S.full_model_state_dict(f)
     _assert_close_weights(full, m.state_dict())
 
     g, _ = _tiny_model_and_opt(seed=4)
     D.wrap_model(g, info, torch.device("cpu"))
     gopt = build_optimizer(g, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
-    D.load_sharded(tmp_path / "s", g, gopt, info)
+    S.load_sharded(tmp_path / "s", g, gopt)
     assert _steps(g, gopt, 2, seed=2) == expected
 
     stop = D.StopAgreement(info)
     assert [stop.poll(None), stop.poll(15), stop.poll(None)] == [0, 0, 15]  # agreed one boundary later
     stop.finish()
-    assert len(D.gather_rng_states(info)) == 1
+    assert len(TS.gather_rng_states(info)) == 1
 
 
 # ------------------------------------------------------------------------------------------- torchrun
@@ -306,7 +240,7 @@ def dist_runs(tmp_path_factory):
                                f"train.resume={base / 'ddp'}"), base / "ddp1")
             if out["procs"]["fsdp"].returncode == 0:
                 train(_compose(*common, "train.grad_accum_steps=2", "train.max_iters=8",
-                               f"train.resume={base / 'fsdp' / D.LAST_DCP}"), base / "fsdp1")
+                               f"train.resume={base / 'fsdp' / S.LAST_DCP}"), base / "fsdp1")
         finally:
             torch.set_num_threads(threads)
     return out
@@ -358,10 +292,10 @@ def test_fsdp_matches_ddp(dist_runs):
     _assert_close_losses(_losses(base / "ddp"), _losses(base / "fsdp"), range(1, 5))
     _assert_close_losses(_evals(base / "ddp"), _evals(base / "fsdp"), [4])
     fsdp = base / "fsdp"
-    assert D.is_sharded_checkpoint(fsdp / D.LAST_DCP) and D.is_sharded_checkpoint(fsdp / D.BEST_DCP)
+    assert S.is_sharded_checkpoint(fsdp / S.LAST_DCP) and S.is_sharded_checkpoint(fsdp / S.BEST_DCP)
     export = ck.load_checkpoint(fsdp / "last.pt")  # the single-file export sample.py reads
     assert export["optimizer"] is None and export["step"] == 4
-    assert D.read_sharded_meta(fsdp / D.LAST_DCP)["tokens"] == export["tokens"] == 4 * 128  # 4 x 2 ranks x 16
+    assert S.read_sharded_meta(fsdp / S.LAST_DCP)["tokens"] == export["tokens"] == 4 * 128  # 4 x 2 ranks x 16
     model = ck.model_from_checkpoint(export)
     _assert_close_weights(ck.load_checkpoint(base / "ref4" / "last.pt")["model"], model.state_dict())
 

@@ -335,14 +335,14 @@ def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight
     run = tmp_path / "split"
     with monkeypatch.context() as mp:
         if where == "signal-mid-log-window":
-            real_step = loop_mod._Trainer._train_step
+            real_step = loop_mod.Trainer._train_step
 
             def step(self, s):
                 out = real_step(self, s)
                 if s == 9:  # after step 10; log lines at 4, 8, 12
                     os.kill(os.getpid(), signal.SIGTERM)
                 return out
-            mp.setattr(loop_mod._Trainer, "_train_step", step)
+            mp.setattr(loop_mod.Trainer, "_train_step", step)
         elif where == "signal-during-eval":
             real_eval = BatchLoader.eval_batch
 
@@ -352,13 +352,13 @@ def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight
                 return real_eval(self, split, i)
             mp.setattr(BatchLoader, "eval_batch", eval_batch)
         else:
-            real_save = loop_mod._Trainer._save
+            real_save = loop_mod.Trainer._save
 
             def save(self, s, best=False):
                 real_save(self, s, best)
                 if s == 6:
                     raise _Killed
-            mp.setattr(loop_mod._Trainer, "_save", save)
+            mp.setattr(loop_mod.Trainer, "_save", save)
         try:
             res = train(_in_process_cfg(tiny_corpus), run)
             assert res.exit_code == 143
@@ -372,7 +372,7 @@ DOUBLE_CTRL_C = r"""
 import os, runpy, signal, sys
 from training import loop
 
-real_step = loop._Trainer._train_step
+real_step = loop.Trainer._train_step
 
 def step(self, s):
     out = real_step(self, s)
@@ -383,7 +383,7 @@ def step(self, s):
         sum(range(1000))
     return out
 
-loop._Trainer._train_step = step
+loop.Trainer._train_step = step
 train_py = os.path.join(os.environ["PYTHONPATH"], "train.py")
 sys.argv = [train_py, *sys.argv[1:]]
 runpy.run_path(train_py, run_name="__main__")

@@ -163,7 +163,7 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus
 
 
 def test_sigterm_finishes_the_step_and_saves(tmp_path, tiny_corpus, monkeypatch):
-    real_step = loop_mod._Trainer._train_step
+    real_step = loop_mod.Trainer._train_step
 
     def step_then_signal(self, step):
         out = real_step(self, step)
@@ -171,7 +171,7 @@ def test_sigterm_finishes_the_step_and_saves(tmp_path, tiny_corpus, monkeypatch)
             os.kill(os.getpid(), signal.SIGTERM)
         return out
 
-    monkeypatch.setattr(loop_mod._Trainer, "_train_step", step_then_signal)
+    monkeypatch.setattr(loop_mod.Trainer, "_train_step", step_then_signal)
     run = tmp_path / "run"
     before = signal.getsignal(signal.SIGTERM)
     res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=100"), run)

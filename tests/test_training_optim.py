@@ -122,8 +122,9 @@ def test_metrics_records_and_plot(tmp_path):
     assert [r["type"] for r in recs] == ["train", "eval", "train", "summary"]
     assert recs[2]["loss"] == "nan"  # JSON has no NaN: written as a string
     assert [r["step"] for r in mt.records_up_to(recs, 2)] == [1, 2]
-    assert mt.plot_loss(recs, tmp_path / "loss.png").stat().st_size > 1000
-    assert mt.plot_loss([], tmp_path / "none.png") is None
+    from viz.loss_plot import plot_loss  # (moved from training.metrics)
+    assert plot_loss(recs, tmp_path / "loss.png").stat().st_size > 1000
+    assert plot_loss([], tmp_path / "none.png") is None
 
 
 def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):

@@ -1,9 +1,7 @@
 """Console output while training: log lines above a tqdm progress bar, never through it.
 
-Design: train.py configures plain logging handlers. While the loop shows a bar, `console_with_bar` swaps
-every console StreamHandler for one that writes with `tqdm.write` (so lines appear above the bar) and
-hides records marked `extra={"progress": True}` (the per-interval train lines: the bar's postfix already
-shows them; train.log still gets them). Leaving the context restores the original handlers.
+While the bar is shown, console handlers write with `tqdm.write` and hide the per-interval train lines
+(`extra={"progress": True}`: the bar's postfix shows them; train.log still gets them).
 """
 from __future__ import annotations
 

@@ -1,17 +1,8 @@
 """Where and in what precision training runs, and how fast the hardware could go.
 
-Design:
-- `resolve_device("auto")` picks CUDA > MPS > CPU; an explicit device that is not there is a one-line
-  ValueError, never a silent fallback.
-- `resolve_dtype("auto", device)`: bfloat16 autocast on CUDA GPUs that support it, float16 autocast
-  with a GradScaler on those that do not (V100, T4), float32 on CPU and MPS. Weights and optimizer
-  state stay float32 in every case (autocast only lowers the matmuls).
-- `configure_backends(device)` turns on TF32 matmuls on CUDA (free speed on Ampere and later); CPU
-  numerics are left untouched so CPU runs stay bitwise reproducible.
-- `PEAK_FLOPS`: datasheet dense (no sparsity) bf16 tensor-core FLOP/s of common GPUs (fp16 for V100
-  and T4, which have no bf16), matched on `torch.cuda.get_device_name()`. MFU is reported only for a
-  GPU in this table and only for 16-bit training: an unknown GPU, a CPU or a float32 run shows no MFU
-  rather than a wrong one. bench.py reuses this table.
+Device and dtype choice live in model.device (inference needs them too); this adds autocast, TF32 on
+CUDA (CPU numerics untouched: CPU runs stay bitwise reproducible) and the datasheet peak FLOP/s that
+MFU is measured against. MFU is shown only for a GPU in the table and 16-bit training, never a wrong one.
 """
 from __future__ import annotations
 
@@ -22,7 +13,7 @@ from typing import Callable, Optional
 
 import torch
 
-from model.device import DTYPE_BY_NAME, cuda_bf16_native, resolve_device, resolve_dtype  # noqa: F401
+from model.device import resolve_device, resolve_dtype  # noqa: F401 - re-exported: training's device choice
 
 # (regex on the device name, readable name, dense bf16 FLOP/s from the datasheet). First match wins,
 # so the more specific names come first. Datasheets quote "with sparsity" numbers too: those are 2x.
@@ -45,6 +36,7 @@ PEAK_FLOPS: list[tuple[str, str, float]] = [
     (r"\bT4\b", "NVIDIA T4", 65e12),  # fp16 (no bf16 on Turing)
 ]
 
+
 def peak_flops(device_name: str) -> Optional[tuple[str, float]]:
     """(readable GPU name, dense 16-bit peak FLOP/s) for a CUDA device name, or None if not in the table."""
     if "MIG" in device_name:  # a slice of the GPU: the whole GPU's peak would understate MFU
@@ -53,20 +45,6 @@ def peak_flops(device_name: str) -> Optional[tuple[str, float]]:
         if re.search(pattern, device_name):
             return name, flops
     return None
-
-
-def configure_backends(device: torch.device) -> None:
-    """TF32 matmuls on CUDA; nothing on CPU (keeps CPU runs bitwise reproducible)."""
-    if device.type == "cuda":
-        torch.set_float32_matmul_precision("high")
-        torch.backends.cudnn.allow_tf32 = True
-
-
-def autocast_context(device: torch.device, dtype: torch.dtype) -> Callable[[], contextlib.AbstractContextManager]:
-    """A factory of autocast contexts (a no-op for float32)."""
-    if dtype == torch.float32:
-        return contextlib.nullcontext
-    return lambda: torch.autocast(device_type=device.type, dtype=dtype)
 
 
 def device_name(device: torch.device) -> str:
@@ -82,7 +60,7 @@ def device_name(device: torch.device) -> str:
 class DeviceSetup:
     device: torch.device
     dtype: torch.dtype  # autocast dtype; float32 = none
-    autocast: Callable[[], contextlib.AbstractContextManager]
+    autocast: Callable[[], contextlib.AbstractContextManager]  # a factory of autocast contexts (no-op: float32)
     use_grad_scaler: bool
     name: str  # e.g. "NVIDIA H100 80GB HBM3" or "CPU, 2 threads"
     peak_flops: Optional[float]  # for MFU; None = do not report MFU
@@ -95,20 +73,18 @@ class DeviceSetup:
 def setup_device(device_spec: str = "auto", dtype_spec: str = "auto", local_rank: int = 0) -> DeviceSetup:
     device = resolve_device(device_spec, local_rank)
     dtype = resolve_dtype(dtype_spec, device)
-    configure_backends(device)
-    if device.type == "cuda":
+    if device.type == "cuda":  # TF32 matmuls; nothing on the CPU (its runs stay bitwise reproducible)
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
         torch.cuda.set_device(device)
     name = device_name(device)
-    peak = None
-    if device.type == "cuda" and dtype != torch.float32:
-        match = peak_flops(name)
-        peak = match[1] if match else None
-    return DeviceSetup(device=device, dtype=dtype, autocast=autocast_context(device, dtype),
-                       use_grad_scaler=(dtype == torch.float16), name=name, peak_flops=peak)
+    match = peak_flops(name) if device.type == "cuda" and dtype != torch.float32 else None
+    autocast = contextlib.nullcontext if dtype == torch.float32 else \
+        (lambda: torch.autocast(device_type=device.type, dtype=dtype))
+    return DeviceSetup(device=device, dtype=dtype, autocast=autocast, use_grad_scaler=(dtype == torch.float16),
+                       name=name, peak_flops=match[1] if match else None)
 
 
 def resolve_compile(setting, device: torch.device) -> bool:
     """`train.compile` (auto/True/False) -> whether to torch.compile. auto = on for CUDA only."""
-    if setting == "auto":
-        return device.type == "cuda"
-    return bool(setting)
+    return device.type == "cuda" if setting == "auto" else bool(setting)

@@ -1,33 +1,33 @@
-"""What a run measures and leaves behind: metrics.jsonl, loss.png, throughput and MFU.
+"""What a run measures and leaves behind: metrics.jsonl records, throughput and MFU (loss.png: viz.loss_plot).
 
-Design:
-- `metrics.jsonl` holds one JSON object per line, appended and flushed as it happens (a killed run
-  keeps everything up to its last line):
-      {"type": "train", "step", "loss", "lr", "tokens", "elapsed_s", "tokens_per_s", "mfu"?}  every log_interval
-      {"type": "eval", "step", "train_loss", "val_loss", "lr", "tokens", "elapsed_s"}         every eval
-      {"type": "summary", "best_val_loss", "best_step", "tokens", "wall_s", "mean_tokens_per_s", ...}  at the end
-  "train" losses are the mean over the steps since the previous reading; `tokens` counts training
-  tokens consumed so far (all processes; carried in the checkpoint, so it stays right when a resume
-  changes the batch or the process count); `elapsed_s` is training time (survives resume).
-- On resume the file is rewritten (atomically) to the records up to the checkpoint's step, so an
-  interrupted-and-resumed run ends with the same records as an uninterrupted one.
-- `plot_loss` draws train and val curves with matplotlib's Agg canvas directly (no pyplot, no global
-  backend switch), written atomically.
-- MFU (model FLOPs utilisation) uses nanoGPT's estimate of training FLOPs per token,
-  6·N + 12·L·H·Q·T (N parameters, L layers, H heads, Q head size, T context), against the GPU's peak
-  from training/device.py.
+Records are appended and flushed as they happen, so a killed run keeps everything up to its last line;
+a resumed run first rewrites the file to the records up to its checkpoint's step, so it ends with the
+same records as an uninterrupted run.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import logging
 import math
-import os
+import shlex
+import sys
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
+
+from common.files import atomic_write
+from training.wandb_run import WandbRun
+
+if TYPE_CHECKING:
+    from training.config import Config
+
+log = logging.getLogger(__name__)
 
 
 def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, block_size: int) -> float:
-    """Training FLOPs per token (forward + backward): 6N for the weights + 12·L·H·Q·T for attention."""
+    """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N for the weights + 12·L·H·Q·T for
+    attention (N parameters, L layers, H heads, Q head size, T context)."""
     return 6.0 * n_params + 12.0 * n_layer * n_head * head_dim * block_size
 
 
@@ -55,6 +55,16 @@ class MetricsWriter:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._f = open(self.path, "a", encoding="utf-8")
 
+    @classmethod
+    def resumed(cls, path: Path, source: Optional[Path], step: int) -> "MetricsWriter":
+        """`path` started afresh, or (resuming) holding the records of `source` up to `step`."""
+        path = Path(path)
+        if source is not None:
+            write_records_atomic(path, records_up_to(read_metrics(source), step) if source.is_file() else [])
+        elif path.exists():
+            path.unlink()  # a run that died before its first checkpoint: start the file afresh
+        return cls(path)
+
     def write(self, record: dict) -> None:
         if self._f is None:
             return
@@ -73,12 +83,9 @@ def read_metrics(path: Path) -> list[dict]:
     try:
         with open(path, encoding="utf-8") as f:
             for line in f:
-                line = line.strip()
-                if not line:
-                    continue
                 try:
                     records.append(json.loads(line))
-                except json.JSONDecodeError:
+                except json.JSONDecodeError:  # also blank lines
                     continue
     except FileNotFoundError:
         pass
@@ -86,63 +93,13 @@ def read_metrics(path: Path) -> list[dict]:
 
 
 def write_records_atomic(path: Path, records: Iterable[dict]) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with atomic_write(path, "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 def records_up_to(records: list[dict], step: int) -> list[dict]:
     """The train/eval records of steps <= step (what a run resumed at `step` keeps); summaries dropped."""
     return [r for r in records if r.get("type") in ("train", "eval") and int(r.get("step", -1)) <= step]
-
-
-def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path]:
-    """Train (per log interval) and val/train (per eval) loss against step, as a PNG. None if nothing to plot."""
-    train = [(r["step"], r["loss"]) for r in records
-             if r.get("type") == "train" and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
-    evals = [r for r in records if r.get("type") == "eval"]
-    ev_train = [(r["step"], r["train_loss"]) for r in evals
-                if isinstance(r.get("train_loss"), (int, float)) and math.isfinite(r["train_loss"])]
-    ev_val = [(r["step"], r["val_loss"]) for r in evals
-              if isinstance(r.get("val_loss"), (int, float)) and math.isfinite(r["val_loss"])]
-    if not (train or ev_val):
-        return None
-    import logging
-    mpl_log = logging.getLogger("matplotlib")
-    if mpl_log.getEffectiveLevel() < logging.WARNING:  # its INFO lines ("generated new fontManager") are noise
-        mpl_log.setLevel(logging.WARNING)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(8, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
-    ax = fig.add_subplot(1, 1, 1)
-    if train:
-        ax.plot(*zip(*train), color="tab:blue", alpha=0.35, linewidth=1, label="train (log interval)")
-    if ev_train:
-        ax.plot(*zip(*ev_train), color="tab:blue", marker="o", markersize=3, label="train (eval)")
-    if ev_val:
-        ax.plot(*zip(*ev_val), color="tab:orange", marker="o", markersize=3, label="val (eval)")
-        best = min(ev_val, key=lambda p: p[1])
-        ax.annotate(f"best val {best[1]:.4f}", best, textcoords="offset points", xytext=(-4, 10),
-                    ha="right", fontsize=8)
-    ax.set_xlabel("step")
-    ax.set_ylabel("loss")
-    if title:
-        ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
 
 
 def format_count(n: float) -> str:
@@ -158,3 +115,79 @@ def format_duration(s: float) -> str:
     h, rem = divmod(s, 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
+
+
+class RunLog:
+    """What rank 0 reports as a run goes: metrics.jsonl records, wandb and the log lines (the train line also
+    on the progress bar). On the other ranks (`enabled` False) every report is a no-op."""
+
+    def __init__(self, max_iters: int, enabled: bool = True):
+        self.max_iters, self.enabled = max_iters, enabled
+        self.metrics, self.wandb, self.bar = MetricsWriter(None), WandbRun(), None
+
+    def open(self, c: "Config", run_dir: Path, wandb_id: Optional[str], resumed_from: Optional[Path],
+             step: int) -> None:
+        """wandb first (a missing API key must not leave files behind), then metrics.jsonl: afresh, or the
+        records of the checkpoint's run up to `step`."""
+        if c.logger.name == "wandb":
+            self.wandb.start(c, dataclasses.asdict(c), run_dir, wandb_id)
+        source = resumed_from.parent / "metrics.jsonl" if resumed_from is not None else None
+        self.metrics = MetricsWriter.resumed(run_dir / "metrics.jsonl", source, step)
+
+    @contextlib.contextmanager
+    def progress(self, total: int, initial: int, show: bool):
+        """A tqdm bar of the steps (on a terminal, rank 0), closed when the block ends."""
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not show,
+                        file=sys.stderr, smoothing=0.05, leave=True)
+        try:
+            yield self.bar
+        finally:
+            self.bar.close()
+
+    @property
+    def started(self) -> bool:
+        return self.metrics.path is not None or self.wandb.run is not None
+
+    def train(self, step: int, loss: float, lr: float, tokens: int, elapsed: float, tps: float,
+              util: Optional[float]) -> None:
+        if not self.enabled:
+            return
+        self.metrics.write({"type": "train", "step": step, "loss": loss, "lr": lr, "tokens": tokens,
+                            "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
+                            **({"mfu": round(util, 4)} if util is not None else {})})
+        self.wandb.log({"train/loss": loss, "lr": lr, "tokens": tokens, "tokens_per_s": tps,
+                        **({"mfu": util} if util is not None else {})}, step=step)
+        line = f"loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s" + \
+            (f" | mfu {util * 100:.1f}%" if util is not None else "")
+        if self.bar is not None and not self.bar.disable:
+            self.bar.set_postfix_str(line, refresh=False)
+        log.info(f"step {step}/{self.max_iters}: {line}", extra={"progress": True})  # train.log only, under a bar
+
+    def eval(self, step: int, losses: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
+        if not self.enabled:
+            return
+        self.metrics.write({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"],
+                            "lr": lr, "tokens": tokens, "elapsed_s": round(elapsed, 3)})
+        self.wandb.log({"eval/train_loss": losses["train"], "eval/val_loss": losses["val"]}, step=step)
+        log.info(f"step {step}/{self.max_iters}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+                 f"{' (best)' if improved else ''} | {format_count(tokens)} tokens | {format_duration(elapsed)}")
+
+    def finish(self, summary: dict, plot_title: str) -> None:
+        """The summary record and loss.png (best effort: a full disk is a warning), wandb.finish, the done line."""
+        try:
+            if self.metrics.path is not None:
+                self.metrics.write(summary)
+                self.metrics.close()
+                from viz.loss_plot import plot_loss
+                plot_loss(read_metrics(self.metrics.path), self.metrics.path.with_name("loss.png"), title=plot_title)
+        except OSError as e:
+            log.warning(f"could not write the run summary or loss.png: {e}")
+        finally:
+            self.wandb.finish(exit_code=0 if summary["status"] == "completed" else 1)
+        if summary["status"] == "completed":
+            s = summary
+            best = f"best val loss {s['best_val_loss']:.4f} at step {s['best_step']}" if s["best_step"] is not None \
+                else "no evaluation"
+            log.info(f"done: {s['step']} steps, {format_count(s['tokens'])} tokens in {format_duration(s['wall_s'])}, "
+                     f"{best}; sample with: python sample.py --run {shlex.quote(str(self.metrics.path.parent))}")

@@ -1,21 +1,8 @@
-"""Muon for the hidden matrices, AdamW for everything else, in ONE torch.optim.Optimizer.
+"""Muon for the hidden matrices, AdamW for everything else, in ONE torch.optim.Optimizer (`optim=muon`).
 
-`optim=muon` (conf/optim/muon.yaml). Design:
-
-- Muon (Keller Jordan et al., modded-nanogpt): SGD with Nesterov momentum whose update for each 2-D
-  weight is replaced by the nearest semi-orthogonal matrix, computed with a quintic Newton-Schulz
-  iteration (coefficients (3.4445, -4.7750, 2.0315), a few steps, on the smaller Gram side), then scaled
-  by sqrt(max(1, rows/cols)). Used for the transformer blocks' Linear weights (attention c_attn/c_proj,
-  MLP c_fc/c_proj): the ">= 2-D weights inside transformer.h".
-- Everything else (token embedding = tied output head, position embedding, LayerNorm gains, biases)
-  uses AdamW with the usual decay split (>= 2-D decayed, 1-D not), written with torch._foreach ops
-  (the same arithmetic as torch.optim.AdamW(foreach=True)).
-- One optimizer, so the loop is unchanged: one state_dict (exact resume: momentum buffers and Adam
-  moments are in `state`), GradScaler.unscale_/step work, and `set_lr(opt, lr)` keeps writing the
-  schedule's lr into every group's "lr": a Muon group multiplies it by its "lr_scale" (= muon_lr / lr),
-  so both learning rates follow the same warmup/decay shape.
-- Same-shaped matrices of all layers are stacked and orthogonalised in one batched matmul chain
-  (fewer, larger matmuls: on CPU this is most of Muon's cost).
+Muon (Keller Jordan et al., modded-nanogpt) replaces each block matrix's Nesterov-momentum update by the
+nearest semi-orthogonal matrix (quintic Newton-Schulz); embeddings, gains and biases keep AdamW. One
+optimizer keeps the loop unchanged: one state_dict, GradScaler works, and `set_lr` drives both rates.
 """
 from __future__ import annotations
 

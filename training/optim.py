@@ -1,20 +1,13 @@
 """The optimizer and the learning-rate schedule.
 
-Design:
-- AdamW with two parameter groups, as in GPT-2/nanoGPT: weight decay on every parameter with >= 2
-  dimensions (matmul weights, embeddings) and none on 1-D ones (biases, LayerNorm gains). A tied
-  embedding/head matrix is one Parameter and is counted once.
-- The fastest correct implementation for the device: `fused=True` on CUDA (one kernel for the whole
-  update), `foreach=True` elsewhere (a handful of multi-tensor ops instead of a Python loop per tensor).
-- The schedule is a pure function of the step (`lr_at(step, ...)`): linear warmup from ~0 to `lr` over
-  `warmup_iters` steps, then `cosine` (nanoGPT's formula), `linear` or `constant` decay to `min_lr`
-  by `decay_iters`, or `wsd` (warmup-stable-decay: `lr` held constant, then a linear cooldown to
-  `min_lr` over the last `cooldown_frac` of the `decay_iters` steps), and `min_lr` after that. Being pure makes resume exact: the lr of step s depends on
-  s alone. The loop writes it into the param groups as a Python float each step (no tensor, no sync).
+AdamW as in GPT-2/nanoGPT (decay on >= 2-D weights only), in the fastest correct implementation for the
+device; the schedule is a pure function of the step, so a resumed run gets the same learning rates.
 """
 from __future__ import annotations
 
 import math
+from functools import partial
+from typing import Callable
 
 import torch
 
@@ -39,15 +32,20 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, b
     matrices and AdamW for the rest (training/muon.py)."""
     if name == "muon":
         from training.muon import MuonAdamW, muon_param_groups
-        return MuonAdamW(muon_param_groups(model, weight_decay), lr=lr, muon_lr=muon_lr, betas=betas,
-                         weight_decay=weight_decay, momentum=muon_momentum, ns_steps=muon_ns_steps)
-    kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
-    return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, **kwargs)
+        opt = MuonAdamW(muon_param_groups(model, weight_decay), lr=lr, muon_lr=muon_lr, betas=betas,
+                        weight_decay=weight_decay, momentum=muon_momentum, ns_steps=muon_ns_steps)
+    else:
+        kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
+        opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, **kwargs)
+    opt.register_load_state_dict_pre_hook(_keep_impl_flags)  # a checkpoint of any device loads as this one's
+    return opt
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iters: int,
           schedule: str = "cosine", cooldown_frac: float = 0.2) -> float:
-    """Learning rate for optimizer step `step` (0-based)."""
+    """Learning rate for optimizer step `step` (0-based): linear warmup to `lr` over `warmup_iters`, then cosine,
+    linear or constant decay to `min_lr` by `decay_iters`, or wsd (`lr` held, then a linear cooldown over the
+    last `cooldown_frac` of `decay_iters`); `min_lr` after that."""
     if step < warmup_iters:
         return lr * (step + 1) / (warmup_iters + 1)
     if schedule == "constant":
@@ -69,6 +67,13 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iters
     return min_lr + coeff * (lr - min_lr)
 
 
+def schedule(o, max_iters: int) -> Callable[[int], float]:
+    """The run's `lr_at` for an `optim` config (decay_iters null: over train.max_iters); step < 0 counts as 0."""
+    lr = partial(lr_at, lr=o.lr, min_lr=o.min_lr, warmup_iters=o.warmup_iters, schedule=o.schedule,
+                 decay_iters=o.decay_iters or max_iters, cooldown_frac=o.cooldown_frac)
+    return lambda step: lr(max(0, step))
+
+
 IMPL_FLAGS = ("fused", "foreach", "capturable")
 
 
@@ -85,9 +90,14 @@ def with_impl_flags(groups: list[dict], optimizer: torch.optim.Optimizer) -> lis
     return [dict(saved, **{k: g[k] for k in IMPL_FLAGS if k in g}) for saved, g in zip(groups, optimizer.param_groups)]
 
 
+def _keep_impl_flags(optimizer: torch.optim.Optimizer, state: dict) -> dict:
+    return dict(state, param_groups=with_impl_flags(state["param_groups"], optimizer))
+
+
 def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """optimizer.load_state_dict(state), keeping this optimizer's implementation (see with_impl_flags)."""
-    optimizer.load_state_dict(dict(state, param_groups=with_impl_flags(state["param_groups"], optimizer)))
+    """optimizer.load_state_dict(state), keeping this optimizer's implementation (see with_impl_flags); what
+    build_optimizer's optimizers do on every load_state_dict (a pre-hook), so they are plain Statefuls."""
+    optimizer.load_state_dict(_keep_impl_flags(optimizer, state))
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

@@ -1,15 +1,14 @@
-"""Stopping a run cleanly on SIGINT/SIGTERM.
+"""Stopping a run cleanly on SIGINT/SIGTERM, and the command line that continues it.
 
-Design: the handlers only set a flag (`StopRequest.signum`); the loop polls it between steps, finishes the
-step, writes last.pt and returns the conventional exit code (`EXIT_CODES`: 130 for SIGINT, 143 for
-SIGTERM). A second Ctrl-C raises KeyboardInterrupt at once: the atomic checkpoint writes keep the files
-intact whatever moment it lands. Handlers are installed only from the main thread (Python's rule) and
-restored when the run ends.
+The handlers only set a flag the loop polls between steps: it finishes the step, writes last.pt and
+exits 130/143. A second Ctrl-C aborts at once (the atomic saves keep every file intact).
 """
 from __future__ import annotations
 
+import shlex
 import signal
 import threading
+from pathlib import Path
 from typing import Optional
 
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
@@ -38,6 +37,29 @@ class StopRequest:
             signal.signal(s, h if h is not None else signal.SIG_DFL)
         self._previous.clear()
 
+    def agreed(self, agreement) -> bool:
+        """Stop now? This process's signal or, under torchrun, any rank's (`agreement`: a StopAgreement, so that
+        every rank stops after the same step); a signal another rank got becomes this one's too."""
+        agreed = agreement.poll(self.signum)
+        self.signum = self.signum or agreed or None
+        return bool(agreed)
+
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
+
+
+def resume_command(run_dir: Path, cli_overrides: Optional[list[str]],
+                   torchrun: Optional[tuple[int, int]] = None) -> str:
+    """The command that resumes this run: the user's overrides, this run dir and train.resume=true, launched
+    as it was (`torchrun`: (world_size, local_world_size) of a torchrun job)."""
+    keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
+    launch = ["python"]
+    if torchrun is not None:
+        world, local = torchrun
+        nodes = max(1, world // max(1, local))
+        launch = ["torchrun", "--standalone", f"--nproc_per_node={local}"] if nodes == 1 else \
+            ["torchrun", f"--nnodes={nodes}", "--node-rank=NODE_RANK", f"--nproc_per_node={local}",
+             "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
+    parts = [*launch, "train.py", *keep, f"hydra.run.dir={run_dir}", "train.resume=true"]
+    return " ".join(shlex.quote(p) for p in parts)

@@ -1,18 +1,18 @@
-"""Weights & Biases logging for a training run, and only when asked for (logger=wandb, rank 0).
+"""Weights & Biases logging, only when asked for (logger=wandb, rank 0); `import wandb` is slow, so it is lazy.
 
-Design: `import wandb` is slow, so nothing imports it until `WandbRun.start`. WANDB_MODE in the
-environment overrides logger.mode (wandb's own convention; "dryrun" means offline). Online mode with no API
-key, or any error wandb raises while starting, becomes one ValueError line that says what to do (use
-logger.mode=offline, run `wandb login`). The run id is stored in the checkpoint, so a resumed training run
-continues the same wandb run (resume="allow").
+WANDB_MODE in the environment overrides logger.mode (wandb's convention). A missing API key or any error
+while starting is one ValueError line saying what to do. The run id is kept in the checkpoint, so a
+resumed run continues the same wandb run.
 """
 from __future__ import annotations
 
 import logging
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from training.config import Config
+if TYPE_CHECKING:
+    from training.config import Config
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,159 @@
+"""Resume and save a run: the one place that knows which files a checkpoint is and what goes into them.
+
+torchtitan's pattern: the loop hands over its Stateful parts once and calls `resume(spec)` at the start
+and `save(step, best)` at evaluations. Whether a save is one file or a sharded directory (FSDP) is
+decided here, and the layout stays checkpoint.file's format 1, so files of every version load.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Optional
+
+from checkpoint import sharded
+from checkpoint.file import FORMAT, VERSION, clean_state_dict, link_checkpoint, load_checkpoint, \
+    load_model_weights, remove_stale_temp_files, save_checkpoint
+
+TOP_LEVEL = ("train_state", "rng")  # parts whose state_dicts are spread over the top level (format 1 has them there)
+_DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile", "train.parallel", "logger.")
+
+
+class CheckpointManager:
+    """`states`: name -> Stateful (state_dict / load_state_dict), saved under its name; "model" (the plain
+    module, sharded in place under FSDP) and "optimizer" are required, a None part is saved as None.
+    `meta`: what every checkpoint also records (model_config, tokenizer, config) and a resume must match.
+    `sharded`: an FSDP run (last_dcp/ to resume from, last.pt a weights-only export). Under torchrun every
+    rank calls resume() and save() (collectives); rank 0 writes the files; `group` carries the barriers."""
+
+    def __init__(self, run_dir: str | os.PathLike, states: dict[str, Any], meta: dict, *, sharded: bool = False,
+                 group: Any = None):
+        self.run_dir = Path(run_dir)
+        self.states, self.meta, self.sharded, self.group = states, meta, sharded, group
+        self.source: Optional[Path] = None  # the checkpoint resume() loaded
+        self.last: Optional[Path] = None  # the last good checkpoint: resumed from, or written since
+        self.last_step: Optional[int] = None
+        self.config_diff: list[str] = []  # settings that differ from the resumed checkpoint's ("key old -> new")
+
+    def resume(self, spec: Any) -> Optional[int]:
+        """Load what `train.resume` names (False; True: this run dir; a file, sharded dir or run dir) into
+        the states. Returns the checkpoint's step, or None when the run starts afresh."""
+        last, fresh = self.run_dir / "last.pt", spec is False or spec is None
+        if fresh and last.exists():
+            raise ValueError(f"{self.run_dir} already holds last.pt from an earlier run: continue it with "
+                             f"train.resume=true, or choose another hydra.run.dir (nothing was overwritten)")
+        if sharded.is_main_rank() and self.run_dir.is_dir():
+            remove_stale_temp_files(self.run_dir)  # of saves a kill cut short
+            if not fresh:
+                sharded.recover_sharded(self.run_dir)  # finish a directory swap that a kill interrupted
+        if fresh:
+            return None
+        sharded.barrier(self.group)
+        kind, path = sharded.resume_source(spec, self.run_dir)  # last.pt or last_dcp/, whichever is newer
+        if spec is True and kind == "file" and not last.is_file():
+            raise ValueError(f"train.resume=true but {self.run_dir} has no last.pt (every run gets a new "
+                             f"directory): pass the earlier run's directory with hydra.run.dir=<run dir> "
+                             f"train.resume=true, or give train.resume=<path to last.pt>")
+        ckpt = sharded.read_sharded_meta(path) if kind == "sharded" else load_checkpoint(path)
+        if kind == "file" and ckpt.get("optimizer") is None and ckpt.get("sharded"):
+            raise ValueError(f"{path} is the weights-only export of an FSDP run: resume from its sharded "
+                             f"checkpoint with train.resume={path.parent / sharded.LAST_DCP}")
+        self._check_fits(ckpt, path)
+        if kind == "sharded":  # DCP: weights + optimizer, resharded onto this world size
+            sharded.load_sharded(path, self.states["model"], self.states["optimizer"])
+        else:
+            self._load_file_weights(ckpt, path)
+        for name, part in self.states.items():
+            value = ckpt if name in TOP_LEVEL else ckpt.get(name)
+            if name not in ("model", "optimizer") and part is not None and value:
+                part.load_state_dict(value)
+        self.source, self.last, self.last_step = path, path, int(ckpt["step"])
+        loader_step = self.states["loader"].state_dict()["step"] if self.states.get("loader") else self.last_step
+        if loader_step != self.last_step:
+            raise ValueError(f"checkpoint {path} is inconsistent (step {self.last_step}, loader at step "
+                             f"{loader_step}): it is corrupt; use another checkpoint")
+        self.config_diff = _config_diff(ckpt.get("config") or {}, self.meta["config"])
+        return self.last_step
+
+    def _check_fits(self, ckpt: dict, path: Path) -> None:
+        """The same vocabulary and model shape as this run (one-line ValueErrors saying what to resume with)."""
+        tok, old = self.meta["tokenizer"], ckpt.get("tokenizer")
+        if old is not None and old != tok:
+            raise ValueError(f"the prepared data's vocabulary ({_vocab(tok)}) differs from the checkpoint's "
+                             f"({_vocab(old)}): resume with the data settings the checkpoint was trained with "
+                             f"({_data_settings(ckpt)})")
+        mine, theirs = self.meta["model_config"], dict(ckpt["model_config"])
+        diffs = [k for k in mine if k != "dropout" and theirs.get(k) != mine[k]]
+        if diffs:
+            here = ", ".join(f"{k}={mine[k]}" for k in diffs)
+            there = ", ".join(f"model.{k}={theirs.get(k)}" for k in diffs if k != "vocab_size")
+            fix = f"resume with the checkpoint's model settings ({there})" if there else \
+                "resume with the data the checkpoint was trained on"
+            raise ValueError(f"the model does not match the checkpoint {path}: here {here}, in the checkpoint "
+                             + ", ".join(f"{k}={theirs.get(k)}" for k in diffs) + f": {fix}")
+
+    def _load_file_weights(self, ckpt: dict, path: Path) -> None:
+        model, optimizer = self.states["model"], self.states["optimizer"]
+        if ckpt.get("optimizer") is None:
+            raise ValueError(f"checkpoint {path} has no optimizer state, so it cannot be resumed: start a new run")
+        (sharded.load_full_model_state if self.sharded else load_model_weights)(model, ckpt["model"], str(path))
+        try:
+            if self.sharded:
+                sharded.load_full_optimizer_state(model, optimizer, ckpt["optimizer"])
+            else:
+                optimizer.load_state_dict(ckpt["optimizer"])
+        except (ValueError, KeyError, RuntimeError) as e:
+            raise ValueError(f"the optimizer state in {path} does not fit this model ({str(e).splitlines()[0]}): "
+                             f"resume with the settings it was trained with") from None
+
+    def save(self, step: int, best: bool = False) -> Path:
+        """last.pt (+ best.pt, a hard link, when `best`); sharded runs also last_dcp/ (+ best_dcp/)."""
+        model, optimizer = self.states["model"], self.states["optimizer"]
+        state = {"format": FORMAT, "version": VERSION, "step": step, **self.meta, "model": None, "optimizer": None}
+        for name, part in self.states.items():  # on every rank: some state_dicts are collectives
+            if name not in ("model", "optimizer"):
+                sd = part.state_dict() if part is not None else None
+                if name in TOP_LEVEL:
+                    state.update(sd)
+                else:
+                    state[name] = sd
+        last = self.run_dir / "last.pt"
+        if self.sharded:  # the resumable checkpoint is the DCP one; last.pt holds the weights for sample.py
+            state["sharded"] = True
+            sharded.save_sharded(self.run_dir / sharded.LAST_DCP, model, optimizer, state, group=self.group,
+                                 best_path=self.run_dir / sharded.BEST_DCP if best else None)
+            state["model"] = sharded.full_model_state_dict(model)  # gathered on rank 0's CPU
+        elif sharded.is_main_rank():
+            state["model"] = clean_state_dict(model.state_dict())
+            state["optimizer"] = optimizer.state_dict()
+        self.last, self.last_step = last, step
+        if sharded.is_main_rank():
+            save_checkpoint(state, last)
+            if best:
+                link_checkpoint(last, self.run_dir / "best.pt")
+        return last
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _config_diff(old: dict, new: dict) -> list[str]:
+    a, b = _flatten(old), _flatten(new)
+    return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
+            if a.get(k) != b.get(k) and not k.startswith(_DIFF_IGNORED)]
+
+
+def _vocab(tok: dict) -> str:
+    if tok.get("type") == "char":
+        return f"char ({len(tok.get('chars', ''))} characters)"
+    return "gpt2 BPE" if tok.get("type") == "gpt2" else str(tok.get("type", "unknown"))
+
+
+def _data_settings(ckpt: dict) -> str:
+    d = (ckpt.get("config") or {}).get("data") or {}
+    parts = [f"data={d['name']}"] if d.get("name") else []
+    parts += [f"data.{k}={d[k]}" for k in ("path", "tokenizer") if d.get(k) is not None]
+    return " ".join(parts) or "see the checkpoint's config"

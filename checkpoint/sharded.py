@@ -1,0 +1,271 @@
+"""Sharded checkpoints (FSDP runs): torch.distributed.checkpoint (DCP) directories beside the single files.
+
+Every rank writes its own shards in parallel and DCP reshards on load, so a sharded checkpoint resumes
+on any world size, in DDP or in one process. A directory cannot be replaced atomically the way a file
+can, so a save writes a temp directory and swaps it in; `recover_sharded` finishes a swap a kill cut.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from checkpoint.file import (CheckpointError, _save_error, check_model_weights, clean_state_dict, load_checkpoint,
+                             save_checkpoint)
+from common.files import fsync_dir
+from common.text import one_line
+
+DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
+LAST_DCP = "last_dcp"
+BEST_DCP = "best_dcp"
+_GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dcp/ or best_dcp/"
+
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def is_main_rank() -> bool:
+    return not _distributed() or dist.get_rank() == 0
+
+
+def barrier(group: Any = None) -> None:
+    """All ranks meet (a no-op without a process group); `group`: the run's CPU control group."""
+    if _distributed():
+        dist.barrier(group=group)
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / ".metadata").is_file() and (p / DCP_META).is_file()
+
+
+@contextlib.contextmanager
+def _quiet_single_process():
+    """DCP warns on every single-process save/load ("assuming the intent is ..."): that is our intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
+        yield
+
+
+def _tmp_dir(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp")
+
+
+def _old_dir(path: Path) -> Path:
+    return path.with_name(f".{path.name}.old")
+
+
+def recover_sharded(run_dir: str | os.PathLike) -> None:
+    """Rank 0 at start: finish a directory swap a kill interrupted, drop half-written temp dirs."""
+    for name in (LAST_DCP, BEST_DCP):
+        path = Path(run_dir) / name
+        old, tmp = _old_dir(path), _tmp_dir(path)
+        if not path.exists() and is_sharded_checkpoint(tmp):
+            os.rename(tmp, path)  # the new checkpoint was complete: publish it
+        elif not path.exists() and old.exists():
+            os.rename(old, path)
+        for d in (old, tmp):
+            if d.exists():
+                shutil.rmtree(d, ignore_errors=True)
+
+
+def _publish_dir(tmp: Path, path: Path) -> None:
+    """Replace directory `path` by `tmp`: rename the old one away, rename the new one in, delete the old."""
+    old = _old_dir(path)
+    if old.exists():
+        shutil.rmtree(old)
+    if path.exists():
+        os.rename(path, old)
+    os.rename(tmp, path)
+    fsync_dir(path.parent)
+    if old.exists():
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _link_dir(src: Path, dst: Path) -> None:
+    """`dst` holds the same files as `src` (hard links; copies where links fail), swapped in whole."""
+    tmp = _tmp_dir(dst)
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for f in src.iterdir():
+        try:
+            os.link(f, tmp / f.name)
+        except OSError:
+            shutil.copy2(f, tmp / f.name)
+    _publish_dir(tmp, dst)
+
+
+def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, meta: dict, *,
+                 best_path: str | os.PathLike | None = None, group: Any = None) -> Path:
+    """A DCP checkpoint of model + optimizer (every rank writes its shards) + `meta` (rank 0), swapped in
+    whole; `best_path` also gets it (hard links). Collective: every rank calls it."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    path = Path(path)
+    tmp = _tmp_dir(path)
+    try:
+        if is_main_rank() and tmp.exists():
+            shutil.rmtree(tmp)
+        barrier(group)
+        msd, osd = get_state_dict(model, optimizer)
+        with _quiet_single_process():  # returns once every rank's shards are written
+            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp), no_dist=not _distributed())
+        if is_main_rank():
+            save_checkpoint(meta, tmp / DCP_META)
+            _publish_dir(tmp, path)
+            if best_path is not None:
+                _link_dir(path, Path(best_path))
+    except OSError as e:
+        raise _save_error(path, e) from None
+    finally:
+        barrier(group)
+    return path
+
+
+def read_sharded_meta(path: str | os.PathLike) -> dict:
+    """The plain metadata of a sharded checkpoint directory (a tinygpt checkpoint dict without tensors)."""
+    p = Path(path)
+    if not is_sharded_checkpoint(p):
+        raise CheckpointError(f"{p} is not a sharded tinygpt checkpoint (no .metadata and {DCP_META}): {_GIVE_SHARDED}")
+    return load_checkpoint(p / DCP_META)
+
+
+def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer) -> None:
+    """Load a DCP checkpoint into `model` and `optimizer` in their current layout (FSDP shards of any
+    world size, DDP or a plain module: DCP reshards). Collective when distributed."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    msd, osd = get_state_dict(model, optimizer)
+    state = {"model": msd, "optimizer": osd}
+    try:
+        with _quiet_single_process():
+            dcp.load(state, checkpoint_id=str(path), no_dist=not _distributed())
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps per-rank failures
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+        raise ValueError(f"the sharded checkpoint {path} does not fit this model ({first}): resume with the "
+                         f"settings it was trained with") from None
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def full_model_state_dict(model: torch.nn.Module) -> dict:
+    """The complete weights of an FSDP-sharded model on rank 0's CPU (a collective; other ranks get {})."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_full_model_state(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> None:
+    """Complete (single-file) weights into an FSDP-sharded model: each rank keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    sd = check_model_weights(model, state_dict, source)
+    set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True))
+
+
+def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict) -> None:
+    """An ordinary (index-keyed, unsharded) optimizer state_dict into an FSDP-sharded optimizer."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    names = {id(p): n for n, p in model.named_parameters()}
+    index_to_name = dict(enumerate(names[id(p)] for g in optimizer.param_groups for p in g["params"]))
+    groups = [dict(g, params=[index_to_name[int(j)] for j in g["params"]]) for g in state["param_groups"]]
+    fqn_state = {"state": {index_to_name[int(k)]: v for k, v in state["state"].items()}, "param_groups": groups}
+    set_optimizer_state_dict(model, optimizer, fqn_state, options=StateDictOptions(full_state_dict=True))
+
+
+def resume_source(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[str, Path]]:
+    """`train.resume` -> ("file", last.pt) | ("sharded", dir) | None (no resume).
+
+    true: the run dir's freshest resumable checkpoint (last.pt with optimizer state vs last_dcp/, by
+    step; an FSDP run's last.pt is a weights-only export, so last_dcp/ wins there). A path: a file, a
+    sharded directory, or a run directory (same rule).
+    """
+    if spec is False or spec is None:
+        return None
+    d = Path(run_dir) if spec is True else Path(os.path.expanduser(str(spec)))
+    if spec is not True and not d.is_dir():
+        return ("file", d)
+    if is_sharded_checkpoint(d):
+        return ("sharded", d)
+    last, shard = d / "last.pt", d / LAST_DCP
+    has_shard = is_sharded_checkpoint(shard)
+    if not last.is_file() and not has_shard:
+        if spec is True:
+            return ("file", last)  # the manager explains what to do
+        raise CheckpointError(f"{d} is a directory without last.pt or last_dcp/: point at a run directory that "
+                              f"has one, or at a checkpoint file")
+    if not has_shard:
+        return ("file", last)
+    if not last.is_file():
+        return ("sharded", shard)
+    try:
+        file_meta = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
+        file_ok, file_step = file_meta.get("optimizer") is not None, int(file_meta.get("step", -1))
+    except Exception:  # noqa: BLE001 - an unreadable last.pt: the sharded one is the way on
+        return ("sharded", shard)
+    try:
+        shard_step = int(read_sharded_meta(shard).get("step", -1))
+    except (ValueError, OSError):
+        return ("file", last)
+    return ("file", last) if file_ok and file_step >= shard_step else ("sharded", shard)
+
+
+def _export_source(src: Path) -> Path:
+    """The sharded directory `export SRC` reads: SRC itself or SRC/last_dcp; else a one-line CheckpointError
+    saying what SRC is (missing, a file, a run without sharded checkpoints) and what to give instead."""
+    if not src.exists():
+        raise CheckpointError(f"{src} does not exist: {_GIVE_SHARDED}")
+    if src.is_file():
+        raise CheckpointError(f"{src} is a file, but export reads a sharded checkpoint directory: {_GIVE_SHARDED} "
+                              f"(a .pt file is already a single-file checkpoint: use it as it is)")
+    if is_sharded_checkpoint(src):
+        return src
+    if (src / LAST_DCP).exists():
+        return src / LAST_DCP  # read_sharded_meta says so if it is incomplete
+    if (src / "last.pt").is_file():
+        raise CheckpointError(f"{src} has no {LAST_DCP}/, so there is nothing to export: only FSDP runs "
+                              f"(train.parallel=fsdp) write sharded checkpoints; its last.pt is already a "
+                              f"single-file checkpoint (use it as it is)")
+    return src  # not a checkpoint of any kind: read_sharded_meta says so
+
+
+def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None,
+                       make_optimizer: Callable[[torch.nn.Module, dict], torch.optim.Optimizer]) -> Path:
+    """Offline: a sharded checkpoint (or run dir with last_dcp/) -> one complete tinygpt checkpoint (weights +
+    optimizer + metadata), resumable in one process or DDP and readable by sample.py. Runs on the CPU
+    without a process group (DCP reads every shard). `make_optimizer(model, optim_config)` builds the
+    optimizer the run trained with, so that the state's layout is the one a resumed run expects."""
+    from model import GPT, GPTConfig
+    shard = _export_source(Path(src))
+    meta = read_sharded_meta(shard)
+    out = Path(out) if out is not None else shard.parent / f"{shard.name.removesuffix('_dcp')}_full.pt"
+    model = GPT(GPTConfig.from_dict(dict(meta["model_config"])))
+    optimizer = make_optimizer(model, (meta.get("config") or {}).get("optim") or {})
+    load_sharded(shard, model, optimizer)
+    state = {k: v for k, v in meta.items() if k != "sharded"}
+    state.update(model=clean_state_dict(model.state_dict()), optimizer=optimizer.state_dict())
+    return save_checkpoint(state, out)
+
+
+def main(argv: Optional[list[str]], make_optimizer: Callable, prog: str = "python -m training.distributed") -> int:
+    """The `export SRC [-o OUT]` command: a one-line `error: ...` and exit code 2 for a wrong SRC."""
+    import argparse
+    ap = argparse.ArgumentParser(prog=prog, description="Tools for distributed (torchrun) runs.")
+    ex = ap.add_subparsers(dest="cmd", required=True).add_parser(
+        "export", help="sharded checkpoint (FSDP's last_dcp/) -> one complete .pt file")
+    ex.add_argument("src", help="a run directory (uses its last_dcp/) or a sharded checkpoint directory")
+    ex.add_argument("-o", "--out", default=None, help="output file (default: <run dir>/last_full.pt)")
+    args = ap.parse_args(argv)
+    try:
+        print(f"wrote {export_single_file(args.src, args.out, make_optimizer)}")
+    except (ValueError, OSError) as e:
+        print(f"error: {one_line(e)}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,191 @@
+"""checkpoint/manager.py: one resume and one save for every Stateful part of a run; format 1 stays as it was.
+
+The first test pins the checkpoint format: a file laid out by hand exactly as the loop before the manager
+wrote it (same keys, plain torch.save) resumes into a run that equals an uninterrupted one, and the files
+the manager writes have exactly those keys, so the code before the manager reads them too.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+
+from checkpoint import file as ck
+from checkpoint import sharded as S
+from checkpoint.manager import CheckpointManager
+from tests.helpers import REPO
+from training import distributed as D
+from training import loop as loop_mod
+from training.config import register_configs
+from training.loop import train
+from training.state import TrainState
+
+register_configs()
+
+# the top-level keys of a single-process checkpoint, in the order the pre-manager loop (_Trainer._save) wrote them
+FORMAT_1 = ("format", "version", "step", "best_val_loss", "best_step", "model", "model_config", "tokenizer",
+            "optimizer", "scaler", "config", "rng", "loader", "wandb_run_id", "elapsed_s", "tokens", "loss_window",
+            "eval_pending")
+TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",
+        "model.block_size=16", "train.batch_size=4", "train.eval_iters=2", "train.eval_at_start=false",
+        "optim.warmup_iters=2", "model.dropout=0.1", "optim.decay_iters=8", "train.eval_interval=3",
+        "train.log_interval=2", "data=text"]
+
+
+def _cfg(corpus, *overrides):
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return compose("config", overrides=[*TINY, f"data.path={corpus}", *overrides])
+
+
+def _records(run):
+    strip = ("elapsed_s", "tokens_per_s", "wall_s", "train_s", "mean_tokens_per_s")
+    return [{k: v for k, v in json.loads(line).items() if k not in strip}
+            for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+class _Killed(BaseException):
+    pass
+
+
+def test_a_checkpoint_in_the_old_layout_resumes_exactly(tmp_path, tiny_corpus, monkeypatch):
+    straight = tmp_path / "straight"
+    train(_cfg(tiny_corpus, "train.max_iters=8"), straight)
+
+    first = tmp_path / "first"  # stopped right after the step-3 checkpoint: step 3's loss is not logged yet
+    real_save = loop_mod.Trainer._save
+
+    def save_then_die(self, step, best=False):
+        real_save(self, step, best)
+        raise _Killed
+    with monkeypatch.context() as mp:
+        mp.setattr(loop_mod.Trainer, "_save", save_then_die)
+        with pytest.raises(_Killed):
+            train(_cfg(tiny_corpus, "train.max_iters=8"), first)
+    new = torch.load(first / "last.pt", weights_only=True)
+    assert sorted(new) == sorted(FORMAT_1)  # what the manager writes is format 1: no key more, none less
+    assert (new["format"], new["version"], new["step"], new["tokens"]) == ("tinygpt", 1, 3, 3 * 4 * 16)
+    assert new["loader"] == {"step": 3, "micro": 0} and new["scaler"] is None and new["eval_pending"] is False
+    assert new["loss_window"]["first_step"] == 2 and len(new["loss_window"]["losses"]) == 1
+    assert set(new["rng"]) == {"python", "numpy", "torch", "cuda"} and set(new["optimizer"]) == {"state",
+                                                                                                "param_groups"}
+    assert ck.find_non_plain(new) is None
+
+    old = tmp_path / "old"  # the same state, laid out by hand as the old writer did, read with no manager
+    old.mkdir()
+    torch.save({k: new[k] for k in FORMAT_1}, old / "last.pt")
+    shutil.copy(first / "metrics.jsonl", old / "metrics.jsonl")
+    res = train(_cfg(tiny_corpus, "train.max_iters=8", "train.resume=true"), old)
+    assert res.step == 8
+    a, b = ck.load_checkpoint(straight / "last.pt"), ck.load_checkpoint(old / "last.pt")
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+    for pid, st in a["optimizer"]["state"].items():
+        for k, v in st.items():
+            assert torch.equal(v, b["optimizer"]["state"][pid][k]), (pid, k)
+    assert (a["best_val_loss"], a["best_step"], a["tokens"]) == (b["best_val_loss"], b["best_step"], b["tokens"])
+    assert _records(straight)[:-1] == _records(old)[:-1]  # every train/eval record (the summaries' times differ)
+
+
+def test_a_format_1_file_without_the_later_fields_resumes(tmp_path, tiny_corpus):
+    """The first format-1 files had no best_step, tokens, loss_window or eval_pending: they still resume."""
+    run = tmp_path / "run"
+    train(_cfg(tiny_corpus, "train.max_iters=3"), run)
+    ckpt = torch.load(run / "last.pt", weights_only=True)
+    for k in ("best_step", "tokens", "loss_window", "eval_pending", "elapsed_s"):
+        del ckpt[k]
+    torch.save(ckpt, run / "last.pt")
+    res = train(_cfg(tiny_corpus, "train.max_iters=6", "train.resume=true"), run)
+    assert res.step == 6 and ck.load_checkpoint(run / "last.pt")["tokens"] == 6 * 4 * 16
+
+
+def _model(seed):
+    from model import GPT, GPTConfig
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
+
+
+def _opt(model):
+    from training.optim import build_optimizer
+    return build_optimizer(model, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+
+
+def _parts(seed):
+    m = _model(seed)
+    return m, _opt(m)
+
+
+def _steps(m, opt, n, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x, y = torch.randint(0, 32, (4, 16), generator=g), torch.randint(0, 32, (4, 16), generator=g)
+        _, loss = m(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(loss.item())
+    return out
+
+
+def _meta(m):
+    return {"model_config": m.config.to_dict(), "tokenizer": {"type": "char", "chars": "ab"}, "config": {}}
+
+
+def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
+    """A single-file checkpoint resumes into an FSDP2-sharded model (weights and optimizer state sharded on
+    load), whose sharded save resumes into a plain model again: both continue the original bitwise."""
+    m, opt = _parts(0)
+    _steps(m, opt, 2, seed=1)
+    state = TrainState(step=2)
+    CheckpointManager(tmp_path / "a", {"model": m, "optimizer": opt, "train_state": state}, _meta(m)).save(2)
+    expected = _steps(m, opt, 2)
+
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        info = D.DistInfo(parallel="fsdp", backend="gloo")
+        f = D.wrap_model(_model(3), info, torch.device("cpu"))
+        fopt = _opt(f)  # after sharding: its parameters are the shards
+        fs = TrainState()
+        mgr = CheckpointManager(tmp_path / "a", {"model": f, "optimizer": fopt, "train_state": fs}, _meta(m),
+                                sharded=True)
+        assert mgr.resume(True) == 2 and fs.step == 2 and mgr.source == tmp_path / "a" / "last.pt"
+        mgr.run_dir = tmp_path / "b"
+        mgr.save(2, best=True)  # last_dcp/ + best_dcp/ + a weights-only last.pt
+        assert S.is_sharded_checkpoint(tmp_path / "b" / S.LAST_DCP) and (tmp_path / "b" / "best.pt").is_file()
+        assert _steps(f, fopt, 2) == expected
+    finally:
+        dist.destroy_process_group()
+
+    g, gopt = _parts(4)
+    mgr = CheckpointManager(tmp_path / "b", {"model": g, "optimizer": gopt, "train_state": TrainState()}, _meta(m))
+    assert mgr.resume(True) == 2 and mgr.source == tmp_path / "b" / S.LAST_DCP  # the export holds no optimizer
+    assert _steps(g, gopt, 2) == expected
+
+
+def test_resume_refusals_name_the_fix(tmp_path):
+    m, opt = _parts(0)
+    run = tmp_path / "run"
+    CheckpointManager(run, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m)).save(1)
+    assert (run / "last.pt").is_file() and not (run / "best.pt").exists()
+
+    def manager(meta=None, **states):
+        m2, opt2 = _parts(1)
+        return CheckpointManager(run, {"model": m2, "optimizer": opt2, "train_state": TrainState(), **states},
+                                 meta or _meta(m2))
+    with pytest.raises(ValueError, match="already holds last.pt"):
+        manager().resume(False)
+    with pytest.raises(ValueError, match=r"vocabulary \(char \(3 characters\)\) differs from the checkpoint's "
+                                         r"\(char \(2 characters\)\)"):
+        manager(meta={**_meta(m), "tokenizer": {"type": "char", "chars": "abc"}}).resume(True)
+    with pytest.raises(ValueError, match=r"does not match the checkpoint .*: here n_layer=3, in the checkpoint "
+                                         r"n_layer=2: resume with the checkpoint's model settings \(model.n_layer=2\)"):
+        manager(meta={**_meta(m), "model_config": {**m.config.to_dict(), "n_layer": 3}}).resume(True)
+    ck.save_checkpoint({**torch.load(run / "last.pt", weights_only=True), "optimizer": None}, run / "last.pt")
+    with pytest.raises(ValueError, match="has no optimizer state, so it cannot be resumed"):
+        manager().resume(True)
+    (run / "last.pt").unlink()
+    assert manager().resume(False) is None  # a fresh run

@@ -1,0 +1,85 @@
+"""checkpoint/sharded.py: DCP save/load without a process group, the resume-source rule, recovery of an
+interrupted directory swap, and the offline export (`python -m training.distributed export`)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from checkpoint import file as ck
+from checkpoint import sharded as S
+from training import distributed as D
+
+
+def _tiny_model_and_opt(seed=0):
+    from model import GPT, GPTConfig
+    from training.optim import build_optimizer
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    return m, build_optimizer(m, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+
+
+def _steps(m, opt, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x, y = torch.randint(0, 32, (4, 16), generator=g), torch.randint(0, 32, (4, 16), generator=g)
+        _, loss = m(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(loss.item())
+    return out
+
+
+def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
+    """DCP save/load without a process group, the resume-source rule, and the offline export CLI."""
+    m, opt = _tiny_model_and_opt()
+    _steps(m, opt, 2, seed=1)
+    meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "optimizer": None, "step": 2,
+            "model_config": m.config.to_dict(), "config": {"optim": {"lr": 1e-2}}, "sharded": True}
+    run = tmp_path / "run"
+    S.save_sharded(run / S.LAST_DCP, m, opt, meta, best_path=run / S.BEST_DCP)
+    assert S.is_sharded_checkpoint(run / S.LAST_DCP) and S.is_sharded_checkpoint(run / S.BEST_DCP)
+    assert S.read_sharded_meta(run / S.LAST_DCP)["step"] == 2
+    expected = _steps(m, opt, 2, seed=2)
+
+    m2, opt2 = _tiny_model_and_opt(seed=9)
+    S.load_sharded(run / S.LAST_DCP, m2, opt2)
+    assert _steps(m2, opt2, 2, seed=2) == expected  # model and optimizer state: bitwise
+
+    # resume=true picks the freshest resumable checkpoint: an FSDP export (no optimizer) loses to last_dcp
+    assert S.resume_source(True, run) == ("sharded", run / S.LAST_DCP)
+    ck.save_checkpoint({**meta, "model": m.state_dict(), "optimizer": None}, run / "last.pt")
+    assert S.resume_source(True, run) == ("sharded", run / S.LAST_DCP)
+    ck.save_checkpoint({**meta, "model": m.state_dict(), "optimizer": opt.state_dict(), "step": 4},
+                       run / "last.pt")
+    assert S.resume_source(True, run) == ("file", run / "last.pt")  # a later, complete single file wins
+    assert S.resume_source(str(run / S.LAST_DCP), tmp_path) == ("sharded", run / S.LAST_DCP)
+    assert S.resume_source(False, run) is None
+
+    # python -m training.distributed export
+    assert D.main(["export", str(run / S.BEST_DCP), "-o", str(tmp_path / "f.pt")]) == 0
+    full = ck.load_checkpoint(tmp_path / "f.pt")
+    assert full["step"] == 2 and full["optimizer"] is not None and ck.find_non_plain(full) is None
+    m3 = ck.model_from_checkpoint(full).train()  # what sample.py does
+    from training.optim import build_optimizer
+    opt3 = build_optimizer(m3, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    opt3.load_state_dict(full["optimizer"])
+    assert _steps(m3, opt3, 2, seed=2) == expected
+    capsys.readouterr()
+    ddp_run = tmp_path / "ddp"  # a run without sharded checkpoints: its last.pt is already one file
+    ddp_run.mkdir()
+    (ddp_run / "last.pt").write_bytes((run / "last.pt").read_bytes())
+    for src, why in ((tmp_path, "is not a sharded tinygpt checkpoint"), (tmp_path / "nope", "does not exist"),
+                     (ddp_run, "has no last_dcp/, so there is nothing to export"),
+                     (ddp_run / "last.pt", "is a file, but export reads a sharded checkpoint directory")):
+        assert D.main(["export", str(src)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {src} {why}") and err.count("\n") == 1, err
+        assert "last_dcp/" in err and "or a last.pt" not in err
+
+    S.recover_sharded(run)  # nothing to recover: leaves the checkpoint alone
+    os.rename(run / S.LAST_DCP, run / f".{S.LAST_DCP}.old")  # a kill between the two renames of a swap
+    S.recover_sharded(run)
+    assert S.is_sharded_checkpoint(run / S.LAST_DCP)

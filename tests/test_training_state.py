@@ -1,0 +1,59 @@
+"""training/state.py: the Stateful parts of a run (counters, the unlogged loss window, every rank's RNG)."""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from training import state as TS
+from training.distributed import DistInfo
+
+
+def test_rank_rng_state():
+    from checkpoint.file import capture_rng_state
+    base = capture_rng_state()
+    torch.manual_seed(5)
+    other = capture_rng_state()
+    ckpt = {"rng": base, "rng_ranks": [base, other], "step": 7}
+    two = [TS.rank_rng_state(ckpt, DistInfo(rank=r, world_size=2, parallel="ddp"), 1) for r in range(2)]
+    assert two[0] is base and two[1] is other  # same world size: each rank its own stream
+    three = [TS.rank_rng_state(ckpt, DistInfo(rank=r, world_size=3, parallel="ddp"), 1) for r in range(3)]
+    assert three[0] is base
+    assert not torch.equal(three[1]["torch"], three[2]["torch"])  # fresh, distinct, deterministic streams
+    assert torch.equal(three[1]["torch"], TS.rank_rng_state(ckpt, DistInfo(rank=1, world_size=3), 1)["torch"])
+    single = {"rng": base, "step": 3}  # a single-process checkpoint
+    assert TS.rank_rng_state(single, DistInfo(), 1) is base
+
+
+def test_train_state_round_trip_and_tokens_of_an_older_checkpoint():
+    st = TS.TrainState(tokens_per_step=64, step=5, tokens=320, best_val_loss=1.5, best_step=4, wandb_run_id="ab")
+    sd = st.state_dict()
+    assert set(sd) == {"step", "best_val_loss", "best_step", "wandb_run_id", "elapsed_s", "tokens", "eval_pending"}
+    back = TS.TrainState(tokens_per_step=64)
+    back.load_state_dict(sd)
+    assert (back.step, back.tokens, back.best_val_loss, back.best_step, back.wandb_run_id) == (5, 320, 1.5, 4, "ab")
+    assert back.elapsed() >= sd["elapsed_s"]
+    old = {"step": 3, "model_config": {"block_size": 8}, "rng_ranks": [{}, {}],  # before `tokens`, `best_*`
+           "config": {"train": {"batch_size": 2, "grad_accum_steps": 2}}}
+    back.load_state_dict(old)
+    assert back.tokens == 3 * 2 * 2 * 2 * 8 and back.best_val_loss == math.inf and back.best_step is None
+    back.load_state_dict({"step": 3})  # no config to go by: this run's global batch
+    assert back.tokens == 3 * 64
+
+
+def test_loss_window_keeps_unlogged_losses_only_where_they_fit():
+    w = TS.LossWindow(4, torch.device("cpu"), DistInfo())
+    w.clear(8)
+    for v in (1.0, 2.0):
+        w.add(torch.tensor(v))
+    sd = w.state_dict()
+    assert sd == {"first_step": 8, "losses": [1.0, 2.0]}
+    # kept where they end at the step and fit one window; else dropped (a wrong end, train.log_interval changed)
+    for step, size, kept in ((10, 4, 2), (10, 8, 2), (11, 4, 0), (10, 2, 0), (10, 3, 0)):
+        r = TS.LossWindow(size, torch.device("cpu"), DistInfo())
+        r.load_state_dict(sd)
+        r.start(step)
+        assert (r.n, r.restored) == (kept, kept) and r.first_step == (8 if kept else step)
+    bad = []
+    w.add(torch.tensor(float("nan")))
+    assert w.read(lambda s, v: bad.append((s, v)))[:2] == [1.0, 2.0] and bad[0][0] == 11 and math.isnan(bad[0][1])

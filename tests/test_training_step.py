@@ -1,0 +1,86 @@
+"""training/step.py: the training step and the evaluation without a Trainer (what bench.py calls), and the
+compile guard's fallback."""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+import torch
+
+from training.step import CompileGuard, EvalInterrupted, evaluate, train_step
+
+
+def _model_and_opt(seed=0):
+    from model import GPT, GPTConfig
+    from training.optim import build_optimizer
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    return m, build_optimizer(m, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+
+
+def _batches(n, batch=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    data = [(torch.randint(0, 32, (batch, 16), generator=g), torch.randint(0, 32, (batch, 16), generator=g))
+            for _ in range(n)]
+    return iter(data).__next__, data
+
+
+def test_accumulated_step_equals_one_big_batch():
+    a, b = _model_and_opt()[0], _model_and_opt()[0]
+    opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
+    nxt, data = _batches(2, batch=2)
+    synced = []
+    loss_a = train_step(a, opt_a, nxt, accum=2, grad_clip=1.0,
+                        grad_sync=lambda last: synced.append(last) or contextlib.nullcontext())
+    assert synced == [False, True]  # gradients reduced on the last micro-step only
+    big = (torch.cat([data[0][0], data[1][0]]), torch.cat([data[0][1], data[1][1]]))
+    loss_b = train_step(b, opt_b, lambda: big, grad_clip=1.0)
+    assert loss_a.shape == () and loss_a.item() == pytest.approx(loss_b.item(), abs=1e-6)
+    for pa, pb in zip(a.parameters(), b.parameters()):
+        assert torch.allclose(pa, pb, atol=1e-6) and pa.grad is None  # zero_grad(set_to_none)
+
+
+def test_evaluate_counts_only_the_counted_batches_and_can_stop():
+    m, _ = _model_and_opt()
+    _, data = _batches(3)
+    plan = [(0, True), (1, True), (2, False)]
+    with torch.no_grad():
+        m.eval()
+        want = (m(*data[0])[1] + m(*data[1])[1]).item() / 2
+    m.train()
+    assert evaluate(m, data.__getitem__, plan) == pytest.approx(want, rel=1e-6) and m.training
+    with pytest.raises(EvalInterrupted):
+        evaluate(m, data.__getitem__, plan, stop=lambda: True)
+    assert m.training  # back in train mode after an interrupted evaluation too
+
+
+def test_compile_guard_warns_once_rewinds_and_retries(caplog):
+    class Counter:  # a Stateful the failed call consumed
+        def __init__(self):
+            self.n = 0
+
+        def state_dict(self):
+            return {"n": self.n}
+
+        def load_state_dict(self, sd):
+            self.n = sd["n"]
+    counter, eager, calls = Counter(), [], []
+
+    def fn():
+        counter.n += 1
+        torch.rand(1)
+        calls.append(torch.get_rng_state().clone())
+        if not eager:
+            raise RuntimeError("backend compiler failed\nmore")
+        return counter.n
+    guard = CompileGuard(True, lambda: eager.append(1), rewound=[counter])
+    with caplog.at_level(logging.WARNING):
+        assert guard.run("train", fn) == 1  # rewound before the eager retry
+    assert torch.equal(calls[0], calls[1]) and not guard.enabled
+    assert [r.message for r in caplog.records] == ["torch.compile failed (RuntimeError: backend compiler failed): "
+                                                   "continuing without compilation (train.compile=false skips the "
+                                                   "attempt)"]
+    oom = CompileGuard(True, lambda: None)
+    with pytest.raises(torch.OutOfMemoryError):
+        oom.run("eval", lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("out of memory")))

@@ -1,0 +1,147 @@
+"""What a run carries into its next session, as Stateful parts of the checkpoint (checkpoint.manager).
+
+TrainState holds the counters, LossWindow the losses not yet logged, RNGState every random generator of
+every rank. Their state_dicts are format 1's keys, so checkpoints of every version resume exactly.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from checkpoint.file import capture_rng_state, restore_rng_state
+from common.rng import seed_for
+from training.distributed import DistInfo, all_reduce_mean
+
+
+@dataclass
+class TrainState:
+    """The counters of a run; `state_dict` keys are top-level checkpoint keys."""
+    tokens_per_step: int = 0  # this run's global batch in tokens (not saved)
+    step: int = 0
+    tokens: int = 0  # training tokens so far, all sessions: counted, since a resume may change the batch
+    best_val_loss: float = math.inf
+    best_step: Optional[int] = None
+    elapsed_before: float = 0.0  # training time of earlier sessions
+    wandb_run_id: Optional[str] = None
+    eval_pending: bool = False  # a stop cut the evaluation at `step` short: the resumed run redoes it
+    started: float = field(default_factory=time.perf_counter)  # this session's clock (the loop restarts it)
+
+    def elapsed(self) -> float:
+        return self.elapsed_before + (time.perf_counter() - self.started)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "best_val_loss": self.best_val_loss, "best_step": self.best_step,
+                "wandb_run_id": self.wandb_run_id, "elapsed_s": self.elapsed(), "tokens": self.tokens,
+                "eval_pending": self.eval_pending}
+
+    def load_state_dict(self, ckpt: dict) -> None:
+        self.step = int(ckpt["step"])
+        self.best_val_loss = float(ckpt["best_val_loss"]) if ckpt.get("best_val_loss") is not None else math.inf
+        self.best_step = ckpt.get("best_step")
+        self.elapsed_before = float(ckpt.get("elapsed_s") or 0.0)
+        self.wandb_run_id = ckpt.get("wandb_run_id")
+        self.eval_pending = bool(ckpt.get("eval_pending"))
+        self.tokens = int(ckpt["tokens"]) if ckpt.get("tokens") is not None else self._tokens_before_the_field(ckpt)
+
+    def _tokens_before_the_field(self, ckpt: dict) -> int:
+        """A checkpoint older than `tokens`: its step times the global batch of its own config (its process
+        count is len(rng_ranks)), else times this run's."""
+        t, per_step = (ckpt.get("config") or {}).get("train") or {}, self.tokens_per_step
+        if isinstance(t.get("batch_size"), int) and isinstance(t.get("grad_accum_steps"), int):
+            world_size = len(ckpt.get("rng_ranks") or [None])
+            per_step = t["batch_size"] * t["grad_accum_steps"] * world_size * ckpt["model_config"]["block_size"]
+        return int(ckpt["step"]) * per_step
+
+
+class LossWindow:
+    """The per-step losses since the last log line, on the device: one host sync per log interval (and one
+    all-reduce under torchrun). Saved as "loss_window", so a resumed run logs what its checkpoint had not
+    logged yet where an uninterrupted run logs it, and metrics.jsonl comes out the same."""
+
+    def __init__(self, size: int, device: torch.device, rt: DistInfo):
+        self.buf = torch.zeros(max(1, size), device=device, dtype=torch.float32)
+        self.rt, self.n, self.first_step = rt, 0, 0
+        self.restored = 0  # losses that came from the checkpoint (trained, and timed, before the resume)
+        self._saved: dict = {}
+
+    def add(self, loss: torch.Tensor) -> None:
+        self.buf[self.n] = loss
+        self.n += 1
+
+    def read(self, on_bad: Optional[Callable[[int, float], None]] = None) -> list[float]:
+        """The losses since the last clear(), averaged over ranks; `on_bad(step, value)` for the first NaN/inf."""
+        window = self.buf[: self.n]
+        vals = (all_reduce_mean(window.clone(), self.rt) if self.rt.distributed else window).tolist() if self.n else []
+        bad = next((i for i, v in enumerate(vals) if not math.isfinite(v)), None)
+        if bad is not None and on_bad is not None:
+            on_bad(self.first_step + bad + 1, vals[bad])
+        return vals
+
+    def clear(self, step: int) -> None:
+        self.n = self.restored = 0
+        self.first_step = step
+
+    def state_dict(self) -> dict:
+        return {"first_step": self.first_step, "losses": self.read()}
+
+    def load_state_dict(self, sd: dict) -> None:
+        self._saved = sd  # start() takes it once the run's step is known
+
+    def start(self, step: int) -> None:
+        """Begin at `step` with the checkpoint's unlogged losses, if they end there and still fit one window
+        (not when train.log_interval changed)."""
+        losses, first = [float(v) for v in self._saved.get("losses") or []], int(self._saved.get("first_step", -1))
+        self.clear(step)
+        if losses and first + len(losses) == step and first % self.buf.numel() == 0 and len(losses) < self.buf.numel():
+            self.buf[: len(losses)] = torch.tensor(losses, dtype=self.buf.dtype)
+            self.n = self.restored = len(losses)
+            self.first_step = first
+
+
+def gather_rng_states(info: DistInfo) -> Optional[list]:
+    """Every rank's RNG states (capture_rng_state dicts) on every rank; None in a single process."""
+    if not info.distributed:
+        return None
+    out = [None] * info.world_size
+    dist.all_gather_object(out, capture_rng_state(), group=info.control_group)
+    return out
+
+
+def rank_rng_state(ckpt: dict, info: DistInfo, seed: int) -> Optional[dict]:
+    """The RNG state this rank restores when resuming from `ckpt`: its own on the same world size (bitwise
+    continuation); else rank 0 takes "rng" and rank r a torch stream seeded from (seed, rank, step)."""
+    base, ranks = ckpt.get("rng"), ckpt.get("rng_ranks")
+    if base is None:
+        return None
+    if ranks and len(ranks) == info.world_size:
+        return ranks[info.rank]
+    if info.rank == 0:
+        return base
+    g = torch.Generator()
+    g.manual_seed(seed_for(int(seed), "dropout", info.rank, int(ckpt.get("step", 0))))
+    return {**base, "torch": g.get_state(), "cuda": None}
+
+
+class RNGState:
+    """python/numpy/torch/cuda generators: "rng" (this rank's; a file keeps rank 0's) and, under torchrun,
+    "rng_ranks" (every rank's). A load is applied by restore(), last: setting up draws random numbers."""
+
+    def __init__(self, rt: DistInfo, seed: int):
+        self.rt, self.seed, self.pending = rt, seed, None
+
+    def state_dict(self) -> dict:
+        ranks = gather_rng_states(self.rt)  # a collective: every rank calls it
+        return {"rng": capture_rng_state(), **({"rng_ranks": ranks} if ranks is not None else {})}
+
+    def load_state_dict(self, ckpt: dict) -> None:
+        self.pending = rank_rng_state(ckpt, self.rt, self.seed)
+
+    def restore(self) -> None:
+        if self.pending is not None:
+            restore_rng_state(self.pending)
+            self.pending = None

@@ -1,0 +1,116 @@
+"""The training step and the evaluation, as plain functions: the loop calls them, and so can bench.py.
+
+Neither synchronises with the host: the step returns its loss as a device tensor, and the evaluation
+reads its sums once at the end (all-reduced across ranks when it is given a reduction).
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Any, Callable, ContextManager, Iterable, Optional
+
+import torch
+
+from checkpoint.file import capture_rng_state, restore_rng_state
+
+log = logging.getLogger(__name__)
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class EvalInterrupted(BaseException):
+    """`evaluate`'s `stop()` said so (not an Exception: a compile-failure guard must not catch it)."""
+
+
+def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, next_batch: Callable[[], Batch], *,
+               accum: int = 1, autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+               scaler: Optional[torch.amp.GradScaler] = None, grad_clip: float = 0.0,
+               grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> torch.Tensor:
+    """One optimizer step over `accum` micro-batches from `next_batch()`; returns the mean loss (no sync).
+
+    `model(x, y)` returns (logits, loss). `grad_sync(last)` wraps each micro-step's forward+backward so
+    gradients are reduced across ranks only on the last one (training.distributed.grad_sync). With a
+    GradScaler (fp16) the loss is scaled and the gradients unscaled before clipping at `grad_clip` (0: off).
+    """
+    total = None
+    for micro in range(accum):
+        x, y = next_batch()
+        with grad_sync(micro == accum - 1) if grad_sync is not None else contextlib.nullcontext():
+            with autocast():
+                _, loss = model(x, y)
+            if accum > 1:
+                loss = loss / accum
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        total = loss.detach() if total is None else total + loss.detach()
+    if grad_clip > 0:
+        if scaler is not None:
+            scaler.unscale_(optimizer)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+    if scaler is not None:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return total
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iterable[tuple[int, bool]], *,
+             autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+             reduce_sum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+             stop: Optional[Callable[[], bool]] = None) -> float:
+    """Mean loss over `batch(i)` for (i, counted) in `plan` (uncounted batches only keep ranks in step).
+
+    In eval mode (dropout off), restored to train mode after. `reduce_sum` sums the loss and batch count
+    over ranks (one host sync at the end); `stop()` is asked before each batch (EvalInterrupted if true).
+    """
+    model.eval()
+    try:
+        plan = list(plan)
+        losses = torch.zeros(len(plan), device=next(model.parameters()).device)
+        for j, (i, counted) in enumerate(plan):
+            if stop is not None and stop():
+                raise EvalInterrupted
+            x, y = batch(i)
+            with autocast():
+                _, loss = model(x, y)
+            if counted:
+                losses[j] = loss.float()
+        stats = torch.stack([losses.sum(), torch.tensor(float(sum(c for _, c in plan)), device=losses.device)])
+        s, n = (reduce_sum(stats) if reduce_sum is not None else stats).tolist()
+        return s / max(n, 1.0)
+    finally:
+        model.train()
+
+
+class CompileGuard:
+    """torch.compile compiles on first use, so a compiler that fails does so in the first step or evaluation.
+    `run(kind, fn)` runs the first call of each kind ("train", "eval") under a guard: if it fails (an
+    out-of-memory error excepted: eager needs more memory, not less), one warning, the RNGs and the
+    `rewound` Statefuls (the data loader) are put back as they were, `to_eager()`, and fn runs again."""
+
+    def __init__(self, enabled: bool, to_eager: Callable[[], None], rewound: Iterable = ()):
+        self.enabled, self.to_eager, self.rewound, self.verified = enabled, to_eager, list(rewound), set()
+
+    def run(self, kind: str, fn: Callable[[], Any]) -> Any:
+        if not self.enabled or kind in self.verified:
+            return fn()
+        rng, states = capture_rng_state(), [part.state_dict() for part in self.rewound]
+        try:
+            result = fn()
+            self.verified.add(kind)
+            return result
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any compile failure: eager will surface real errors again
+            first = (str(e).strip().splitlines() or [""])[0][:200]
+            log.warning(f"torch.compile failed ({type(e).__name__}: {first}): continuing without compilation "
+                        f"(train.compile=false skips the attempt)")
+        # the retry runs here, not in the except block, whose traceback would keep the failed step's activations
+        self.enabled = False
+        self.to_eager()
+        restore_rng_state(rng)
+        for part, state in zip(self.rewound, states):
+            part.load_state_dict(state)
+        return fn()
