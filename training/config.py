@@ -98,7 +98,11 @@ class Config:
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (idempotent). Imported lazily: Hydra is optional here."""
     from hydra.core.config_store import ConfigStore
-    ConfigStore.instance().store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
+    # train.py's Checks callback: validates the composed config and locks the run directory before Hydra
+    # writes there. Registered here, in code, so that no YAML preset ever names code for Hydra to import.
+    cs.store(name="train_checks", node={"hydra": {"callbacks": {"checks": {"_target_": "__main__.Checks"}}}})
 
 
 def to_container(cfg: Any) -> dict:
