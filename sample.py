@@ -11,10 +11,12 @@ import os
 import re
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 from common.text import one_line
+from common.threads import configure_threads
+
+configure_threads()  # before torch is imported (run() imports it): see common/threads.py
 
 SEPARATOR = "\n---------------\n"
 RUN_ROOTS = ("outputs", "multirun")          # Hydra's default output dirs, relative to the cwd
@@ -35,7 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
     src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2 directory (config.json + weights)")
     pr = p.add_mutually_exclusive_group()
-    pr.add_argument("--prompt", metavar="TEXT", help='text to continue (default: "\\n")')
+    pr.add_argument("--prompt", metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t understood)')
     pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file (- = stdin)")
     p.add_argument("--max-new-tokens", type=int, default=500, metavar="N", help="tokens per sample (default 500)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
@@ -47,7 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--stop", metavar="STRING", help="stop a sample when STRING appears (\\n, \\t understood)")
     p.add_argument("--no-kv-cache", dest="kv_cache", action="store_false", help="recompute the whole window per token")
     p.add_argument("--no-stream", dest="stream", action="store_false", help="print each sample whole when done")
-    p.add_argument("--compile", action="store_true", help="CUDA: static KV cache + torch.compile'd decode step")
+    p.add_argument("--compile", action="store_true", help="CUDA: decode with a torch.compile'd step (longest runs)")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="CUDA: decode without CUDA graphs")
     p.add_argument("--attention-map", metavar="FILE.png", help="draw the prompt's attention weights to a PNG")
     return p.parse_args(argv)
 
@@ -69,22 +72,27 @@ def validate_args(args: argparse.Namespace) -> None:
         raise ValueError(f"--max-new-tokens {args.max_new_tokens} is negative: use 0 or more (default 500)")
     if args.num_samples < 1:
         raise ValueError(f"--num-samples {args.num_samples} is invalid: use 1 or more")
-    args.stop = unescape(args.stop) if args.stop is not None else None
+    if args.seed is not None and not 0 <= args.seed < 2**64:  # torch.Generator.manual_seed's range
+        raise ValueError(f"--seed {args.seed} is out of range: use a whole number from 0 to {2**64 - 1}")
+    args.stop, args.prompt = (unescape(t) if t is not None else None for t in (args.stop, args.prompt))
     if args.stop == "":
         raise ValueError("--stop is empty: give the text that should end a sample, e.g. --stop '\\n\\n'")
-    if args.checkpoint is not None:
-        if Path(args.checkpoint).is_dir():
-            raise IsADirectoryError(f"--checkpoint {args.checkpoint} is a directory: give a .pt file in it, or "
-                                    "pass a run directory with --run DIR")
-        if not Path(args.checkpoint).exists():
-            raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist: check the path, or use --run DIR")
+    if args.checkpoint is not None and Path(args.checkpoint).is_dir():
+        raise IsADirectoryError(f"--checkpoint {args.checkpoint} is a directory: give a .pt file in it, or "
+                                "pass a run directory with --run DIR")
+    if args.checkpoint is not None and not Path(args.checkpoint).exists():
+        raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist: check the path, or use --run DIR")
     if args.run is not None and not Path(args.run).is_dir():
         raise FileNotFoundError(f"run directory {args.run} does not exist: pass a directory containing best.pt or last.pt")
     if args.init is not None and not (Path(args.init) / "config.json").is_file():
         raise FileNotFoundError(f"--init {args.init} has no config.json: pass a local Hugging Face GPT-2 directory "
                                 "(e.g. one saved with save_pretrained)")
-    if args.attention_map is not None and not Path(args.attention_map).resolve().parent.is_dir():
-        raise FileNotFoundError(f"cannot write --attention-map {args.attention_map}: its directory does not exist")
+    if args.attention_map is not None:
+        png = Path(args.attention_map)
+        if png.is_dir():
+            raise IsADirectoryError(f"--attention-map {png} is a directory: give a file name, e.g. {png / 'att.png'}")
+        if not png.resolve().parent.is_dir():
+            raise FileNotFoundError(f"cannot write --attention-map {png}: its directory does not exist")
 
 
 def read_prompt(args: argparse.Namespace) -> str | None:
@@ -125,10 +133,8 @@ def checkpoint_in_run(run_dir: Path) -> Path:
 
 def resolve_checkpoint(args: argparse.Namespace) -> Path | None:
     """The checkpoint file to load (None with --init); announces the choice on stderr."""
-    if args.init is not None:
-        return None
-    if args.checkpoint is not None:
-        return Path(args.checkpoint)
+    if args.init is not None or args.checkpoint is not None:
+        return Path(args.checkpoint) if args.checkpoint is not None else None
     path = checkpoint_in_run(Path(args.run)) if args.run is not None else find_newest_checkpoint()
     if path is None:
         raise FileNotFoundError(f"no trained model found under ./{RUN_ROOTS[0]} or ./{RUN_ROOTS[1]} in {Path.cwd()}: "
@@ -167,11 +173,8 @@ def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
 
 def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
     """Token ids of the prompt (default "\\n", else token 0), cut to its last `block_size` with a notice."""
-    if text is None:
-        try:
-            return tokenizer.encode("\n")[-block_size:] or [0]
-        except ValueError:  # a char vocabulary without "\n"
-            return [0]
+    if text is None:  # token 0 if a char vocabulary has no "\n"
+        return (tokenizer.encode("\n")[-block_size:] or [0]) if "\n" in getattr(tokenizer, "stoi", "\n") else [0]
     try:
         ids = tokenizer.encode(text)
     except ValueError as e:
@@ -189,7 +192,6 @@ def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
 
 class StopAt:
     """Passes text on up to the first `stop` (included), then is done; never emits text past it."""
-
     def __init__(self, stop: str | None):
         self.stop, self.held, self.done = stop, "", False
 
@@ -230,7 +232,6 @@ def run(argv: list[str] | None = None, out=None) -> int:
     validate_args(args)
     text = read_prompt(args)
     ckpt_path = resolve_checkpoint(args)
-
     import torch
     from model.device import resolve_device
     device = resolve_device(args.device, setting="--device")
@@ -243,29 +244,30 @@ def run(argv: list[str] | None = None, out=None) -> int:
         print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
     if args.attention_map:
         from viz.attention_map import draw_attention_map
-        draw_attention_map(model, tokenizer, ids, args.attention_map,
-                           title=str(args.init if args.init is not None else ckpt_path))
+        draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(args.init or ckpt_path))
         print(f"attention map written to {args.attention_map}", file=sys.stderr)
 
-    n_tokens, seconds = 0, 0.0
+    n_tokens, seconds, tail = 0, 0.0, ""  # tail: the last character printed
+
+    def write(text):  # to this sample's sink
+        nonlocal tail
+        print(text, end="", file=sink, flush=True)
+        tail = text[-1:] or tail
     for i in range(args.num_samples):
         sink = out if args.stream else io.StringIO()  # --no-stream: each sample is printed whole once done
-        write = partial(print, end="", file=sink, flush=True)
         write((SEPARATOR if i else "") + head)
         t0 = time.perf_counter()
         tokens = model.generate_stream(torch.tensor([ids], device=device), args.max_new_tokens,
                                        temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                                        use_kv_cache=args.kv_cache, generator=generator, compile=compile_decode,
-                                       vocab_limit=tokenizer.vocab_size)  # padded vocabulary ids: never sampled
+                                       vocab_limit=tokenizer.vocab_size,  # padded vocabulary ids: never sampled
+                                       cuda_graphs=args.cuda_graphs)
         n_tokens += stream_text(tokens, tokenizer, write, args.stop)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds += time.perf_counter() - t0
+        seconds += time.perf_counter() - t0  # no sync needed: every token has been read back to print it
         out.write("" if sink is out else sink.getvalue())
-    out.write("\n")
-    out.flush()
-    rate = n_tokens / seconds if seconds > 0 else 0.0
-    mode = "kv cache " + ("on" if args.kv_cache else "off") + (", compiled" if compile_decode else "")
+    print(end="" if tail == "\n" else "\n", file=out, flush=True)  # end the last line, never add one (--stop '\n')
+    rate, graphs = n_tokens / max(seconds, 1e-9), device.type == "cuda" and args.kv_cache and args.cuda_graphs
+    mode = "kv cache " + ("on" if args.kv_cache else "off") + (", compiled" if compile_decode else ", CUDA graphs" if graphs else "")
     print(f"generated {n_tokens} tokens in {seconds:.2f} s ({rate:.1f} tokens/s, {mode})", file=sys.stderr)
     return 0
 
@@ -293,6 +295,5 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     from data.sources import cache_dir
-    # matplotlib (--attention-map) keeps its font cache in tinygpt's cache, not in ~/.cache or ~/.config
-    os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
+    os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))  # matplotlib's font cache: not in ~
     sys.exit(main())

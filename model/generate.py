@@ -4,16 +4,18 @@
 
 When the context is full the window slides by half a block, so the KV cache stays useful; the cached and
 uncached paths see the same windows and give the same tokens. Nothing in the decode loop waits on the
-device, so compile=True can replay it as a CUDA graph.
+device, so on CUDA the one-token step is replayed as a CUDA graph (GraphedDecode; compile=True: inductor's).
 """
 from __future__ import annotations
 
 import warnings
+from functools import partial
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
 
+from model.cuda_graph import GraphedStep
 from model.kv_cache import KVCache
 
 
@@ -64,8 +66,12 @@ def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None, voca
     if temperature == 0:
         _check_sampling(temperature, top_k, top_p, vocab_limit)
         return limit_vocab(logits, vocab_limit).argmax(dim=-1, keepdim=True)
-    probs = logits_to_probs(logits, temperature, top_k, top_p, vocab_limit)  # (B, V)
-    # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) is distributed as p (no host sync needed).
+    return draw(logits_to_probs(logits, temperature, top_k, top_p, vocab_limit), generator)
+
+
+def draw(probs, generator=None) -> torch.Tensor:
+    """probs (B, V) -> tokens (B, 1), each row's drawn ~ probs: the exponential race argmax(p_i / E_i) with
+    E_i ~ Exp(1), which needs no host sync (unlike torch.multinomial)."""
     e = (torch.empty_like(probs).exponential_(1.0) if generator is None
          else _exponential(probs.shape, generator).to(probs.device))
     return (probs / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(dim=-1, keepdim=True)
@@ -88,6 +94,36 @@ def decode_one_token(model, tok, pos, cache, **kw) -> torch.Tensor:
     return sample(logits[:, -1], **kw)
 
 
+def _step_before_draw(model, tok, pos, cache, temperature, top_k, top_p, vocab_limit) -> torch.Tensor:
+    """decode_one_token up to its random draw: the next token (B, 1) at temperature 0, else probs (B, V)."""
+    logits, _ = model(tok, cache=cache, input_pos=pos)
+    if temperature == 0:
+        return sample(logits[:, -1], 0, vocab_limit=vocab_limit)
+    return logits_to_probs(logits[:, -1], temperature, top_k, top_p, vocab_limit)
+
+
+class GraphedDecode:
+    """decode_one_token with the step up to the draw replayed as a CUDA graph, captured at the first call
+    (capture=False: the same fixed-buffer step, uncaptured). The draw stays outside, where a user's
+    Generator works as in eager mode, so the tokens are eager's. One per generation: the graph holds the
+    first call's model and (static) cache."""
+
+    def __init__(self, capture: bool = True):
+        self.capture, self.step, self.cache = capture, None, None
+
+    def __call__(self, model, tok, pos, cache, temperature=1.0, top_k=None, top_p=None, generator=None,
+                 vocab_limit=None) -> torch.Tensor:
+        if self.step is None:
+            assert cache.static, "a graph needs fixed shapes: KVCache(static=True)"
+            fn = partial(_step_before_draw, model, cache=cache, temperature=temperature, top_k=top_k,
+                         top_p=top_p, vocab_limit=vocab_limit)
+            self.step, self.cache = GraphedStep(fn, tok, pos, capture=self.capture), cache
+        assert cache is self.cache, "one GraphedDecode per generation"
+        out = self.step(tok, pos)
+        return out if temperature == 0 else draw(out, generator)
+
+
+_cuda_graphs_work = True  # False once a capture has failed (warned): later generations decode eagerly
 _compiled_decode = None  # set to decode_one_token once compilation has failed
 
 
@@ -102,10 +138,12 @@ def _get_compiled_decode():
 
 
 def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-                    generator=None, compile=False, vocab_limit=None) -> Iterator[torch.Tensor]:
+                    generator=None, compile=False, vocab_limit=None, cuda_graphs=True) -> Iterator[torch.Tensor]:
     """Yield max_new_tokens new tokens, each a (B, 1) LongTensor, continuing the prompt idx (B, T); ids >=
     vocab_limit are never sampled. Arguments are checked now, not at the first token; call model.eval() first.
-    compile=True (CUDA; elsewhere a warning) decodes with a compiled step, eagerly if compiling fails (warned)."""
+    On CUDA the cached decode step is a CUDA graph (cuda_graphs=False: eager; not under autocast);
+    compile=True (CUDA; elsewhere a warning) decodes with a torch.compile'd step instead. Either falls
+    back to eager decoding, with one warning, if capturing or compiling fails."""
     _check_sampling(temperature, top_k, top_p, vocab_limit)
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.is_floating_point():
         raise ValueError("idx must be a (batch, time) tensor of token ids: e.g. torch.tensor([[0]])")
@@ -121,21 +159,29 @@ def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
                       f"decode on {idx.device.type}", RuntimeWarning, stacklevel=2)
     elif compile:
         decode = _get_compiled_decode()
+    elif (cuda_graphs and use_kv_cache and idx.device.type == "cuda" and _cuda_graphs_work
+          and not torch.is_autocast_enabled("cuda")):  # autocast's weight-cast cache outlives no graph
+        decode = GraphedDecode()
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, vocab_limit=vocab_limit)
-    return _generate(model, idx.long(), max_new_tokens, use_kv_cache, decode, decode is not decode_one_token, kw)
+    compiled = compile and decode is not decode_one_token
+    return _generate(model, idx.long(), max_new_tokens, use_kv_cache, decode, compiled, kw)
 
 
-@torch.no_grad()  # torch wraps generator functions so grad mode does not leak to the caller between yields
-def _generate(model, idx, max_new_tokens, use_kv_cache, decode, static_cache, kw):
+# inference_mode: no_grad minus autograd's per-op bookkeeping (~5% of a CPU decode step); torch wraps
+# generator functions, so the mode does not leak to the caller between yields
+@torch.inference_mode()
+def _generate(model, idx, max_new_tokens, use_kv_cache, decode, compiled, kw):
     block_size = model.config.block_size
     keep = max(1, block_size // 2)  # tokens kept when the window slides
     B, T0 = idx.shape
     tokens = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)  # no per-token cat
     tokens[:, :T0] = idx
     n, start = T0, max(0, T0 - block_size)  # tokens so far; the window is tokens[:, start:n]
-    cache = _new_cache(model, B, idx.device, static_cache) if use_kv_cache else None
+    # static (fixed-shape) off the CPU too, so eager runs the graph's kernels; a CPU cache reads only its prefix
+    static = decode is not decode_one_token or idx.device.type != "cpu"
+    cache = _new_cache(model, B, idx.device, static, compiled) if use_kv_cache else None
     positions = torch.arange(block_size, device=idx.device)  # views of it: no host->device copy per token
-    untried = decode is not decode_one_token  # the compiled decode's first call compiles: guard it
+    untried = decode is not decode_one_token  # a compiled/graphed decode's first call compiles/captures
     for i in range(max_new_tokens):
         slide = n - start > block_size  # the window cannot hold token n-1 at a known position
         if slide:
@@ -148,51 +194,70 @@ def _generate(model, idx, max_new_tokens, use_kv_cache, decode, static_cache, kw
         else:
             p = n - 1 - start  # position of token n-1 in the window
             args = (model, tokens[:, n - 1:n], positions[p:p + 1], cache)
-            tok = _first_compiled_call(decode, args, kw) if untried else decode(*args, **kw)
-            if tok is None:  # compilation failed (warned): decode this token and the rest eagerly
+            tok = _first_call(decode, args, kw) if untried else decode(*args, **kw)
+            if tok is None:  # compiling/capturing failed (warned): decode this token and the rest eagerly
                 decode = decode_one_token
                 tok = decode(*args, **kw)  # rewrites the cache slots the failed call may have written
             untried = False
-        tokens[:, n] = tok[:, 0]  # copy out: a CUDA-graph output is overwritten by the next replay
+        tokens[:, n] = tok[:, 0]  # copy out: a CUDA graph's output is overwritten by the next replay
         n += 1
         yield tokens[:, n - 1:n]
 
 
-def _new_cache(model, batch_size, device, static: bool) -> KVCache:
+def _new_cache(model, batch_size, device, static: bool, compiled: bool) -> KVCache:
     dtype = next(model.parameters()).dtype
     if torch.is_autocast_enabled(device.type):  # store k/v in the dtype the attention computes in
         dtype = torch.get_autocast_dtype(device.type)
-    cache = KVCache.for_model(model, batch_size, device=device, dtype=dtype)
-    if static:  # fixed addresses let CUDA graphs write the cache in place instead of copying it
+    cache = KVCache.for_model(model, batch_size, device=device, dtype=dtype, static=static)
+    if compiled:  # fixed addresses let inductor's CUDA graphs write the cache in place instead of copying it
         for t in (*cache.k, *cache.v):  # guard=False (default from torch 2.10): a new cache re-records, not recompiles
             torch._dynamo.mark_static_address(t, guard=False)
     return cache
 
 
-def _first_compiled_call(decode, args, kw):
-    """The compiled decode's first call, which compiles it: its token, or None after a warning if it failed.
-    The caller retries eagerly outside this frame (freeing the failed call first), generator rewound."""
-    global _compiled_decode
+def _first_call(decode, args, kw):
+    """A compiled or graphed decode's first call, which compiles/captures it: its token, or None after a
+    warning if that failed. The caller retries eagerly outside this frame (freeing the failed call first),
+    generator rewound."""
+    global _compiled_decode, _cuda_graphs_work
     g = kw.get("generator")
     state = g.get_state() if g is not None else None
     try:
         return decode(*args, **kw)
     except torch.OutOfMemoryError:
         raise  # not a compiler problem, and an eager retry needs more memory, not less
-    except Exception as e:  # noqa: BLE001 - inductor/Triton/C-compiler failures take many forms
-        lines = str(e).strip().splitlines()
-        why = f"{type(e).__name__}: {lines[0] if lines else ''}"[:200]
-    warnings.warn(f"torch.compile failed ({why}): decoding without compilation", RuntimeWarning,
-                  stacklevel=4)  # past _generate and no_grad's generator wrapper: who asked for the token
-    _compiled_decode = decode_one_token  # later generations skip the compiler too (warned once)
+    except Exception as e:  # noqa: BLE001 - inductor/Triton/C-compiler/capture failures take many forms
+        why = failure_reason(e)
+    if isinstance(decode, GraphedDecode):
+        msg, _cuda_graphs_work = f"CUDA graph capture failed ({why}): decoding without CUDA graphs", False
+    else:
+        msg, _compiled_decode = f"torch.compile failed ({why}): decoding without compilation", decode_one_token
+    # later generations skip the compiler/capture too (warned once); stacklevel: past _generate and
+    # inference_mode's generator wrapper, to whoever asked for the token
+    warnings.warn(msg, RuntimeWarning, stacklevel=4)
     if g is not None:
         g.set_state(state)
     return None
 
 
+def failure_reason(e: BaseException) -> str:
+    """`Type: the first line that says something` of e, or of the exception it wraps when its own text is
+    empty. torch 2.6's BackendCompilerFailed begins "backend='inductor' raised:", a header whose next line
+    is the reason, already naming its type ("InductorError: ... C++ compiler ...")."""
+    for _ in range(10):  # a chain, never a cycle
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        inner = getattr(e, "inner_exception", None) or e.__cause__
+        if lines or inner is None:
+            break
+        e = inner
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return lines[1][:200]
+    return (f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__)[:200]
+
+
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-             generator=None, compile=False, vocab_limit=None) -> torch.Tensor:
+             generator=None, compile=False, vocab_limit=None, cuda_graphs=True) -> torch.Tensor:
     """idx (B, T) -> (B, T + max_new_tokens): the prompt followed by the generated tokens."""
     new = generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, generator,
-                          compile, vocab_limit)
+                          compile, vocab_limit, cuda_graphs)
     return torch.cat([idx.long(), *new], dim=1)

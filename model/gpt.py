@@ -106,8 +106,8 @@ class GPT(nn.Module):
         if input_pos is None:
             input_pos = torch.arange(T, device=idx.device)  # (T,)
         mask = None  # no cache: attention is plainly causal over x
-        if cache is not None:
-            mask = torch.arange(cache.max_len, device=idx.device) <= input_pos[:, None]  # (T, max_len): k <= q
+        if cache is not None:  # (T, width): key <= query, over the slots the cache hands attention
+            mask = torch.arange(cache.width(input_pos), device=idx.device) <= input_pos[:, None]
 
         x = self.transformer.wte(idx) + self.transformer.wpe(input_pos)  # (B, T, C) + (T, C)
         x = self.transformer.drop(x)

@@ -363,3 +363,227 @@ def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config, monkeypa
     finally:
         torch._dynamo.reset()
     assert gen._get_compiled_decode() is gen.decode_one_token
+
+
+# ---- failure reasons (the one warning that says why compiling or capturing failed) ----------------
+
+class BackendCompilerFailed(RuntimeError):
+    """torch 2.6's torch._dynamo.exc.BackendCompilerFailed, as it builds its message."""
+
+    def __init__(self, backend_fn, inner_exception):
+        self.inner_exception = inner_exception
+        super().__init__(f"backend={backend_fn.__name__!r} raised:\n{type(inner_exception).__name__}: {inner_exception}")
+
+
+class InductorError(RuntimeError):
+    pass
+
+
+def inductor():
+    pass
+
+
+def test_failure_reason_finds_the_line_that_says_something():
+    from model.generate import failure_reason
+
+    wrapped = BackendCompilerFailed(inductor, InductorError("RuntimeError: Failed to find C++ compiler.\nmore"))
+    assert failure_reason(wrapped) == "InductorError: RuntimeError: Failed to find C++ compiler."  # not "raised:"
+    assert failure_reason(RuntimeError("no Triton\ndetails")) == "RuntimeError: no Triton"
+    empty = RuntimeError()
+    empty.__cause__ = InductorError("\n  InvalidCxxCompiler: No working C++ compiler found\n")
+    assert failure_reason(empty) == "InductorError: InvalidCxxCompiler: No working C++ compiler found"
+    assert failure_reason(RuntimeError("  \n")) == "RuntimeError"
+
+
+def test_compile_fallback_warning_carries_the_reason_of_a_wrapped_failure(tiny_gpt_config, monkeypatch):
+    """As torch 2.6 reports inductor failures: the first line is only "backend='inductor' raised:"."""
+    from model import generate as gen
+
+    exc = BackendCompilerFailed(inductor, InductorError("InvalidCxxCompiler: No working C++ compiler found"))
+    monkeypatch.setattr(gen, "_compiled_decode", _failing_compiled_decode([], exc))
+    model = spiky_model(tiny_gpt_config)
+    kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
+    with pytest.warns(RuntimeWarning, match=r"^torch.compile failed \(InductorError: .*C\+\+ compiler") as caught:
+        list(gen._generate(model, torch.tensor([[1]]), 5, True, gen._get_compiled_decode(), True, kw))
+    assert len(caught) == 1
+
+
+# ---- CUDA graphs: the captured step, checked where it can be without a GPU -------------------------
+
+def _run(model, idx, n, decode, kw, seed=None):
+    from model import generate as gen
+    kw = dict(kw, generator=None if seed is None else torch.Generator().manual_seed(seed))
+    return torch.cat([idx, *gen._generate(model, idx, n, True, decode, False, kw)], dim=1)
+
+
+SAMPLINGS = [dict(temperature=0, top_k=None, top_p=None), dict(temperature=1.5, top_k=20, top_p=0.95)]
+
+
+@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
+def test_graphed_step_on_fixed_buffers_gives_eager_tokens(tiny_gpt_config, monkeypatch, kw):
+    """The function a CUDA graph captures, run uncaptured: called with the same input tensors and the same
+    static cache every token (as a replay is), it gives eager decoding's tokens, the window sliding twice."""
+    from model import generate as gen
+
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    n = 3 * tiny_gpt_config.block_size
+    seen, step = [], gen._step_before_draw
+
+    def spy(model, tok, pos, cache, **skw):
+        seen.append((tok, pos, tok.data_ptr(), pos.data_ptr(), cache, cache.k[0].data_ptr(), pos.item()))
+        return step(model, tok, pos, cache, **skw)
+    monkeypatch.setattr(gen, "_step_before_draw", spy)
+    graphed = _run(model, idx, n, gen.GraphedDecode(capture=False), kw, seed=7)
+    assert torch.equal(graphed, _run(model, idx, n, gen.decode_one_token, kw, seed=7))
+    assert torch.equal(graphed, model.generate(idx, n, **kw, generator=torch.Generator().manual_seed(7)))
+    first = seen[0]
+    assert all(s[0] is first[0] and s[1] is first[1] and s[2:4] == first[2:4] for s in seen)  # same buffers
+    assert all(s[4] is first[4] and s[5] == first[5] and s[4].static for s in seen)  # one static cache
+    positions = [s[6] for s in seen]  # decode steps only: the first token and each slide's come from a prefill
+    assert max(positions) == tiny_gpt_config.block_size - 1 and n - 1 - len(seen) >= 2  # the window slid
+
+
+@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
+def test_capture_and_replay_protocol_on_a_stand_in_gpu(tiny_gpt_config, monkeypatch, kw):
+    """GraphedStep's CUDA calls, with CPU stand-ins: warm-up on a side stream, one capture, then per token
+    copy in + replay, which rewrites the one output tensor (as a real graph does). Tokens still equal eager
+    decoding's: each output is copied out before the next replay, and re-prefills keep the graph valid."""
+    import contextlib
+
+    from model import cuda_graph
+    from model import generate as gen
+
+    steps, events, init = [], [], cuda_graph.GraphedStep.__init__
+
+    def register(self, *args, **kwargs):
+        steps.append(self)
+        init(self, *args, **kwargs)
+
+    class Graph:
+        def replay(self):
+            events.append("replay")
+            steps[-1].out.copy_(steps[-1].fn(*steps[-1].inputs))  # into the captured output, in place
+
+    class Stream:
+        def wait_stream(self, other):
+            pass
+
+    @contextlib.contextmanager
+    def graph(g, stream=None):
+        assert isinstance(g, Graph) and isinstance(stream, Stream)
+        events.append("capture")
+        yield
+    monkeypatch.setattr(cuda_graph.GraphedStep, "__init__", register)
+    for name, value in dict(CUDAGraph=Graph, graph=graph, Stream=Stream, current_stream=Stream,
+                            stream=lambda s: contextlib.nullcontext(),
+                            device=lambda d: contextlib.nullcontext()).items():
+        monkeypatch.setattr(torch.cuda, name, value)
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    n = 3 * tiny_gpt_config.block_size
+    graphed = _run(model, idx, n, gen.GraphedDecode(), kw, seed=2)
+    assert torch.equal(graphed, _run(model, idx, n, gen.decode_one_token, kw, seed=2))
+    assert len(steps) == 1 and steps[0].graph is not None
+    assert events[0] == "capture" and events.count("capture") == 1 and len(events) > n // 2
+
+
+SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "is_nonzero", "equal", "_unique2",
+            "unique_consecutive", "unique_dim", "_assert_async"}  # ops whose result the host must wait for
+
+
+def _host_reads(fn) -> list[str]:
+    """Names of the aten ops run by fn that need a tensor's data on the host (a sync on a GPU)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Spy(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._overloadpacket.__name__ in SYNC_OPS:
+                reads.append(func._overloadpacket.__name__)
+            return func(*args, **(kwargs or {}))
+    reads: list[str] = []
+    with Spy():
+        fn()
+    return reads
+
+
+@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
+def test_graphed_decoding_never_waits_on_the_device(tiny_gpt_config, kw):
+    """No host read anywhere in a generation over the static cache (prefills, window slides, decode steps):
+    a CUDA graph replays back to back, and the only sync is the caller's, to print a token."""
+    from model import generate as gen
+
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.tensor([[1, 2, 3]])
+    n = 2 * tiny_gpt_config.block_size
+    assert _host_reads(lambda: _run(model, idx, n, gen.GraphedDecode(capture=False), kw, seed=1)) == []
+    # sensitivity: the CPU's dynamic cache reads its fill level on the host (free there), and is caught
+    assert {"item", "_local_scalar_dense"} & set(_host_reads(lambda: _run(model, idx, n, gen.decode_one_token, kw)))
+
+
+@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
+def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_config, monkeypatch, kw):
+    from model import generate as gen
+    from model.cuda_graph import GraphedStep
+
+    def fail(self, warmup):
+        self.fn(*self.inputs)  # as a warm-up would: writes the cache slot, draws nothing
+        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors ...")
+    monkeypatch.setattr(GraphedStep, "_capture", fail)
+    monkeypatch.setattr(gen, "_cuda_graphs_work", True)
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.tensor([[1, 2, 3]])
+    n = 2 * tiny_gpt_config.block_size
+    eager = _run(model, idx, n, gen.decode_one_token, kw, seed=4)
+    compiled = gen._compiled_decode
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(_run(model, idx, n, gen.GraphedDecode(), kw, seed=4), eager)
+    assert [str(w.message) for w in caught] == [
+        "CUDA graph capture failed (RuntimeError: CUDA error: operation not permitted when stream is capturing): "
+        "decoding without CUDA graphs"]
+    assert caught[0].category is RuntimeWarning and caught[0].filename == __file__
+    assert gen._cuda_graphs_work is False  # later generations decode eagerly, without a second warning
+    assert gen._compiled_decode is compiled  # the compiler's state is its own
+
+
+def test_cuda_graphs_are_off_the_cpu_and_optional(tiny_gpt_config):
+    """cuda_graphs=True is the default and a no-op without CUDA (no warning); graphs need the cache."""
+    model = spiky_model(tiny_gpt_config)
+    idx = torch.tensor([[1, 2]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = model.generate(idx, 20, temperature=0)
+        assert torch.equal(out, model.generate(idx, 20, temperature=0, cuda_graphs=False))
+        assert torch.equal(out, model.generate(idx, 20, temperature=0, use_kv_cache=False, cuda_graphs=True))
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
+    """The real thing: the baby shape in bf16 on a GPU, 400 tokens (the window slides at 256)."""
+    import time
+
+    from model import GPTConfig
+    from model import generate as gen
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)).cuda().bfloat16().eval()
+    idx = torch.zeros(1, 1, dtype=torch.long, device="cuda")
+
+    def run(cuda_graphs, **kw):  # -> (tokens, tokens/s after the first 10: past the capture)
+        g = torch.Generator(device="cuda").manual_seed(3)
+        out, times = [], []
+        for t in model.generate_stream(idx, 400, generator=g, cuda_graphs=cuda_graphs, **kw):
+            out.append(t.item())  # a sync per token, as sample.py's printing
+            times.append(time.perf_counter())
+        return out, 390 / (times[-1] - times[9])
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95), dict(temperature=1.0)):
+            run(True, **kw), run(False, **kw)  # warm-up: CUDA context, cuBLAS, allocator
+            (graphed, graphed_rate), (eager, eager_rate) = run(True, **kw), run(False, **kw)
+            assert graphed == eager, kw
+            assert graphed_rate > eager_rate, (graphed_rate, eager_rate)
+    assert gen._cuda_graphs_work

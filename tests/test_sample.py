@@ -23,7 +23,7 @@ import sample
 from tests.helpers import REPO, run_cli
 
 PROMPT = "ROMEO:\n"
-REPORT = re.compile(r"^generated (\d+) tokens in [\d.]+ s \([\d.]+ tokens/s, kv cache (on|off)\)$")
+REPORT = re.compile(r"^generated (\d+) tokens in [\d.]+ s \([\d.]+ tokens/s, kv cache (on|off)(?:, compiled|, CUDA graphs)?\)$")
 RUN_REL = Path("outputs") / "2026-01-01" / "00-00-00"
 
 
@@ -143,11 +143,33 @@ def test_stop_string_ends_the_sample(trained, capsys):
     code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 200,
                                  "--seed", 3, "--stop", r"\n")  # typed as backslash-n, as in a shell
     assert code == 0, err
-    (text,) = samples_of(out)
-    generated = text[len(PROMPT):]
-    assert generated.endswith("\n") and generated.count("\n") == 1
+    generated = out[len(PROMPT):]  # the output ends with the stop string: no newline is added after it
+    assert out.startswith(PROMPT) and generated.endswith("\n") and generated.count("\n") == 1
     n, _ = report_of(err)
     assert n == len(generated) < 200  # generation stopped early
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_output_ends_exactly_with_the_stop_string(trained, capsys, stream):
+    """`--stop '\n\n'` (the end of a speech): the output ends with those two newlines, not three."""
+    args = ["--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 300, "--seed", 3, "--stop", r"\n\n"]
+    code, out, err = sample_main(capsys, *args, *([] if stream else ["--no-stream"]))
+    assert code == 0, err
+    generated = out[len(PROMPT):]
+    assert generated.endswith("\n\n") and not generated.endswith("\n\n\n") and generated.count("\n\n") == 1
+    assert report_of(err)[0] == len(generated) < 300
+    code, out, err = sample_main(capsys, *args[:-2], "--max-new-tokens", 5)  # no stop string
+    last = out[len(PROMPT) + 4]  # the 5th generated character: a newline is added only to end an open line
+    assert code == 0 and out.endswith("\n") and len(out) == len(PROMPT) + 5 + (last != "\n")
+
+
+def test_prompt_understands_the_escapes_stop_does(trained, capsys):
+    code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", r"ROMEO:\nJULIET:",
+                                 "--max-new-tokens", 5, "--seed", 0)
+    assert code == 0, err
+    assert out.startswith("ROMEO:\nJULIET:")  # a real newline, as typed in a shell: ROMEO:\nJULIET:
+    code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", r"KING:\\n")
+    assert_one_line_error(code, err, "vocabulary", repr("\\"))  # \\ is one backslash, which the model never saw
 
 
 def test_num_samples_gives_separated_samples_and_no_stream_matches(trained, capsys):
@@ -209,6 +231,23 @@ def test_compile_on_cpu_is_a_note(trained, capsys):
     code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 5,
                                  "--compile", "--device", "cpu", "--temperature", 0)
     assert code == 0 and "note: --compile" in err and report_of(err) == (5, "on")
+
+
+def test_no_cuda_graphs_and_one_host_read_per_token(trained, capsys, monkeypatch):
+    """The generation loop never reads a tensor back; sample.py reads each token once, to print it.
+    (On the CPU the cache reads its fill level on the host: free there; GPUs use the static cache.)"""
+    calls = []
+    for name in ("tolist", "item", "cpu", "numpy"):
+        def spy(self, *a, _name=name, _f=getattr(torch.Tensor, name), **k):
+            calls.append(_name)
+            return _f(self, *a, **k)
+        monkeypatch.setattr(torch.Tensor, name, spy)
+    for extra in ([], ["--no-cuda-graphs"]):
+        calls.clear()
+        code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 50,
+                                     "--seed", 2, "--device", "cpu", *extra)
+        assert code == 0 and report_of(err) == (50, "on"), err
+        assert calls == ["tolist"] * 50
 
 
 def assert_png(path: Path, min_side: int = 100) -> None:
@@ -305,6 +344,9 @@ ARG_MISTAKES = [  # rejected before torch is imported: cheap even as subprocesse
     (["--run", "no/such/run"], "no/such/run"),
     (["--init", "."], "config.json"),
     (["--checkpoint", "."], "is a directory"),
+    (["--seed", "99999999999999999999"], "--seed 99999999999999999999 is out of range"),  # was an OverflowError
+    (["--seed", "-1"], "from 0 to 18446744073709551615"),
+    (["--attention-map", "."], "--attention-map . is a directory"),  # was "[Errno 21] Is a directory"
     (["--run", "x", "--checkpoint", "y"], "not allowed with"),
     (["--no-such-flag"], "unrecognized"),
     ([], "python train.py"),  # nothing trained under ./outputs or ./multirun

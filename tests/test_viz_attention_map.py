@@ -47,3 +47,33 @@ def test_draws_a_grid_png_of_the_last_tokens_and_leaves_the_model_alone(tiny_gpt
     assert seen == [torch.Size([1, 64])]
     assert_png(tmp_path / "att.png", min_side=400)
     assert model.training  # attention_maps turns dropout off only while it runs
+
+
+def test_label_glyphs_come_from_a_familys_widest_file_not_its_last(monkeypatch):
+    """With fonts-dejavu-extra, DejaVu Sans is many files, and one registered last (ExtraLight) lacks ⏎:
+    the newline label must still be drawn as ⏎, not escaped to \\u23ce."""
+    from matplotlib import font_manager
+    from matplotlib.font_manager import FontEntry
+
+    from data.tokenizer import CharTokenizer
+    from viz import attention_map
+
+    basic = {ord(c) for c in "ROMEO:abc·⇥…"}
+    charmaps = {"DejaVuSans.ttf": basic | {0x23CE} | set(range(0x400, 0x500)),  # the regular face: wider
+                "DejaVuSans-ExtraLight.ttf": basic, "broken.ttf": None}
+
+    class FakeFT2Font:
+        def __init__(self, path):
+            if charmaps[path] is None:
+                raise RuntimeError("unsupported font")
+            self.path = path
+
+        def get_charmap(self):
+            return {c: i for i, c in enumerate(sorted(charmaps[self.path]))}
+    fonts = [FontEntry(fname=f, name="DejaVu Sans") for f in ("broken.ttf", "DejaVuSans.ttf", "DejaVuSans-ExtraLight.ttf")]
+    monkeypatch.setattr(font_manager.fontManager, "ttflist", fonts)
+    monkeypatch.setattr(attention_map, "FT2Font", FakeFT2Font)
+    families, glyphs = attention_map.label_fonts()
+    assert families == ["DejaVu Sans"] and 0x23CE in glyphs
+    tok = CharTokenizer("ROMEO:\n")
+    assert attention_map.token_labels(tok, tok.encode("ROMEO:\n")) == ["R", "O", "M", "E", "O", ":", "⏎"]

@@ -20,16 +20,24 @@ LABEL_FONTS = ("DejaVu Sans", "Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans
 
 
 def label_fonts() -> tuple[list[str], set[int]]:
-    """The installed LABEL_FONTS (matplotlib falls back along the list) and the code points they draw."""
-    installed = {f.name: f.fname for f in font_manager.fontManager.ttflist}
-    families = [name for name in LABEL_FONTS if name in installed] or ["DejaVu Sans"]
+    """The installed LABEL_FONTS (matplotlib falls back along the list) and the code points they draw.
+    A family is often many files (fonts-dejavu-extra adds DejaVu Sans ExtraLight, Condensed, ...): each
+    counts with its widest-coverage file, its regular face, not with whichever file was registered last."""
+    files: dict[str, list[str]] = {}
+    for f in font_manager.fontManager.ttflist:
+        files.setdefault(f.name, []).append(f.fname)
+    families = [name for name in LABEL_FONTS if name in files] or ["DejaVu Sans"]
     glyphs: set[int] = set()
     for name in families:
-        try:
-            glyphs.update(FT2Font(installed[name]).get_charmap())
-        except (KeyError, OSError, RuntimeError):
-            pass
+        glyphs |= max((_charmap(path) for path in files.get(name, ())), key=len, default=set())
     return families, glyphs
+
+
+def _charmap(path: str) -> set[int]:
+    try:
+        return set(FT2Font(path).get_charmap())
+    except (OSError, RuntimeError):  # an unreadable or unsupported font file draws nothing
+        return set()
 
 
 def token_labels(tokenizer, ids: list[int], glyphs: set[int] | None = None) -> list[str]:
