@@ -13,14 +13,13 @@ import sys
 import time
 from pathlib import Path
 
+from checkpoint.locate import check_vocab, resolve_checkpoint  # stdlib only: no torch import yet
 from common.text import one_line
 from common.threads import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): see common/threads.py
 
 SEPARATOR = "\n---------------\n"
-RUN_ROOTS = ("outputs", "multirun")          # Hydra's default output dirs, relative to the cwd
-CHECKPOINT_NAMES = ("best.pt", "last.pt")     # in order of preference
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
@@ -115,57 +114,19 @@ def read_prompt(args: argparse.Namespace) -> str | None:
     return text
 
 
-def find_newest_checkpoint(roots=RUN_ROOTS) -> Path | None:
-    """best.pt (else last.pt) of the run whose checkpoint was written most recently, under `roots`."""
-    found = [f for root in map(Path, roots) if root.is_dir()
-             for name in CHECKPOINT_NAMES for f in root.rglob(name) if f.is_file()]
-    newest = max(found, key=lambda f: (f.stat().st_mtime, str(f.parent)), default=None)
-    return checkpoint_in_run(newest.parent) if newest else None
-
-
-def checkpoint_in_run(run_dir: Path) -> Path:
-    for name in CHECKPOINT_NAMES:
-        if (run_dir / name).is_file():
-            return run_dir / name
-    raise FileNotFoundError(f"run directory {run_dir} has no best.pt or last.pt: has its training saved a "
-                            "checkpoint yet? (or pass --checkpoint FILE)")
-
-
-def resolve_checkpoint(args: argparse.Namespace) -> Path | None:
-    """The checkpoint file to load (None with --init); announces the choice on stderr."""
-    if args.init is not None or args.checkpoint is not None:
-        return Path(args.checkpoint) if args.checkpoint is not None else None
-    path = checkpoint_in_run(Path(args.run)) if args.run is not None else find_newest_checkpoint()
-    if path is None:
-        raise FileNotFoundError(f"no trained model found under ./{RUN_ROOTS[0]} or ./{RUN_ROOTS[1]} in {Path.cwd()}: "
-                                "train one with `python train.py`, or pass --run DIR, --checkpoint FILE or --init HF_DIR")
-    print(f"using {path}" + (" (newest run)" if args.run is None else ""), file=sys.stderr)
-    return path
-
-
 def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
     """(model in eval mode on `device`, tokenizer) from the checkpoint alone (weights_only), or --init HF_DIR."""
     from model.device import cuda_bf16_native
     if args.init is not None:
         from data.tokenizer import GPT2Tokenizer
         from model import GPT
-        model, tokenizer = GPT.from_pretrained(args.init), GPT2Tokenizer()
+        model, tokenizer = GPT.from_pretrained(args.init).to(device).eval(), GPT2Tokenizer()
     else:
-        from checkpoint.file import load_checkpoint, model_from_checkpoint
+        from checkpoint.locate import load_for_inference
         from data.tokenizer import tokenizer_from_dict
-        ckpt = load_checkpoint(ckpt_path, map_location="cpu")
-        try:
-            model = model_from_checkpoint(ckpt)
-        except ValueError as e:  # bad model_config, or weights that do not fit it: say which file
-            raise ValueError(f"checkpoint {ckpt_path}: {e}") from None
-        if "tokenizer" not in ckpt:
-            raise ValueError(f"checkpoint {ckpt_path} has no tokenizer: it was not written by train.py; "
-                             "use a last.pt or best.pt from a training run")
-        tokenizer = tokenizer_from_dict(ckpt["tokenizer"])
-    if tokenizer.vocab_size > model.config.vocab_size:
-        raise ValueError(f"the tokenizer has {tokenizer.vocab_size} tokens but the model only "
-                         f"{model.config.vocab_size}: model and tokenizer do not belong together")
-    model = model.to(device).eval()
+        model, tok, _ = load_for_inference(ckpt_path, device)
+        tokenizer = tokenizer_from_dict(tok)
+    check_vocab(tokenizer.vocab_size, model)
     if device.type == "cuda" and cuda_bf16_native():
         model = model.bfloat16()  # decoding is memory-bound: half the bytes per token
     return model, tokenizer
@@ -231,7 +192,7 @@ def run(argv: list[str] | None = None, out=None) -> int:
     args = parse_args(argv)
     validate_args(args)
     text = read_prompt(args)
-    ckpt_path = resolve_checkpoint(args)
+    ckpt_path = None if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
     import torch
     from model.device import resolve_device
     device = resolve_device(args.device, setting="--device")

@@ -274,17 +274,7 @@ def _touch(path: Path, mtime: float) -> None:
     os.utime(path, (mtime, mtime))
 
 
-def test_find_newest_checkpoint_prefers_newest_run_then_best(tmp_path):
-    t = time.time()
-    _touch(tmp_path / "outputs/2026-01-01/10-00-00/best.pt", t - 500)
-    _touch(tmp_path / "outputs/2026-01-02/10-00-00/best.pt", t - 300)
-    _touch(tmp_path / "outputs/2026-01-02/10-00-00/last.pt", t - 100)  # newer, but best.pt is preferred
-    _touch(tmp_path / "multirun/2026-01-01/09-00-00/0/last.pt", t - 200)
-    assert sample.find_newest_checkpoint() == Path("outputs/2026-01-02/10-00-00/best.pt")
-    _touch(tmp_path / "multirun/2026-01-01/09-00-00/1/last.pt", t - 10)
-    assert sample.find_newest_checkpoint() == Path("multirun/2026-01-01/09-00-00/1/last.pt")
-    (tmp_path / "outputs/empty-run").mkdir()
-    assert sample.find_newest_checkpoint(roots=("nowhere",)) is None
+# (the newest-run rule itself is tested with its code, in tests/test_checkpoint_locate.py)
 
 
 def test_cli_uses_newest_run(trained, capsys, monkeypatch, tmp_path):
