@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 import json
-import sys
+import os
 import textwrap
+import time
 
 import pytest
 
 import bench
+from benchmarks import PRESETS, commands, gpt_config, inprocess, model_preset
 from tests.helpers import REPO, run_cli
 
 
@@ -26,7 +28,7 @@ def test_cli_smoke_tiny_sizes(tmp_path, cache_with_shakespeare, cache_with_gpt2,
     assert row["preset"] == "tiny" and row["measured_steps"] == 2 and row["tokens_per_s"] > 0
     assert row["optimizer"] == optim and f"training throughput ({optim};" in proc.stdout
     assert row["mfu"] is None  # CPU: no peak FLOP/s, so no MFU rather than a wrong one
-    assert row["model_config"]["n_layer"] == bench.model_preset("tiny")["n_layer"]
+    assert row["model_config"]["n_layer"] == model_preset("tiny")["n_layer"]
     modes = {d["mode"]: d for d in r["sections"]["decode"]["rows"]}
     assert set(modes) == {"kv_cache", "no_cache"} and all(m["tokens_per_s"] > 0 for m in modes.values())
     p = r["sections"]["prep"]
@@ -54,11 +56,11 @@ def test_read_evals_and_first_crossing(tmp_path):
             {"type": "eval", "step": 500, "val_loss": 1.90}, {"type": "eval", "step": 1000, "val_loss": 1.85},
             {"type": "eval", "step": 1500, "val_loss": 1.80}]
     path.write_text("".join(json.dumps(r) + "\n" for r in recs) + '{"type": "ev')  # a torn last line
-    got = bench.read_evals(path)
+    got = commands.read_evals(path)
     assert len(got) == 5
-    assert bench.first_eval_at_or_below(got, 1.88)["step"] == 1000
-    assert bench.first_eval_at_or_below(got, 1.5) is None
-    assert bench.read_evals(tmp_path / "missing.jsonl") == []
+    assert commands.first_eval_at_or_below(got, 1.88)["step"] == 1000
+    assert commands.first_eval_at_or_below(got, 1.5) is None
+    assert commands.read_evals(tmp_path / "missing.jsonl") == []
 
 
 def test_git_info_without_a_repository(tmp_path, monkeypatch):
@@ -67,10 +69,10 @@ def test_git_info_without_a_repository(tmp_path, monkeypatch):
 
 
 def test_presets_come_from_conf():
-    for name in bench.PRESETS:
-        cfg = bench.gpt_config(bench.model_preset(name), bench.preset_vocab(name))
-        assert cfg.n_layer == bench.model_preset(name)["n_layer"]
-    assert bench.gpt_config(bench.model_preset("gpt2"), bench.GPT2_VOCAB).vocab_size % 64 == 0
+    for name in PRESETS:
+        cfg = gpt_config(name)
+        assert cfg.n_layer == model_preset(name)["n_layer"]
+    assert gpt_config("gpt2").vocab_size % 64 == 0 and gpt_config("gpt2").vocab_size >= 50257
 
 
 def test_quality_section_polls_metrics(tmp_path, monkeypatch, cache_with_shakespeare):
@@ -89,11 +91,11 @@ def test_quality_section_polls_metrics(tmp_path, monkeypatch, cache_with_shakesp
                 time.sleep(0.05)
             f.write(json.dumps({"type": "summary", "best_val_loss": 1.80}) + "\\n")
     """))
-    monkeypatch.setattr(bench, "REPO", fake)
+    monkeypatch.setattr(commands, "REPO", fake)
     args = bench.parse_args(["--only", "quality"])
     import torch
     dev = type("Dev", (), {"device": torch.device("cpu")})()
-    q = bench.section_quality(args, dev)
+    q = commands.section_quality(args, dev)
     assert q["experiment"] == "cpu" and q["target_val_loss"] == 1.88
     assert q["returncode"] == 0 and q["reached"] and q["target_step"] == 200
     assert q["final_val_loss"] == 1.80 and q["summary"]["best_val_loss"] == 1.80
@@ -118,10 +120,85 @@ def test_a_failing_preset_is_an_error_row_not_an_abort(tmp_path, monkeypatch):
         def forward(self, *a, **kw):
             raise RuntimeError("backend compiler failed\nlong inductor log")
     monkeypatch.setattr(torch, "compile", lambda m, *a, **kw: Broken())
-    bad = bench.bench_train_preset("tiny", 2, 1, 0, setup_device("cpu", "float32"), True, tmp_path)
+    bad = inprocess.bench_train_preset("tiny", 2, 1, 0, setup_device("cpu", "float32"), True, tmp_path)
     assert bad["error"] == "RuntimeError: backend compiler failed (try --compile off)" and "tokens_per_s" not in bad
     out = io.StringIO()
     bench.print_table({"hardware": bench.hardware(torch.device("cpu")), "git": {"commit": None}, "load_avg_start": None,
                        "started": "",
                        "sections": {"train": {"rows": [bad], "notes": []}}, "errors": {}}, out=out)
     assert "backend compiler failed" in out.getvalue()
+
+
+def test_cli_startup_and_sample_sections(tmp_path, cache_with_shakespeare):
+    """The real train.py and sample.py, one start-up run and a few tokens from a tiny random checkpoint."""
+    out = tmp_path / "r.json"
+    proc = run_cli(["bench.py", "--only", "startup,sample", "--startup-runs", "1", "--decode-preset", "tiny",
+                    "--decode-tokens", "8", "--decode-reps", "1", "--device", "cpu", "--out", str(out)],
+                   cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    r = json.loads(out.read_text())
+    assert set(r["sections"]) == {"startup", "sample"} and not r["errors"]
+    u = r["sections"]["startup"]
+    assert u["runs"] == 1 and len(u["train_s"]) == len(u["floor_s"]) == 1
+    assert u["train_py_s"] > 0 and u["torch_floor_s"] > 0
+    assert u["overhead_s"] == pytest.approx(u["train_py_s"] - u["torch_floor_s"], abs=2e-3)
+    assert "train.max_iters=1" in u["command"] and "torch.optim.AdamW" in u["floor_command"]
+    assert f"start-up: train.py {u['train_py_s']:.2f} s, torch floor {u['torch_floor_s']:.2f} s" in proc.stdout
+    m = r["sections"]["sample"]
+    assert m["model"] == "tiny" and m["rows"][0]["tokens"] == 8 and m["tokens_per_s"] > 0
+    assert "--no-stream" in m["command"] and "tokens/s (sample.py" in proc.stdout
+
+
+def _fake_repo(tmp_path, evals, sleep_after: float):
+    fake = tmp_path / "repo"
+    fake.mkdir()
+    (fake / "train.py").write_text(textwrap.dedent(f"""
+        import json, sys, time
+        from pathlib import Path
+        run = Path([a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("hydra.run.dir=")][0])
+        run.mkdir(parents=True)
+        with open(run / "metrics.jsonl", "w") as f:
+            for step, v in {evals!r}:
+                f.write(json.dumps({{"type": "eval", "step": step, "val_loss": v}}) + "\\n")
+                f.flush()
+            time.sleep({sleep_after})
+    """))
+    return fake
+
+
+@pytest.mark.parametrize("evals, reached, note", [
+    ([(0, 4.2)], False, "not reached within budget (2 s)"),
+    ([(0, 4.2), (100, 1.5)], True, "stopped at the target"),
+])
+def test_quality_budget_stops_the_run(tmp_path, monkeypatch, cache_with_shakespeare, evals, reached, note):
+    """--quick (or --quality-budget) bounds the section: a slow run is stopped, not failed as a timeout."""
+    import torch
+    monkeypatch.setattr(commands, "REPO", _fake_repo(tmp_path, evals, sleep_after=60))
+    args = bench.parse_args(["--only", "quality", "--quick", "--quality-budget", "2"])
+    t0 = time.perf_counter()
+    q = commands.section_quality(args, type("Dev", (), {"device": torch.device("cpu")})())
+    assert time.perf_counter() - t0 < 30
+    assert q["reached"] is reached and q["note"] == note and "error" not in q and q["budget_s"] == 2
+
+
+def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
+    import training.step
+    from training.device import setup_device
+    calls = []
+    real = training.step.train_step
+
+    def spy(*a, **kw):
+        calls.append(kw)
+        return real(*a, **kw)
+    monkeypatch.setattr(training.step, "train_step", spy)
+    row = inprocess.bench_train_preset("tiny", 2, 3, 1, setup_device("cpu", "float32"), False, tmp_path)
+    assert "error" not in row and row["measured_steps"] == 3
+    assert len(calls) == 1 + 1 + 3 and calls[0]["grad_clip"] == 1.0  # first + warm-up + measured
+
+
+def test_busy_machine_warns_and_records_the_load(monkeypatch, capsys):
+    monkeypatch.setattr(os, "getloadavg", lambda: (99.0, 50.0, 20.0))
+    monkeypatch.setattr(inprocess, "section_train", lambda args, dev: {"rows": [], "notes": []})
+    result = bench.run(bench.parse_args(["--only", "train", "--device", "cpu"]))
+    assert result["busy"] and result["load_avg_start"] == [99.0, 50.0, 20.0]
+    assert "warning: the machine is busy (1-minute load average 99.0 >" in capsys.readouterr().err

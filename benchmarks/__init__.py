@@ -1,0 +1,40 @@
+"""bench.py's sections: `inprocess` times tinygpt's code in this process (train, decode, prep), `commands` its
+commands as a user runs them (quality, startup, sample). Here: what both use (torch is imported lazily)."""
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PRESETS = ("tiny", "baby", "gpt2")
+VOCAB = {"tiny": 65, "baby": 65, "gpt2": 50257}  # Tiny Shakespeare's characters; GPT-2 BPE (padded by the preset)
+SHAKESPEARE_CHARS = "\n !$&',-.3:;?ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def load_avg():
+    with contextlib.suppress(OSError, AttributeError):
+        return [round(x, 2) for x in os.getloadavg()]
+    return None
+
+
+def say(section: str, msg: str) -> None:
+    print(f"[{section}] {msg} ...", file=sys.stderr, flush=True)
+
+
+def model_preset(name: str) -> dict:
+    """conf/model/<name>.yaml as a plain dict (the single source of the preset sizes)."""
+    from omegaconf import OmegaConf
+    path = REPO / "conf" / "model" / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown model preset {name!r} ({path} does not exist): use one of {', '.join(PRESETS)}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def gpt_config(name: str):
+    """The GPTConfig of preset `name` with its vocabulary, padded as the preset says."""
+    from model.config import GPTConfig, pad_vocab
+    p = model_preset(name)
+    keys = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_weights", "attention")
+    return GPTConfig(vocab_size=pad_vocab(VOCAB[name], int(p.get("pad_vocab_to") or 1)), **{k: p[k] for k in keys if k in p})
