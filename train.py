@@ -2,7 +2,8 @@
 
 Around Hydra: without CUDA and without `experiment=`, the CPU preset (`experiment=cpu`, said in one line);
 the command line checked before anything runs, so a mistake is one `error: ...` line, exit 2, and no run
-directory; a run (a sweep) locks its directory for its life, so two never share one (common/run_lock.py);
+directory; a step that would not fit in memory refused before anything is allocated (training/memory.py);
+a run (a sweep) locks its directory for its life, so two never share one (common/run_lock.py);
 under torchrun every rank runs in rank 0's run directory, which rank 0 locks; SIGINT/SIGTERM exit 130/143.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ configure_threads()  # before torch is imported (so the imports below come after
 import itertools
 import logging
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -28,10 +30,11 @@ from omegaconf.errors import OmegaConfBaseException
 
 from common import run_lock
 from common.text import one_line
-from training import distributed
+from training import distributed, memory
 from training.config import check_override, register_configs, to_dataclass
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
+CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
 _auto_cpu = _told = _raise_hydra_errors = _dist = None  # set by the command line; _dist: Checks' torchrun group
@@ -70,12 +73,18 @@ def main(cfg: DictConfig) -> None:
     out = Path(HydraConfig.get().runtime.output_dir)
     if out.resolve().is_relative_to(Path.cwd().resolve()):  # paths as the user sees them
         out = Path(os.path.relpath(out))
+    oom = (f"with train.batch_size={cfg.train.batch_size}, model.block_size={cfg.model.block_size}: lower "
+           f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
     try:
         result = train(cfg, out, cli_overrides=list(HydraConfig.get().overrides.task))
     except torch.OutOfMemoryError:
-        _fail(f"out of memory on the GPU with train.batch_size={cfg.train.batch_size}, model.block_size="
-              f"{cfg.model.block_size}: lower train.batch_size (and raise train.grad_accum_steps to keep the "
-              f"same global batch) or use a smaller model")
+        _fail("out of memory on the GPU " + oom)
+    except (MemoryError, RuntimeError) as e:  # numpy's _ArrayMemoryError is a MemoryError; torch's CPU one is not
+        if not isinstance(e, MemoryError) and not any(s in str(e) for s in CPU_OOM):
+            raise
+        size = re.search(r"allocate (\d+) bytes|allocate ([\d.]+ \w+)", str(e))
+        what = f" (allocating {memory.gib(int(size[1])) if size[1] else size[2]} failed)" if size else ""
+        _fail(f"out of memory on the CPU{what} " + oom)
     except (ValueError, OSError) as e:
         _fail(str(e) or type(e).__name__)
     except KeyboardInterrupt:
@@ -132,10 +141,12 @@ class Checks(Callback):
                     config.hydra.run.dir = distributed.broadcast_object(str(config.hydra.run.dir), _dist)
                     if not _dist.is_main:  # rank 0 alone records the config in .hydra/
                         config.hydra.output_subdir = None
+            main_rank = _dist is None or _dist.is_main  # rank 0 checks memory and claims the directory for all
+            problem = memory.check(c, *distributed.env_info()[1::2]) if main_rank else None  # before any allocation
         except (ValueError, HydraException, OmegaConfBaseException) as e:
             _fail(e)
-        main_rank = _dist is None or _dist.is_main  # rank 0 claims the directory for the whole job
-        problem = claim(str(config.hydra.run.dir), "hydra.run.dir", c.train.resume) if main_rank else None
+        if main_rank and not problem:
+            problem = claim(str(config.hydra.run.dir), "hydra.run.dir", c.train.resume)
         if _dist is not None:
             problem = distributed.broadcast_object(problem, _dist)
         if problem:

@@ -32,7 +32,28 @@ class CheckpointError(ValueError):
 
 # ----------------------------------------------------------------------------------------------- writing
 
-def _save_error(path: Path, e: BaseException) -> OSError:
+def _disk_full(e: BaseException, directory: Path | None = None) -> bool:
+    """ENOSPC in the exception chain or, given the directory (torch's zip writer can report a full disk as
+    "unexpected pos ..." only), no room left there: asked before the partial temp file is removed."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+            return True
+        e = e.__cause__ or e.__context__
+    if directory is None:
+        return False
+    try:
+        return shutil.disk_usage(directory).free < 16 << 20
+    except OSError:
+        return False
+
+
+def _save_error(path: Path, e: BaseException, full: bool = False) -> OSError:
+    if full or _disk_full(e):
+        err = OSError(f"could not write checkpoint {path}: no space left on device (the previous {path.name}, if "
+                      f"any, is intact): free some disk space and resume with train.resume=true, or resume on another "
+                      f"disk with hydra.run.dir=<a directory there> train.resume={path.parent}")
+        err.errno = errno.ENOSPC
+        return err
     reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
     err = OSError(f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact; "
                   f"free some disk space or fix the directory's permissions, then resume)")
@@ -42,12 +63,16 @@ def _save_error(path: Path, e: BaseException) -> OSError:
 
 def save_checkpoint(obj: dict, path: str | os.PathLike) -> Path:
     """Write `obj` to `path` atomically (common.files.atomic_write); a failure is one OSError line."""
-    path = Path(path)
+    path, full = Path(path), False
     try:
         with atomic_write(path) as f:
-            torch.save(obj, f)
-    except (OSError, RuntimeError) as e:  # RuntimeError: torch's zip writer on a full disk
-        raise _save_error(path, e) from None
+            try:
+                torch.save(obj, f)
+            except RuntimeError as e:  # torch's zip writer, on a full disk too
+                full = _disk_full(e, path.parent)
+                raise
+    except (OSError, RuntimeError) as e:
+        raise _save_error(path, e, full) from None
     return path
 
 

@@ -126,6 +126,20 @@ ROWS = [
     ("train-unquoted-tilde", ["train.py", *TINY, "data=text", "data.path=~/corpus.txt"],
      ["cannot read the override data.path=~/corpus.txt", "write \"data.path='~/corpus.txt'\"",
       "data.path=$HOME/corpus.txt"], {}, []),
+    # --- training: memory (refused before anything is allocated)
+    ("train-batch-far-too-large", [*TRAIN, "train.batch_size=100000000"],
+     ["train.batch_size=100000000 with model.block_size=32 needs about", "TiB of memory for one training step "
+      "(estimate, for up to 256 distinct characters), but", "is available: lower train.batch_size to at most",
+      "raise train.grad_accum_steps"], {}, []),
+    ("train-model-too-large", [*TRAIN, "model.n_embd=65536", "model.n_head=1"],
+     ["the model (model.n_layer=2, model.n_embd=65536: 103.10B parameters) needs about 1.1 TiB of memory",
+      "(estimate, for up to 256 distinct characters), but", "use a smaller model (lower model.n_embd or "
+      "model.n_layer)"], {}, []),
+    ("train-batch-too-large", [*TRAIN, "model.n_layer=4", "model.n_head=4", "model.n_embd=128", "model.block_size=64",
+                               "train.batch_size=200000"],
+     ["train.batch_size=200000 with model.block_size=64 needs about", "GiB of memory for one training step "
+      "(estimate, for up to 256 distinct characters), but", "lower train.batch_size to at most",
+      "or use a smaller model"], {}, []),
     # --- training: the run directory
     ("train-run-dir-under-a-file", [*TRAIN, "hydra.run.dir={inputs}/corpus.txt/run"],
      ["hydra.run.dir={inputs}/corpus.txt/run cannot be created", "{inputs}/corpus.txt is a file",
@@ -175,6 +189,8 @@ ROWS = [
 @pytest.mark.slow
 @pytest.mark.parametrize("row_id, argv, words, env_extra, env_unset", ROWS, ids=[r[0] for r in ROWS])
 def test_mistake_gives_one_error_line_and_damages_nothing(project, row_id, argv, words, env_extra, env_unset):
+    if row_id.endswith("too-large") and not Path("/proc/meminfo").exists():
+        pytest.skip("the memory check needs Linux's MemAvailable (elsewhere these rows would really allocate)")
     cwd = project / "scratch" / row_id  # an empty directory (sample-no-run relies on it)
     cwd.mkdir(parents=True)
     fill = {"inputs": str(project / "inputs"), "run": str(project / "run"), "cwd": str(cwd),

@@ -1,9 +1,14 @@
 """checkpoint/file.py: atomic saves, safe loads with one-line errors, RNG capture, model rebuild."""
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 import pickle
 import random
+import re
+import shutil
+import subprocess
 
 import numpy as np
 import pytest
@@ -61,7 +66,7 @@ def test_failed_save_keeps_the_previous_file(rd, tiny_gpt_config, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(torch, "save", half_then_fail)
-    with pytest.raises(OSError, match="could not write checkpoint .*No space left on device.*intact") as info:
+    with pytest.raises(OSError, match="could not write checkpoint .*: no space left on device .*intact") as info:
         ck.save_checkpoint(dict(d, step=4), p)
     assert "\n" not in str(info.value)
     assert _sha(p) == before
@@ -75,6 +80,63 @@ def test_failed_save_keeps_the_previous_file(rd, tiny_gpt_config, monkeypatch):
     with pytest.raises(OSError, match="could not write checkpoint"):
         ck.save_checkpoint(dict(d, step=5), p)
     assert _sha(p) == before and ck.load_checkpoint(p)["step"] == 3
+
+
+NO_SPACE = "no space left on device (the previous last.pt, if any, is intact): free some disk space and resume"
+
+
+def test_full_disk_reported_by_torchs_zip_writer_says_no_space_left(rd, tiny_gpt_config, monkeypatch):
+    """torch's zip writer turns ENOSPC into "[enforce fail at inline_container.cc:672] . unexpected pos ...",
+    sometimes with the OSError in the chain, sometimes without: both read "no space left on device"."""
+    d, _ = _ckpt(tiny_gpt_config)
+    p = ck.save_checkpoint(d, rd / "last.pt")
+    before = _sha(p)
+    zip_error = "[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598"
+
+    def chained(obj, f, *a, **kw):
+        f.write(b"PK\x03\x04 partial bytes")
+        try:
+            raise OSError(28, "No space left on device")
+        except OSError:
+            raise RuntimeError(zip_error)
+
+    def bare(obj, f, *a, **kw):
+        f.write(b"PK\x03\x04 partial bytes")
+        raise RuntimeError(zip_error)
+
+    real_usage = shutil.disk_usage
+    for save, free in ((chained, None), (bare, 4096)):
+        monkeypatch.setattr(torch, "save", save)
+        if free is not None:  # a full disk: the partial temp file took the last bytes
+            monkeypatch.setattr(shutil, "disk_usage", lambda d: real_usage(d)._replace(free=free))
+        with pytest.raises(OSError) as info:
+            ck.save_checkpoint(dict(d, step=4), p)
+        msg = str(info.value)
+        assert msg.startswith(f"could not write checkpoint {p}: {NO_SPACE}") and "\n" not in msg, msg
+        assert f"hydra.run.dir=<a directory there> train.resume={rd}" in msg and "unexpected pos" not in msg
+        assert info.value.errno == errno.ENOSPC
+        assert _sha(p) == before and [f.name for f in rd.iterdir()] == ["last.pt"]
+    monkeypatch.setattr(shutil, "disk_usage", real_usage)  # room left: torch's own words stay
+    with pytest.raises(OSError, match="could not write checkpoint .*: \\[enforce fail at inline_container"):
+        ck.save_checkpoint(dict(d, step=5), p)
+
+
+def test_a_really_full_filesystem_says_no_space_left(rd, tiny_gpt_config):
+    """The real thing, where a 1 MiB tmpfs can be mounted (root on Linux): torch.save's own error."""
+    small = rd / "small"
+    small.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(small)],
+                                           capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        d, _ = _ckpt(tiny_gpt_config)
+        ck.save_checkpoint(d, small / "last.pt")
+        before = _sha(small / "last.pt")
+        with pytest.raises(OSError, match=f"could not write checkpoint .*: {re.escape(NO_SPACE)}"):
+            ck.save_checkpoint(dict(d, big=torch.zeros(1 << 20)), small / "last.pt")  # 4 MiB
+        assert _sha(small / "last.pt") == before and [f.name for f in small.iterdir()] == ["last.pt"]
+    finally:
+        subprocess.run(["umount", str(small)], check=True)
 
 
 def test_unwritable_directory_is_one_line_oserror(rd, tiny_gpt_config):

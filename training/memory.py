@@ -1,0 +1,137 @@
+"""Will one training step fit in memory? Asked before anything is allocated.
+
+Too large a batch or model otherwise ends in an allocator traceback, or on Linux in the kernel's OOM
+killer minutes in, with no message at all. `check` compares an estimate of one optimizer step's peak
+(weights, gradients, optimizer state, one micro-batch's activations and logits) with what the device
+has free and returns the one-line refusal. How the terms are counted: docs/design.md (Memory).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from model.config import pad_vocab
+from training.config import Config
+from training.metrics import format_count
+
+GPT2_VOCAB, CHAR_VOCAB = 50257, 256  # the char vocabulary is not known before the data is prepared: 256
+RUNTIME = {"cpu": 128 << 20, "cuda": 512 << 20}  # the first step's kernels, threads, allocator caches, cuBLAS
+
+
+@dataclass
+class Estimate:
+    params: int  # parameter count (a tied matrix once)
+    static: int  # bytes held all along: weights, gradients, optimizer state, the runtime's own
+    per_sequence: int  # bytes per sequence of the micro-batch: activations, logits, the batch itself
+    batch_size: int
+
+    @property
+    def total(self) -> int:
+        return self.static + self.per_sequence * self.batch_size
+
+
+def vocab_size(c: Config) -> int:
+    return pad_vocab(GPT2_VOCAB if c.data.validate() == "gpt2" else CHAR_VOCAB, c.model.pad_vocab_to)
+
+
+def num_params(c: Config, vocab: int) -> tuple[int, int]:
+    """(all parameters, those Muon updates: the blocks' matrices) of the GPT `c.model` describes."""
+    m = c.model
+    C, b = m.n_embd, int(m.bias)
+    matrices = m.n_layer * 12 * C * C  # c_attn 3C^2, attn c_proj C^2, c_fc 4C^2, mlp c_proj 4C^2
+    vectors = m.n_layer * (2 + 2 * b + 9 * b) * C + (1 + b) * C  # LayerNorms (+ biases), ln_f
+    embeddings = (1 if m.tie_weights else 2) * vocab * C + m.block_size * C
+    return matrices + vectors + embeddings, matrices
+
+
+def estimate(c: Config, device_type: str = "cpu", half: bool = False, world_size: int = 1) -> Estimate:
+    """Peak bytes of one training step on one process. `half`: bf16/fp16 autocast (fp32 master weights)."""
+    m, t = c.model, c.train
+    C, T, L, V, H = m.n_embd, m.block_size, m.n_layer, vocab_size(c), m.n_head
+    P, P_muon = num_params(c, V)
+    optimizer = 4 * P_muon + 8 * (P - P_muon) if c.optim.name == "muon" else 8 * P  # fp32 moments
+    static = 4 * P + 4 * P + optimizer  # weights + gradients + state
+    if t.parallel == "fsdp":
+        static //= world_size
+    static += RUNTIME.get(device_type, 0)
+    cpu, dropout = device_type == "cpu", m.dropout > 0
+    # saved for backward, per token and layer: ln_1/ln_2 inputs and outputs, q k v, attention output and its
+    # contiguous copy, c_fc output, GELU output (17 C values; 16-bit autocast keeps the residual and the
+    # LayerNorms in fp32); dropout keeps a mask per element: fp32 noise on the CPU, a byte elsewhere
+    drop = (4 if cpu else 1) * dropout
+    layer = (68 if not half else 40) * C + 2 * drop * C
+    # the T x T attention matrix is stored by the manual path (softmax output; with dropout its mask and
+    # output) and by sdpa on the CPU with dropout (no fused kernel there); fused kernels keep only logsumexp
+    manual = m.attention == "manual" or (cpu and dropout)
+    attn = H * T * (4 + 2 * half + (8 if cpu else 5) * dropout) * manual + 4 * H
+    workspace = 48 * C + 24 * H * T * manual  # one layer's temporaries, forward and backward
+    logits = 16 * V  # logits, log-softmax output and their two gradients (fp32)
+    batch = 40 if cpu else 16  # x, y int64 (+ the loader's index array, on the host)
+    per_token = L * (layer + attn) + (8 + drop) * C + workspace + logits + batch
+    return Estimate(params=P, static=static, per_sequence=T * per_token, batch_size=t.batch_size)
+
+
+def available(device) -> Optional[int]:
+    """Bytes free on `device` (a torch.device): CUDA's free memory; on Linux CPUs MemAvailable, within a
+    cgroup's limit; None elsewhere (no check)."""
+    import torch
+    if device.type == "cuda":
+        try:
+            return torch.cuda.mem_get_info(device)[0]
+        except RuntimeError:  # a GPU that cannot answer: the loop will report it
+            return None
+    if device.type != "cpu":
+        return None
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        free = int(info["MemAvailable"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+    for limit, usage in (("memory.max", "memory.current"),  # cgroup v2, v1
+                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
+        try:
+            room = int(Path("/sys/fs/cgroup", limit).read_text()) - int(Path("/sys/fs/cgroup", usage).read_text())
+        except (OSError, ValueError):  # no such cgroup file, or "max"
+            continue
+        free = min(free, max(room, 0))
+    return free
+
+
+def gib(n: float) -> str:
+    return f"{n / 2**40:.1f} TiB" if n >= 2**40 else f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def check(c: Config, world_size: int = 1, local_world_size: int = 1) -> Optional[str]:
+    """The one-line refusal when one training step would need more memory than the device has free, else None.
+    CPU processes under torchrun share the host: each needs its own share."""
+    import torch
+    from model.device import resolve_device, resolve_dtype
+    if getattr(c.model, "init_from", None):  # a fine-tune's shape is its source's, read later by the loop
+        return None
+    try:
+        device = resolve_device(c.train.device)
+        half = resolve_dtype(c.train.dtype, device) != torch.float32
+    except ValueError:  # the loop reports a missing device as before
+        return None
+    free = available(device)
+    if free is None:
+        return None
+    share = local_world_size if device.type == "cpu" else 1
+    e = estimate(c, device.type, half, world_size)
+    if e.total * share <= free:
+        return None
+    m, t, mem = c.model, c.train, "GPU memory" if device.type == "cuda" else "memory"
+    note = "estimate" if c.data.validate() == "gpt2" else f"estimate, for up to {CHAR_VOCAB} distinct characters"
+    have = f"{gib(free)} is free on {device}" if device.type == "cuda" else f"{gib(free)} is available"
+    if share > 1:
+        have += f" for {share} processes"
+    if e.static * share > free:
+        return (f"the model (model.n_layer={m.n_layer}, model.n_embd={m.n_embd}: {format_count(e.params)} parameters) "
+                f"needs about {gib(e.static)} of {mem} for its weights, gradients and optimizer state alone "
+                f"({note}), but {have}: use a smaller model (lower model.n_embd or model.n_layer)")
+    fits = int((0.8 * free / share - e.static) // e.per_sequence)  # with room for the estimate's error
+    lower = f"lower train.batch_size to at most {fits}" if fits >= 1 else "lower train.batch_size"
+    return (f"train.batch_size={t.batch_size} with model.block_size={m.block_size} needs about {gib(e.total)} of "
+            f"{mem} for one training step ({note}), but {have}: {lower} (raise train.grad_accum_steps to keep "
+            f"the global batch) or use a smaller model")
