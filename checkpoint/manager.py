@@ -125,11 +125,11 @@ class CheckpointManager:
         elif sharded.is_main_rank():
             state["model"] = clean_state_dict(model.state_dict())
             state["optimizer"] = optimizer.state_dict()
-        self.last, self.last_step = last, step
         if sharded.is_main_rank():
             save_checkpoint(state, last)
             if best:
                 link_checkpoint(last, self.run_dir / "best.pt")
+        self.last, self.last_step = last, step  # once written: a save cut short leaves the previous one the last
         return last
 
 

@@ -189,3 +189,19 @@ def test_resume_refusals_name_the_fix(tmp_path):
         manager().resume(True)
     (run / "last.pt").unlink()
     assert manager().resume(False) is None  # a fresh run
+
+
+def test_a_save_that_fails_leaves_the_previous_checkpoint_the_last(tmp_path, monkeypatch):
+    """What the closing line of an aborted run names: last/last_step move only once the file is written."""
+    from checkpoint import manager as manager_mod
+    m, opt = _parts(0)
+    mgr = CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m))
+    mgr.save(1)
+
+    def interrupted(obj, path):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(manager_mod, "save_checkpoint", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        mgr.save(2)
+    assert (mgr.last, mgr.last_step) == (tmp_path / "last.pt", 1)
+    assert ck.load_checkpoint(tmp_path / "last.pt")["step"] == 1

@@ -247,7 +247,7 @@ def test_disk_full_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tm
                           timeout=300)
     assert proc.returncode == 2, proc.stderr
     line = _assert_one_error_line(proc.stderr, proc.stdout)
-    assert line.startswith("error: could not write checkpoint run/last.pt: No space left on device")
+    assert line.startswith("error: could not write checkpoint run/last.pt: no space left on device")
     assert "previous last.pt, if any, is intact" in line and "free some disk space" in line and "resume" in line
     run = tmp_path / "run"
     assert _sha(run / "last.pt") == sha_out.read_text()  # the step-2 checkpoint, byte for byte
@@ -391,12 +391,16 @@ runpy.run_path(train_py, run_name="__main__")
 
 
 def test_a_second_ctrl_c_aborts_at_once_and_leaves_the_files_intact(tmp_path, tiny_corpus):
+    """Exit 130 with one closing line (issue 15): which step last.pt is from, and how to resume; no error line."""
     proc = subprocess.run([sys.executable, "-c", DOUBLE_CTRL_C, *TINY, "data=text", f"data.path={tiny_corpus}",
                            "train.max_iters=50", "train.eval_interval=2", "hydra.run.dir=run"],
                           cwd=tmp_path, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 130, proc.stderr
-    line = _assert_one_error_line(proc.stderr, proc.stdout)
-    assert line == "error: interrupted: stopped at once without saving (checkpoints already written are intact)"
+    assert "Traceback" not in proc.stderr + proc.stdout and "error:" not in proc.stderr, proc.stderr
+    line = _last_line(proc.stdout)
+    assert line.startswith("interrupted; last.pt is from step 4: resume with: python train.py experiment=cpu ")
+    assert line.endswith(" hydra.run.dir=run train.resume=true") and "stopped by" not in proc.stdout
+    assert line in (tmp_path / "run" / "train.log").read_text()
     run = tmp_path / "run"
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4  # the last evaluation's checkpoint
     assert _tmp_files(run) == []

@@ -59,6 +59,16 @@ def test_config_mistakes_are_one_line_before_any_run_dir(tmp_path, args, expect)
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()  # before any run dir
 
 
+def test_the_fine_tune_preset_without_a_source_is_one_line_before_any_run_dir(tmp_path):
+    proc = run_cli(["train.py", "experiment=finetune_shakespeare", "train.device=cpu"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 2
+    _no_traceback(proc)
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert errors == ["error: model.init_from must be given: add model.init_from=PATH, a local Hugging Face GPT-2 "
+                      "directory (e.g. huggingface-cli download gpt2 --local-dir gpt2) or a tinygpt run directory"]
+    assert not (tmp_path / "outputs").exists()
+
+
 @pytest.mark.parametrize("args, want", [
     ([], ["experiment=cpu"]),
     (["--info"], ["experiment=cpu", "--info"]),  # --info takes an optional value: the override goes first

@@ -17,23 +17,50 @@ def _compose(*overrides):
 
 
 def test_default_is_the_gpu_baby_run():
+    """The baby GPT with the measured GPU schedule (issue 17): 1500 AdamW steps at lr 2e-3, no eval at step 0."""
     c = to_dataclass(_compose())
     assert isinstance(c, Config)
     m, t, o = c.model, c.train, c.optim
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (6, 6, 384, 256, 0.2, False)
-    assert (t.max_iters, t.batch_size, t.eval_interval, t.eval_iters) == (5000, 64, 250, 200)
-    assert (o.lr, o.min_lr, o.beta2, o.warmup_iters, o.decay_iters) == (1e-3, 1e-4, 0.99, 100, None)
+    assert (t.max_iters, t.batch_size, t.eval_interval, t.eval_iters, t.eval_at_start) == (1500, 64, 250, 40, False)
+    assert (o.name, o.lr, o.min_lr, o.beta2, o.warmup_iters, o.decay_iters, o.schedule) == \
+        ("adamw", 2e-3, 2e-4, 0.99, 100, None, "cosine")
     assert c.data.name == "shakespeare_char" and c.logger.name is None
-    assert (t.device, t.dtype, t.compile, t.resume) == ("auto", "auto", "auto", False)
+    assert (t.device, t.dtype, t.compile, t.resume, t.patience, m.init_from) == ("auto", "auto", "auto", False, None,
+                                                                                  None)
+    assert Config().train == t and Config().optim == o  # the schema's defaults are the GPU default too
+
+
+def test_shakespeare_char_experiment_is_nanogpts_exact_config():
+    c = to_dataclass(_compose("experiment=shakespeare_char"))
+    m, t, o = c.model, c.train, c.optim
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout, m.bias) == (6, 6, 384, 256, 0.2, False)
+    assert (t.max_iters, t.batch_size, t.eval_interval, t.eval_iters) == (5000, 64, 250, 200)
+    assert (t.eval_at_start, t.grad_accum_steps, t.log_interval) == (True, 1, 10)
+    assert (o.lr, o.min_lr, o.beta2, o.warmup_iters, o.decay_iters) == (1e-3, 1e-4, 0.99, 100, None)
+    assert (o.name, o.schedule, o.weight_decay, o.beta1, o.grad_clip) == ("adamw", "cosine", 0.1, 0.9, 1.0)
+    over = to_dataclass(_compose("experiment=shakespeare_char", "optim=muon", "model=tiny"))
+    assert (over.optim.lr, over.model.dropout, over.train.eval_iters) == (1e-3, 0.2, 200)  # set, not inherited
 
 
 def test_cpu_experiment_is_nanogpts_readme_cpu_run():
     c = to_dataclass(_compose("experiment=cpu"))
-    m, t = c.model, c.train
+    m, t, o = c.model, c.train, c.optim
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (4, 4, 128, 64, 0.0)
-    assert (t.batch_size, t.max_iters, t.eval_iters) == (24, 500, 50)  # fewer, better steps (issue 8)
-    assert (c.optim.name, c.optim.schedule) == ("muon", "linear")
+    assert (t.batch_size, t.max_iters, t.eval_interval, t.eval_iters) == (24, 350, 350, 50)  # fewer, better steps
+    assert (o.name, o.schedule, o.lr, o.muon_lr, o.warmup_iters) == ("muon", "linear", 4e-3, 0.03, 15)
     assert to_dataclass(_compose("experiment=shakespeare_char")).model.n_layer == 6
+
+
+def test_finetune_shakespeare_experiment_needs_init_from():
+    c = to_dataclass(_compose("experiment=finetune_shakespeare", "model.init_from=gpt2"))
+    t, o = c.train, c.optim
+    assert (c.data.name, c.data.tokenizer, c.model.init_from, c.model.dropout) == ("shakespeare", "gpt2", "gpt2", 0.1)
+    assert (t.max_iters, t.batch_size, t.grad_accum_steps, t.eval_interval, t.eval_at_start) == (20, 1, 32, 5, True)
+    assert (o.name, o.lr, o.min_lr, o.schedule, o.warmup_iters) == ("adamw", 3e-5, 3e-5, "constant", 0)
+    with pytest.raises(ValueError, match=r"^model.init_from must be given: add model.init_from=PATH") as info:
+        to_dataclass(_compose("experiment=finetune_shakespeare"))
+    assert "\n" not in str(info.value)
 
 
 def test_command_line_beats_the_experiment_preset():
@@ -92,6 +119,8 @@ def test_unknown_preset():
     ("train.seed=-1", "train.seed=-1 must be >= 0: e.g. train.seed=1337"),
     ("train.seed=4294967296", "train.seed=4294967296 is too large: use a whole number from 0 to 4294967295"),
     ("train.seed=99999999999999999999", "train.seed=99999999999999999999 is too large"),
+    ("train.patience=0", "train.patience=0 must be >= 1"),
+    ("model.init_from=''", "model.init_from must be given"),
 ])
 def test_invalid_values_are_one_line_value_errors(override, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")) as info:

@@ -318,3 +318,105 @@ def test_loss_decreases_on_tiny_shakespeare(tmp_path, cache_with_shakespeare):
     evals = [r for r in records(tmp_path / "run") if r["type"] == "eval"]
     assert evals[0]["step"] == 0 and evals[0]["val_loss"] == pytest.approx(math.log(65), abs=0.15)
     assert res.best_val_loss < 2.75 < evals[0]["val_loss"] - 1.2
+
+
+def test_eval_records_and_lines_carry_bits_per_byte(tmp_path, tiny_corpus, caplog):
+    """ASCII text, one byte per character: bits per byte = nats / ln 2, for both splits."""
+    with caplog.at_level("INFO"):
+        train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), tmp_path / "run")
+    ev = [r for r in records(tmp_path / "run") if r["type"] == "eval"][-1]
+    assert ev["val_bpb"] == pytest.approx(ev["val_loss"] / math.log(2), rel=1e-6)
+    assert ev["train_bpb"] == pytest.approx(ev["train_loss"] / math.log(2), rel=1e-6)
+    line = next(r.message for r in caplog.records if r.message.startswith("step 2/2: train loss"))
+    assert f"val loss {ev['val_loss']:.4f} ({ev['val_bpb']:.3f} bpb) (best) | " in line
+
+
+def _scripted_val_losses(monkeypatch, losses):
+    """Evaluations whose val losses are `losses`, in order (train losses: 9.0)."""
+    it = iter(losses)
+    real = loop_mod.Trainer._evaluate
+
+    def scripted(self):
+        stats = real(self)
+        stats["val"] = {"loss": next(it), "bpb": None}
+        return {**stats, "train": {"loss": 9.0, "bpb": None}}
+    monkeypatch.setattr(loop_mod.Trainer, "_evaluate", scripted)
+
+
+def test_patience_stops_early_and_ends_normally(tmp_path, tiny_corpus, monkeypatch, caplog):
+    """train.patience=2: best at step 4, no better at 6 and 8 -> stop after step 8's evaluation, exit 0."""
+    _scripted_val_losses(monkeypatch, [3.0, 2.0, 2.5, 2.1, 1.0])
+    run = tmp_path / "run"
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=20", "train.eval_interval=2", "train.patience=2"), run)
+    assert (res.status, res.exit_code, res.step, res.early_stopped, res.best_val_loss) == ("completed", 0, 8, True, 2.0)
+    assert ck.load_checkpoint(run / "last.pt")["step"] == 8 and ck.load_checkpoint(run / "best.pt")["step"] == 4
+    logged = [r.message for r in caplog.records]
+    assert "early stop at step 8: val loss has not improved for train.patience=2 evaluations (best 2.0000 at step 4)" \
+        in logged
+    assert logged[-1].startswith("done: 8 steps")
+    summary = records(run)[-1]
+    assert (summary["status"], summary["early_stopped"], summary["best_step"]) == ("completed", True, 4)
+    caplog.clear()
+    with caplog.at_level("INFO"):  # resumed with the same patience: nothing to do
+        res = train(make_cfg(tiny_corpus, "train.max_iters=20", "train.eval_interval=2", "train.patience=2",
+                             "train.resume=true"), run)
+    assert res.step == 8 and any("nothing to train (raise train.patience to continue)" in r.message
+                                 for r in caplog.records)
+    _scripted_val_losses(monkeypatch, [1.5])  # more patience: it goes on (and improves at step 10)
+    res = train(make_cfg(tiny_corpus, "train.max_iters=10", "train.eval_interval=2", "train.patience=3",
+                         "train.resume=true"), run)
+    assert (res.step, res.early_stopped, res.best_val_loss) == (10, False, 1.5)
+
+
+def _sigint_twice_after(step_index):
+    real_step = loop_mod.Trainer._train_step
+
+    def step(self, s):
+        out = real_step(self, s)
+        if s == step_index:
+            os.kill(os.getpid(), signal.SIGINT)  # a clean stop, asked for ...
+            os.kill(os.getpid(), signal.SIGINT)  # ... and a second Ctrl-C: abort at once
+        return out
+    return step
+
+
+def test_a_second_ctrl_c_aborts_with_one_closing_line(tmp_path, tiny_corpus, monkeypatch, caplog):
+    monkeypatch.setattr(loop_mod.Trainer, "_train_step", _sigint_twice_after(4))
+    run, before = tmp_path / "run", signal.getsignal(signal.SIGINT)
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), run,
+                    cli_overrides=["train.max_iters=50"])
+    assert (res.status, res.exit_code, res.step) == ("interrupted", 130, 4)  # step 5 never finished
+    assert caplog.records[-1].message == (f"interrupted; last.pt is from step 4: resume with: python train.py "
+                                          f"train.max_iters=50 hydra.run.dir={run} train.resume=true")
+    assert not any(r.message.startswith("stopped by") for r in caplog.records)
+    assert ck.load_checkpoint(run / "last.pt")["step"] == 4 and records(run)[-1]["status"] == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is before
+    monkeypatch.setattr(loop_mod.Trainer, "_train_step", _sigint_twice_after(0))  # before any checkpoint
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), tmp_path / "fresh")
+    assert res.exit_code == 130 and caplog.records[-1].message == "interrupted; no checkpoint was written yet"
+
+
+def test_a_ctrl_c_while_finishing_a_stopped_run_keeps_one_true_closing_line(tmp_path, tiny_corpus, monkeypatch,
+                                                                           caplog):
+    """The first Ctrl-C stopped the run cleanly (last.pt at step 3); the second lands while loss.png is drawn."""
+    from training.metrics import RunLog
+    real_step = loop_mod.Trainer._train_step
+
+    def step(self, s):
+        out = real_step(self, s)
+        if s == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return out
+
+    def finish(self, summary, title):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(loop_mod.Trainer, "_train_step", step)
+    monkeypatch.setattr(RunLog, "finish", finish)
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), tmp_path / "run")
+    assert (res.exit_code, res.step) == (130, 3) and ck.load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 3
+    assert caplog.records[-1].message.startswith("interrupted; last.pt is from step 3: resume with: ")

@@ -31,3 +31,15 @@ def test_install_outside_the_main_thread_is_a_no_op():
     t.start()
     t.join()
     assert stop._previous == {} and stop.signum is None and stop.name == ""
+
+
+def test_the_closing_line_of_an_aborted_run_names_the_checkpoint(tmp_path):
+    from training.signals import interrupted_line
+    run = tmp_path / "run"
+    assert interrupted_line(run, None, None, "CMD") == "interrupted; no checkpoint was written yet"
+    assert interrupted_line(run, tmp_path / "other" / "last.pt", 7, "CMD") == \
+        "interrupted; no checkpoint was written yet"  # resumed from elsewhere: nothing in this run dir yet
+    assert interrupted_line(run, run / "last.pt", 4, "CMD") == "interrupted; last.pt is from step 4: resume with: CMD"
+    run.mkdir()
+    (run / "last.pt").write_bytes(b"")
+    assert interrupted_line(run, None, None, "CMD") == "interrupted; last.pt is as it was: resume with: CMD"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 
 import pytest
 import torch
@@ -84,3 +85,41 @@ def test_compile_guard_warns_once_rewinds_and_retries(caplog):
     oom = CompileGuard(True, lambda: None)
     with pytest.raises(torch.OutOfMemoryError):
         oom.run("eval", lambda: (_ for _ in ()).throw(torch.OutOfMemoryError("out of memory")))
+
+
+def test_eval_stats_bits_per_byte_is_nats_over_the_bytes_of_the_counted_targets():
+    from training.step import eval_stats
+    m, _ = _model_and_opt()
+    _, data = _batches(3)
+    data[1][1][0, :5] = -1  # ignored targets: neither nats nor bytes
+    tb = torch.arange(32) % 4  # ids of 0..3 bytes
+    plan = [(0, True), (1, True), (2, False)]
+    nats = n_bytes = 0.0
+    with torch.no_grad():
+        m.eval()
+        for x, y in data[:2]:
+            real = y >= 0
+            nats += m(x, y)[1].item() * real.sum().item()
+            n_bytes += tb[y[real]].sum().item()
+    m.train()
+    sums = []
+    got = eval_stats(m, data.__getitem__, plan, token_bytes=tb, reduce_sum=lambda t: sums.append(t) or t)
+    assert got["bpb"] == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
+    assert got["loss"] == pytest.approx(evaluate(m, data.__getitem__, plan), rel=1e-6) and len(sums) == 1
+    assert eval_stats(m, data.__getitem__, plan)["bpb"] is None  # no byte table: no bpb
+    assert eval_stats(m, data.__getitem__, plan, token_bytes=torch.zeros(32, dtype=torch.long))["bpb"] is None
+
+
+def test_compile_guard_warns_with_the_reason_not_a_header(caplog):
+    """torch 2.6's BackendCompilerFailed begins "backend='inductor' raised:"; the reason is on the next line."""
+    guard, eager = CompileGuard(True, lambda: eager.append(1)), []
+
+    def fn():
+        if not eager:
+            raise RuntimeError("backend='inductor' raised:\nInductorError: C++ compiler not found\n\nmore")
+        return 1
+    with caplog.at_level(logging.WARNING):
+        assert guard.run("train", fn) == 1
+    assert [r.message for r in caplog.records] == ["torch.compile failed (InductorError: C++ compiler not found): "
+                                                   "continuing without compilation (train.compile=false skips the "
+                                                   "attempt)"]

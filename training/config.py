@@ -25,6 +25,7 @@ DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 OPTIMIZERS = ("adamw", "muon")
 PARALLEL_MODES = ("none", "ddp", "fsdp")
+REQUIRED = "required"  # model.init_from in a preset that fine-tunes (YAML's ??? would not survive the merge)
 SEED_MAX = 2**32 - 1  # numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
 
 
@@ -40,13 +41,14 @@ class ModelConfig:
     tie_weights: bool = True
     attention: str = "sdpa"  # sdpa | manual
     pad_vocab_to: int = 1  # round the vocabulary up to a multiple of this (64 for GPT-2: faster matmuls)
+    init_from: Optional[str] = None  # fine-tune: a local HF GPT-2 dir or a tinygpt run dir / checkpoint (its shape)
 
 
 @dataclass
 class OptimConfig:
     name: str = "adamw"
-    lr: float = 1e-3  # peak learning rate, reached after warmup
-    min_lr: float = 1e-4  # floor of the decay
+    lr: float = 2e-3  # peak learning rate, reached after warmup
+    min_lr: float = 2e-4  # floor of the decay
     weight_decay: float = 0.1  # applied to >=2-D weights only (matmuls, embeddings)
     beta1: float = 0.9
     beta2: float = 0.99
@@ -65,12 +67,13 @@ class TrainConfig:
     device: str = "auto"  # auto (CUDA > MPS > CPU) | cpu | cuda | cuda:N | mps
     dtype: str = "auto"  # auto | float32 | bfloat16 | float16
     compile: Any = "auto"  # auto (on for CUDA only) | true | false
-    max_iters: int = 5000  # optimizer steps
+    max_iters: int = 1500  # optimizer steps
     batch_size: int = 64  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
     eval_interval: int = 250  # evaluate + checkpoint every this many steps (and at the end)
-    eval_iters: int = 200  # batches per split in each evaluation
-    eval_at_start: bool = True  # also evaluate the untrained model at step 0 (not on resume)
+    eval_iters: int = 40  # batches per split in each evaluation
+    eval_at_start: bool = False  # also evaluate the untrained model at step 0 (not on resume)
+    patience: Optional[int] = None  # stop when val loss has not improved for this many evaluations (null: off)
     log_interval: int = 10  # steps between train-loss readings (the only host syncs in the loop)
     seed: int = 1337
     resume: Any = False  # false | true (last.pt in the run dir) | path to a .pt file or run dir
@@ -182,6 +185,9 @@ def validate(c: Config) -> None:
     GPTConfig(vocab_size=1, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
               dropout=m.dropout, bias=m.bias, tie_weights=m.tie_weights, attention=m.attention, field_prefix="model.")
     _check(m.pad_vocab_to >= 1, f"model.pad_vocab_to={m.pad_vocab_to} must be >= 1: use 1 (no padding) or 64")
+    _check(m.init_from not in ("", REQUIRED), "model.init_from must be given: add model.init_from=PATH, a local "
+           "Hugging Face GPT-2 directory (e.g. huggingface-cli download gpt2 --local-dir gpt2) or a tinygpt run "
+           "directory")
     _check(o.name in OPTIMIZERS, f"optim.name={o.name!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     _check(_finite(o.lr) and o.lr > 0, f"optim.lr={o.lr} must be a positive number: e.g. optim.lr=1e-3")
     _check(_finite(o.min_lr) and o.min_lr >= 0, f"optim.min_lr={o.min_lr} must be >= 0: e.g. optim.min_lr=1e-4")
@@ -209,6 +215,9 @@ def validate(c: Config) -> None:
     t.compile = normalize_compile(t.compile)
     for name in ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"):
         _check(getattr(t, name) >= 1, f"train.{name}={getattr(t, name)} must be >= 1: give a positive whole number")
+    _check(t.patience is None or t.patience >= 1,
+           f"train.patience={t.patience} must be >= 1 (evaluations without a better val loss), or null (no early "
+           f"stopping)")
     _check(0 <= t.seed <= SEED_MAX, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337" if t.seed < 0 else
            f"train.seed={t.seed} is too large: use a whole number from 0 to {SEED_MAX}, e.g. train.seed=1337")
     _check(t.parallel in PARALLEL_MODES, f"train.parallel={t.parallel!r} is not valid: use none (DDP under torchrun), "

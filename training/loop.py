@@ -1,7 +1,8 @@
 """The training loop: `train(cfg, run_dir)`, a plain function (train.py is a thin Hydra wrapper around it).
 
 Set-up builds the parts (device, data, model, optimizer, wrapper, checkpoint manager); the loop runs
-training.step's step, logs once per log interval (the only host sync), evaluates and saves at intervals.
+training.step's step, logs once per log interval (the only host sync), evaluates and saves at intervals,
+and stops early when val loss stops improving (train.patience). Fine-tuning: training/init_from.py.
 Why resume is exact wherever a stop lands, and how compile and signals are handled: docs/design.md.
 """
 from __future__ import annotations
@@ -10,7 +11,6 @@ import dataclasses
 import logging
 import math
 import os
-import random
 import secrets
 import sys
 import time
@@ -20,19 +20,19 @@ from functools import partial
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
 import torch
 
 from checkpoint.manager import CheckpointManager
 from training import distributed as dist_lib
+from training import init_from
 from training.config import Config, to_dataclass
 from training.console import console_with_bar
 from training.device import resolve_compile, resolve_device, setup_device
-from training.metrics import RunLog, flops_per_token, format_count, mfu
+from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
-from training.signals import EXIT_CODES, StopRequest, resume_command
-from training.state import LossWindow, RNGState, TrainState
-from training.step import CompileGuard, EvalInterrupted, evaluate, train_step
+from training.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
+from training.state import LossWindow, RNGState, TrainState, seed_all
+from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
 
 log = logging.getLogger(__name__)
 
@@ -49,12 +49,14 @@ class TrainResult:
     run_dir: Path
     exit_code: int = 0  # 0, or 130 (SIGINT) / 143 (SIGTERM)
     last_checkpoint: Optional[Path] = None
+    early_stopped: bool = False  # completed because val loss stopped improving (train.patience)
 
 
 class Trainer:
     """One run: setup() builds every part, run() trains, finish() writes the summary (also after errors)."""
 
     def __init__(self, c: Config, run_dir: Path, rt: dist_lib.DistInfo, cli_overrides: Optional[list[str]]):
+        self.source = init_from.apply(c, cli_overrides)  # first: a fine-tune source sets c.model's shape
         t, m = c.train, c.model
         self.c, self.run_dir, self.rt, self.cli_overrides = c, run_dir, rt, cli_overrides
         self.t_start = time.perf_counter()
@@ -63,12 +65,13 @@ class Trainer:
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)
-        self.dev, self.num_params, self.resumed, self.compiled = None, 0, False, False
+        self.dev, self.num_params, self.resumed, self.compiled, self.early_stopped = None, 0, False, False, False
         self.session_tokens, self.train_seconds, self.t_mark = 0, 0.0, 0.0  # throughput of this session
 
     def setup(self) -> None:
         from data.loader import BatchLoader
         from data.prepare import prepare
+        from data.tokenizer import token_bytes
         from model import GPT, GPTConfig
         from model.config import pad_vocab
         c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
@@ -79,13 +82,14 @@ class Trainer:
         with dist_lib.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
             self.prepared = prepare(c.data, progress=rt.is_main, log=log.info)
         self.tokenizer = self.prepared.tokenizer
+        if self.source is not None:
+            init_from.check_tokenizer(self.source, self.tokenizer.to_dict())
+        self.token_bytes = token_bytes(self.tokenizer).to(device)  # for bits per byte
         self.gpt_config = GPTConfig(vocab_size=pad_vocab(self.tokenizer.vocab_size, m.pad_vocab_to),
                                     block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
                                     dropout=m.dropout, bias=m.bias, tie_weights=m.tie_weights, attention=m.attention)
-        torch.manual_seed(t.seed)
-        random.seed(t.seed)
-        np.random.seed(t.seed)
-        self.model = GPT(self.gpt_config).to(device)  # the same weights on every rank
+        seed_all(t.seed)
+        self.model = init_from.build(GPT, self.gpt_config, self.source, t.resume).to(device)  # same on every rank
         if rt.rank:
             torch.manual_seed(t.seed + rt.rank)  # different dropout masks per process
         self.wrapped = dist_lib.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
@@ -115,38 +119,18 @@ class Trainer:
             if c.logger.name == "wandb":
                 self.state.wandb_run_id = self.state.wandb_run_id or secrets.token_hex(4)
             self.report.open(c, self.run_dir, self.state.wandb_run_id, self.ckpt.source, self.state.step)
-            self._log_start()
-
-    def _log_start(self) -> None:
-        c, m, t, dev, togo = self.c, self.c.model, self.c.train, self.dev, self.c.train.max_iters - self.state.step
-        log.info(f"run dir: {self.run_dir}")
-        log.info(f"data: {c.data.name}, {self.tokenizer.describe()}, {format_count(len(self.loader.files['train']))} "
-                 f"train / {format_count(len(self.loader.files['val']))} val tokens ({self.prepared.dir})")
-        log.info(f"model: {self.num_params / 1e6:.2f}M parameters ({m.n_layer} layers, {m.n_head} heads, "
-                 f"{m.n_embd} wide, context {m.block_size}, vocab {self.gpt_config.vocab_size}, dropout {m.dropout:g})")
-        log.info(f"device: {dev.device} ({dev.name}), {dev.dtype_name}{' + GradScaler' if self.scaler else ''}, "
-                 + ("torch.compile on" if self.compiled else "eager (no torch.compile)"))
-        if self.rt.distributed:
-            log.info(f"parallel: {dist_lib.describe(self.rt)}")
-        log.info(f"global batch: {self.tokens_per_step:,} tokens per step ({t.batch_size} sequences x {m.block_size} "
-                 f"tokens x {t.grad_accum_steps} accumulation x {self.rt.world_size} process"
-                 f"{'es' if self.rt.world_size > 1 else ''}); "
-                 f"{togo} steps to go = {format_count(togo * self.tokens_per_step)} tokens")
-        best, diff = self.state.best_val_loss, "; ".join(self.ckpt.config_diff)
-        if self.resumed:
-            log.info(f"resumed from {self.ckpt.source} at step {self.state.step} "
-                     f"({f'best val loss {best:.4f}' if math.isfinite(best) else 'no eval yet'})")
-        if diff:
-            log.warning(f"resuming with settings that differ from the checkpoint's: {diff}")
+            self.report.log_start(self)
 
     def run(self) -> TrainResult:
         t, st = self.c.train, self.state
         self.rng.restore()  # last: nothing may draw random numbers after this
         st.started = self.t_mark = time.perf_counter()
-        if st.step >= t.max_iters and not st.eval_pending:
+        if (st.step >= t.max_iters or self._out_of_patience()) and not st.eval_pending:
             if self.rt.is_main:
                 log.info(f"the checkpoint is at step {st.step} >= train.max_iters={t.max_iters}: nothing to train "
-                         f"(raise train.max_iters to continue)")
+                         f"(raise train.max_iters to continue)" if st.step >= t.max_iters else f"the checkpoint's val "
+                         f"loss has not improved since step {st.best_step}, for train.patience={t.patience} "
+                         f"evaluations: nothing to train (raise train.patience to continue)")
             return self._result()
         show_bar = self.rt.is_main and sys.stderr.isatty()
         self.stop.install()
@@ -156,7 +140,7 @@ class Trainer:
                     self._eval_and_save(save=st.step > 0)
                 elif not self.resumed and t.eval_at_start:
                     self._eval_and_save(save=False)
-                while st.step < t.max_iters and not self.stop.agreed(self.stop_agreement):
+                while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed(self.stop_agreement):
                     self.window.add(self.guard.run("train", partial(self._train_step, st.step)))
                     st.step += 1
                     st.tokens += self.tokens_per_step
@@ -177,11 +161,15 @@ class Trainer:
                     self._save(st.step)
         finally:
             self.stop.restore()
-        if self.stop.signum is not None and self.rt.is_main:
-            torchrun = (self.rt.world_size, self.rt.local_world_size) if self.rt.distributed else None
-            log.info(f"stopped by {self.stop.name} after step {st.step}: saved {self.ckpt.last}; resume with: "
-                     f"{resume_command(self.run_dir, self.cli_overrides, torchrun)}")
+        if self.early_stopped and self.rt.is_main:
+            log.info(f"early stop at step {st.step}: val loss has not improved for train.patience={t.patience} "
+                     f"evaluations (best {st.best_val_loss:.4f} at step {st.best_step})")
         return self._result()
+
+    def _out_of_patience(self) -> bool:  # patience x eval_interval steps since the best: known to every checkpoint
+        t, st = self.c.train, self.state
+        return t.patience is not None and st.best_step is not None and \
+            st.step - st.best_step >= t.patience * t.eval_interval
 
     def _train_step(self, step: int) -> torch.Tensor:
         set_lr(self.optimizer, self.lr_at(step))
@@ -189,13 +177,13 @@ class Trainer:
                           autocast=self.dev.autocast, scaler=self.scaler, grad_clip=self.c.optim.grad_clip,
                           grad_sync=partial(dist_lib.grad_sync, self.wrapped, self.rt))
 
-    def _evaluate(self) -> dict[str, float]:
+    def _evaluate(self) -> dict[str, dict]:
         plan = dist_lib.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
         # a stop ends the evaluation early in one process; under torchrun every rank finishes its collectives
         stop = lambda: self.stop.signum is not None and not self.rt.distributed  # noqa: E731
-        return {split: evaluate(self.module, partial(self.loader.eval_batch, split), plan, autocast=self.dev.autocast,
-                                reduce_sum=partial(dist_lib.all_reduce_sum, info=self.rt), stop=stop)
-                for split in ("train", "val")}
+        return {split: eval_stats(self.module, partial(self.loader.eval_batch, split), plan, stop=stop,
+                                  autocast=self.dev.autocast, reduce_sum=partial(dist_lib.all_reduce_sum, info=self.rt),
+                                  token_bytes=self.token_bytes) for split in ("train", "val")}
 
     def _to_eager(self) -> None:  # the compile guard's fallback
         self.module, self.compiled = self.wrapped, False
@@ -208,7 +196,7 @@ class Trainer:
         self.window.read(self._diverged)  # NaN check before evaluating (and before any save)
         t0 = time.perf_counter()
         try:
-            losses = self.guard.run("eval", self._evaluate)
+            stats = self.guard.run("eval", self._evaluate)
         except EvalInterrupted:
             st.eval_pending = True  # saved with the stop's checkpoint: the resumed run redoes it
             if self.rt.is_main:
@@ -216,14 +204,15 @@ class Trainer:
             return
         st.eval_pending = False
         for split in ("train", "val"):
-            if not math.isfinite(losses[split]):
-                self._diverged(step, losses[split])
-        improved = save and losses["val"] < st.best_val_loss
+            if not math.isfinite(stats[split]["loss"]):
+                self._diverged(step, stats[split]["loss"])
+        improved = save and stats["val"]["loss"] < st.best_val_loss
         if improved:
-            st.best_val_loss, st.best_step = losses["val"], step
-        self.report.eval(step, losses, self.lr_at(step - 1), st.tokens, st.elapsed(), improved)
+            st.best_val_loss, st.best_step = stats["val"]["loss"], step
+        self.report.eval(step, stats, self.lr_at(step - 1), st.tokens, st.elapsed(), improved)
         if save:
             self._save(step, best=improved)
+            self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:
@@ -253,48 +242,59 @@ class Trainer:
     def _result(self) -> TrainResult:
         sig = self.stop.signum
         return TrainResult("interrupted" if sig else "completed", self.state.step, self.state.best_val_loss,
-                           self.run_dir, EXIT_CODES.get(sig, 128 + int(sig)) if sig else 0, self.ckpt.last)
+                           self.run_dir, EXIT_CODES.get(sig, 128 + int(sig)) if sig else 0, self.ckpt.last,
+                           self.early_stopped)
+
+    def closing(self, result: Optional[TrainResult]) -> TrainResult:
+        """The last line of a run a signal stopped (`result`), or that a second Ctrl-C aborted (None: exit 130)."""
+        ckpt, torchrun = getattr(self, "ckpt", None), (self.rt.world_size, self.rt.local_world_size)
+        resume = resume_command(self.run_dir, self.cli_overrides, torchrun if self.rt.distributed else None)
+        last, last_step = (ckpt.last, ckpt.last_step) if ckpt is not None else (None, None)
+        line = f"stopped by {self.stop.name} after step {self.state.step}: saved {last}; resume with: {resume}"
+        if result is None:
+            result = TrainResult("interrupted", self.state.step, self.state.best_val_loss, self.run_dir, 130, last)
+            line = interrupted_line(self.run_dir, last, last_step, resume)
+        if result.exit_code and self.rt.is_main:
+            log.info(line)
+        return result
 
     def finish(self, status: str) -> None:
         """Summary record, loss.png, wandb.finish: also after errors (best effort)."""
-        if not self.rt.is_main:
-            return
-        st, wall, dev, m = self.state, time.perf_counter() - self.t_start, self.dev, self.c.model
-        best = st.best_val_loss if math.isfinite(st.best_val_loss) else None
-        self.report.finish({
-            "type": "summary", "status": status, "step": st.step, "best_val_loss": best, "best_step": st.best_step,
-            "tokens": st.tokens, "wall_s": round(wall, 3), "train_s": round(self.train_seconds, 3),
-            "mean_tokens_per_s": round(self.session_tokens / self.train_seconds, 1) if self.train_seconds else None,
-            "num_params": self.num_params, "device": dev.name if dev else None,
-            "dtype": dev.dtype_name if dev else None, "compiled": self.compiled},
-            f"{self.run_dir}  ({m.n_layer}L/{m.n_head}H/{m.n_embd}, ctx {m.block_size}; "
-            f"best val {st.best_val_loss:.4f})")
+        if self.rt.is_main:
+            self.report.finish_run(self, status, time.perf_counter() - self.t_start)
 
 
 def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None
           ) -> TrainResult:
     """Train per `cfg` (a composed DictConfig, dict or Config) into `run_dir` (Hydra passes its output dir).
 
-    Returns a TrainResult; its exit_code is 130/143 when a signal stopped the run. User mistakes raise
-    ValueError/OSError with one-line messages; a diverged loss raises TrainingDiverged (a ValueError).
-    """
+    Returns a TrainResult; its exit_code is 130/143 when a signal stopped the run (also a second Ctrl-C: 130,
+    after one closing line). `cli_overrides`: the command line's, for the resume command and model.init_from
+    (explicit shape keys must agree with the source). User mistakes raise ValueError/OSError with one-line
+    messages; a diverged loss raises TrainingDiverged (a ValueError)."""
     c = to_dataclass(cfg)
     # under torchrun: join the process group (train.py has usually started it already; then this reuses it)
     rt = dist_lib.init(resolve_device(c.train.device, dist_lib.env_info()[2]), c.train.parallel)
-    trainer, status = None, "failed"
+    trainer, status, result = None, "failed", None
     try:
         default = Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
         trainer = Trainer(c, dist_lib.broadcast_object(Path(run_dir or default), rt), rt, cli_overrides)
         trainer.setup()
         result = trainer.run()
         status = result.status
-        return result
-    except (TrainingDiverged, KeyboardInterrupt) as e:
-        status = "diverged" if isinstance(e, TrainingDiverged) else "interrupted"
+    except TrainingDiverged:
+        status = "diverged"
         raise
+    except KeyboardInterrupt:  # a second Ctrl-C (or one before the handlers were in): no more saving
+        if trainer is None:
+            raise
+        status = "interrupted"
     finally:
         try:
             if trainer is not None and trainer.report.started:
                 trainer.finish(status)
+        except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
+            result = None
         finally:
             dist_lib.destroy(rt)  # ends the process group if this call started it (also on errors and signals)
+    return trainer.closing(result)

@@ -164,14 +164,57 @@ class RunLog:
             self.bar.set_postfix_str(line, refresh=False)
         log.info(f"step {step}/{self.max_iters}: {line}", extra={"progress": True})  # train.log only, under a bar
 
-    def eval(self, step: int, losses: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
+    def eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
+        """`stats`: {"train"|"val": {"loss": nats per token, "bpb": bits per byte or None}}."""
         if not self.enabled:
             return
-        self.metrics.write({"type": "eval", "step": step, "train_loss": losses["train"], "val_loss": losses["val"],
+        tr, va = stats["train"], stats["val"]
+        bpb = {f"{split}_bpb": stats[split]["bpb"] for split in ("train", "val") if stats[split]["bpb"] is not None}
+        self.metrics.write({"type": "eval", "step": step, "train_loss": tr["loss"], "val_loss": va["loss"], **bpb,
                             "lr": lr, "tokens": tokens, "elapsed_s": round(elapsed, 3)})
-        self.wandb.log({"eval/train_loss": losses["train"], "eval/val_loss": losses["val"]}, step=step)
-        log.info(f"step {step}/{self.max_iters}: train loss {losses['train']:.4f}, val loss {losses['val']:.4f}"
+        self.wandb.log({"eval/train_loss": tr["loss"], "eval/val_loss": va["loss"],
+                        **{f"eval/{k}": v for k, v in bpb.items()}}, step=step)
+        val_bpb = f" ({va['bpb']:.3f} bpb)" if va["bpb"] is not None else ""
+        log.info(f"step {step}/{self.max_iters}: train loss {tr['loss']:.4f}, val loss {va['loss']:.4f}{val_bpb}"
                  f"{' (best)' if improved else ''} | {format_count(tokens)} tokens | {format_duration(elapsed)}")
+
+    def log_start(self, tr) -> None:
+        """The lines that open a run: run dir, data, model, device, global batch, resume (`tr`: the Trainer)."""
+        c, m, dev, rt, n = tr.c, tr.c.model, tr.dev, tr.rt, tr.tokens_per_step
+        togo, files = c.train.max_iters - tr.state.step, tr.loader.files
+        log.info(f"run dir: {tr.run_dir}")
+        log.info(f"data: {c.data.name}, {tr.tokenizer.describe()}, {format_count(len(files['train']))} train / "
+                 f"{format_count(len(files['val']))} val tokens ({tr.prepared.dir})")
+        log.info(f"model: {tr.num_params / 1e6:.2f}M parameters ({m.n_layer} layers, {m.n_head} heads, "
+                 f"{m.n_embd} wide, context {m.block_size}, vocab {tr.gpt_config.vocab_size}, dropout {m.dropout:g})")
+        if tr.source is not None and not tr.resumed:
+            log.info(f"init from {tr.source.describe(m.block_size)}")
+        log.info(f"device: {dev.device} ({dev.name}), {dev.dtype_name}{' + GradScaler' if tr.scaler else ''}, "
+                 + ("torch.compile on" if tr.compiled else "eager (no torch.compile)"))
+        if rt.distributed:
+            from training.distributed import describe
+            log.info(f"parallel: {describe(rt)}")
+        log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x {m.block_size} tokens x "
+                 f"{c.train.grad_accum_steps} accumulation x {rt.world_size} process"
+                 f"{'es' if rt.world_size > 1 else ''}); {togo} steps to go = {format_count(togo * n)} tokens")
+        best, diff = tr.state.best_val_loss, "; ".join(tr.ckpt.config_diff)
+        if tr.resumed:
+            log.info(f"resumed from {tr.ckpt.source} at step {tr.state.step} "
+                     f"({f'best val loss {best:.4f}' if math.isfinite(best) else 'no eval yet'})")
+        if diff:
+            log.warning(f"resuming with settings that differ from the checkpoint's: {diff}")
+
+    def finish_run(self, tr, status: str, wall: float) -> None:
+        """`finish` with the summary of the Trainer `tr`, whose run ended with `status` after `wall` seconds."""
+        st, dev, m = tr.state, tr.dev, tr.c.model
+        self.finish({
+            "type": "summary", "status": status, "step": st.step, "best_step": st.best_step,
+            "best_val_loss": st.best_val_loss if math.isfinite(st.best_val_loss) else None, "tokens": st.tokens,
+            "wall_s": round(wall, 3), "train_s": round(tr.train_seconds, 3),
+            "mean_tokens_per_s": round(tr.session_tokens / tr.train_seconds, 1) if tr.train_seconds else None,
+            "num_params": tr.num_params, "device": dev.name if dev else None, "dtype": dev.dtype_name if dev else None,
+            "compiled": tr.compiled, "early_stopped": tr.early_stopped},
+            f"{tr.run_dir}  ({m.n_layer}L/{m.n_head}H/{m.n_embd}, ctx {m.block_size}; best val {st.best_val_loss:.4f})")
 
     def finish(self, summary: dict, plot_title: str) -> None:
         """The summary record and loss.png (best effort: a full disk is a warning), wandb.finish, the done line."""

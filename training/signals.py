@@ -1,7 +1,8 @@
 """Stopping a run cleanly on SIGINT/SIGTERM, and the command line that continues it.
 
 The handlers only set a flag the loop polls between steps: it finishes the step, writes last.pt and
-exits 130/143. A second Ctrl-C aborts at once (the atomic saves keep every file intact).
+exits 130/143. A second Ctrl-C aborts at once (the atomic saves keep every file intact); the run's closing
+line then says which step the run directory's last.pt is from (`interrupted_line`).
 """
 from __future__ import annotations
 
@@ -63,3 +64,14 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]],
              "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
     parts = [*launch, "train.py", *keep, f"hydra.run.dir={run_dir}", "train.resume=true"]
     return " ".join(shlex.quote(p) for p in parts)
+
+
+def interrupted_line(run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str) -> str:
+    """The closing line of a run a second Ctrl-C aborted. `last`/`last_step`: the last good checkpoint the run
+    knows of (resumed from or written); `resume`: the command that continues the run."""
+    run_dir = Path(run_dir)
+    if last is not None and last_step is not None and Path(last).parent == run_dir:
+        return f"interrupted; last.pt is from step {last_step}: resume with: {resume}"
+    if (run_dir / "last.pt").exists():  # stopped before the run had read it
+        return f"interrupted; last.pt is as it was: resume with: {resume}"
+    return "interrupted; no checkpoint was written yet"

@@ -6,10 +6,12 @@ every rank. Their state_dicts are format 1's keys, so checkpoints of every versi
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -101,6 +103,13 @@ class LossWindow:
             self.buf[: len(losses)] = torch.tensor(losses, dtype=self.buf.dtype)
             self.n = self.restored = len(losses)
             self.first_step = first
+
+
+def seed_all(seed: int) -> None:
+    """Python's, numpy's and torch's generators from one seed: where every run starts."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
 
 
 def gather_rng_states(info: DistInfo) -> Optional[list]:

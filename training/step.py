@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from typing import Any, Callable, ContextManager, Iterable, Optional
 
 import torch
 
 from checkpoint.file import capture_rng_state, restore_rng_state
+from model.generate import failure_reason  # (moving to common/text.py)
 
 log = logging.getLogger(__name__)
 
@@ -56,19 +58,21 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, next_ba
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iterable[tuple[int, bool]], *,
-             autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-             reduce_sum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-             stop: Optional[Callable[[], bool]] = None) -> float:
-    """Mean loss over `batch(i)` for (i, counted) in `plan` (uncounted batches only keep ranks in step).
+def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iterable[tuple[int, bool]], *,
+               autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+               reduce_sum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
+               stop: Optional[Callable[[], bool]] = None, token_bytes: Optional[torch.Tensor] = None) -> dict:
+    """{"loss": mean loss, "bpb": bits per byte or None} over `batch(i)` for (i, counted) in `plan`
+    (uncounted batches only keep ranks in step).
 
-    In eval mode (dropout off), restored to train mode after. `reduce_sum` sums the loss and batch count
-    over ranks (one host sync at the end); `stop()` is asked before each batch (EvalInterrupted if true).
+    In eval mode (dropout off), restored to train mode after. Bits per byte (with `token_bytes`, a device
+    tensor of each id's UTF-8 length) = sum of nats / ln 2 / bytes of the counted targets. `reduce_sum` sums
+    the statistics over ranks (one host sync at the end); `stop()` is asked before each batch (EvalInterrupted).
     """
     model.eval()
     try:
         plan = list(plan)
-        losses = torch.zeros(len(plan), device=next(model.parameters()).device)
+        sums = torch.zeros(len(plan), 3, device=next(model.parameters()).device)  # loss, nats, bytes per batch
         for j, (i, counted) in enumerate(plan):
             if stop is not None and stop():
                 raise EvalInterrupted
@@ -76,12 +80,24 @@ def evaluate(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iterab
             with autocast():
                 _, loss = model(x, y)
             if counted:
-                losses[j] = loss.float()
-        stats = torch.stack([losses.sum(), torch.tensor(float(sum(c for _, c in plan)), device=losses.device)])
-        s, n = (reduce_sum(stats) if reduce_sum is not None else stats).tolist()
-        return s / max(n, 1.0)
+                sums[j, 0] = loss.float()
+                if token_bytes is not None:
+                    real = y >= 0  # (the loss ignores -1 targets)
+                    sums[j, 1] = loss.float() * real.sum()
+                    sums[j, 2] = (token_bytes[y.clamp(min=0)] * real).sum()
+        n = torch.tensor(float(sum(c for _, c in plan)), device=sums.device)
+        stats = torch.cat([sums.sum(0), n[None]])
+        s, nats, n_bytes, n = (reduce_sum(stats) if reduce_sum is not None else stats).tolist()
+        bpb = nats / math.log(2) / n_bytes if token_bytes is not None and n_bytes > 0 else None
+        return {"loss": s / max(n, 1.0), "bpb": bpb}
     finally:
         model.train()
+
+
+def evaluate(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iterable[tuple[int, bool]],
+             **kwargs) -> float:
+    """The mean loss of `eval_stats` (same arguments)."""
+    return eval_stats(model, batch, plan, **kwargs)["loss"]
 
 
 class CompileGuard:
@@ -104,8 +120,7 @@ class CompileGuard:
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - any compile failure: eager will surface real errors again
-            first = (str(e).strip().splitlines() or [""])[0][:200]
-            log.warning(f"torch.compile failed ({type(e).__name__}: {first}): continuing without compilation "
+            log.warning(f"torch.compile failed ({failure_reason(e)}): continuing without compilation "
                         f"(train.compile=false skips the attempt)")
         # the retry runs here, not in the except block, whose traceback would keep the failed step's activations
         self.enabled = False

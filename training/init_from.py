@@ -1,0 +1,151 @@
+"""`model.init_from`: fine-tuning starts from the weights of a local Hugging Face GPT-2 directory or of a
+tinygpt run directory / checkpoint file. Those weights fit one shape only, so the source sets it over any
+preset (an explicit command-line value that contradicts it is refused); a smaller model.block_size crops the
+position embeddings (as nanoGPT does). Optimizer, schedule and step count start fresh.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional
+
+import torch
+
+from checkpoint.file import CheckpointError, check_model_weights, clean_state_dict, load_checkpoint
+from checkpoint.locate import checkpoint_in_run
+from data.sources import GPT2_VOCAB_SIZE
+from model import hf
+from model.config import GPTConfig, pad_vocab
+
+SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights")  # the source's, always
+HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+WHAT = "a local Hugging Face GPT-2 directory (config.json + model.safetensors), a tinygpt run directory or a .pt file"
+
+
+@dataclass
+class Source:
+    """Where the weights come from: `path` (a HF directory or a checkpoint file), its shape and tokenizer."""
+    key: str  # "model.init_from=<as given>", for messages
+    path: Path
+    config: GPTConfig
+    tokenizer: dict  # the tokenizer's to_dict(); a GPT-2 directory reads GPT-2 BPE
+    hf_dir: bool = False  # a Hugging Face directory (else a tinygpt checkpoint)
+    ckpt: Optional[dict] = None  # a tinygpt checkpoint, read once (dropped once its weights are in the model)
+
+    def describe(self, block_size: int) -> str:
+        """Where from and what, for the run's opening lines (`block_size`: the run's context)."""
+        kind, c = "Hugging Face GPT-2" if self.hf_dir else "tinygpt checkpoint", self.config
+        return f"{self.path} ({kind}: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, context " \
+               f"{c.block_size})" + (f", context cropped to {block_size}" if block_size < c.block_size else "")
+
+
+def _vocab(tok: dict) -> str:
+    return f"char ({len(tok.get('chars', ''))} characters)" if tok.get("type") == "char" else "gpt2 BPE"
+
+
+def open_source(spec: str) -> Source:
+    """The source `spec` names, with its shape (a checkpoint file is read once, a HF directory's weights later)."""
+    key, path = f"model.init_from={spec}", Path(spec).expanduser()
+    if not path.exists():
+        bare = "/" not in spec and "." not in spec  # a model's name, e.g. gpt2
+        hint = f" (e.g. huggingface-cli download {spec} --local-dir {spec})" if bare else ""
+        raise ValueError(f"{key} does not exist: give {WHAT}{hint}")
+    if path.is_dir() and (path / "config.json").is_file():
+        try:
+            hf_config = json.loads((path / "config.json").read_text())
+            if not isinstance(hf_config, dict):
+                raise ValueError("config.json holds no JSON object")
+            config = hf.config_from_hf(hf_config)
+        except (ValueError, OSError) as e:  # JSONDecodeError is a ValueError
+            raise ValueError(f"{key} is not a GPT-2 directory tinygpt can load: {str(e).splitlines()[0]}") from None
+        if not any((path / name).is_file() for name in HF_WEIGHTS):
+            raise ValueError(f"{key} has a config.json but no weights (model.safetensors or pytorch_model.bin): "
+                             f"download the whole model directory")
+        return Source(key, path, config, {"type": "gpt2"}, hf_dir=True)
+    try:
+        file = checkpoint_in_run(path) if path.is_dir() else path
+    except FileNotFoundError:
+        raise ValueError(f"{key} is neither a Hugging Face GPT-2 directory (no config.json) nor a tinygpt run "
+                         f"directory (no best.pt or last.pt): give {WHAT}") from None
+    try:
+        ckpt = load_checkpoint(file)
+    except CheckpointError as e:
+        raise ValueError(f"{key}: {e}") from None
+    if ckpt.get("model") is None or not isinstance(ckpt.get("tokenizer"), dict):
+        raise ValueError(f"{key}: {file} holds no model weights or no tokenizer: use a run's best.pt or last.pt")
+    try:
+        config = GPTConfig.from_dict(dict(ckpt["model_config"]))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{key}: {file} has a bad model_config ({e})") from None
+    return Source(key, file, config, ckpt["tokenizer"], ckpt=ckpt)
+
+
+def given_keys(cli_overrides: Optional[Iterable[str]]) -> set[str]:
+    """The keys the command line set explicitly (`model.n_layer=4`, `+model.x=1`, ...)."""
+    return {o.lstrip("+~").split("=", 1)[0].strip() for o in cli_overrides or ()}
+
+
+def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
+    """Open `c.model.init_from` (if set) and give `c.model` its shape, context and vocabulary padding; `c` is
+    the run's Config (training.config). One-line ValueErrors: a contradicting explicit override, a block_size
+    beyond the source's context, data with another tokenizer type."""
+    m = c.model
+    if m.init_from is None:
+        return None
+    src, given = open_source(m.init_from), given_keys(cli_overrides)
+    s = src.config
+    for name in SHAPE:
+        if f"model.{name}" in given and getattr(m, name) != getattr(s, name):
+            raise ValueError(f"model.{name}={str(getattr(m, name)).lower()} contradicts {src.key}, whose model has "
+                             f"{name}={str(getattr(s, name)).lower()}: leave model.{name} out (the shape comes "
+                             f"from the weights)")
+        setattr(m, name, getattr(s, name))
+    if "model.block_size" not in given:
+        m.block_size = s.block_size
+    elif m.block_size > s.block_size:
+        raise ValueError(f"model.block_size={m.block_size} is larger than the context of {src.key} ({s.block_size} "
+                         f"positions): use at most model.block_size={s.block_size} (a smaller one crops it)")
+    if (src.tokenizer["type"] == "gpt2") != (c.data.tokenizer == "gpt2"):
+        fix = "use data=shakespeare, or data=text data.tokenizer=gpt2" if src.tokenizer["type"] == "gpt2" else \
+            "use data with the char tokenizer it was trained on"
+        raise ValueError(f"{src.key} reads {_vocab(src.tokenizer)} tokens but data={c.data.name} is tokenized "
+                         f"with data.tokenizer={c.data.tokenizer}: {fix}")
+    n = GPT2_VOCAB_SIZE if src.tokenizer["type"] == "gpt2" else len(src.tokenizer.get("chars", ""))
+    if s.vocab_size < n:
+        raise ValueError(f"{src.key} has {s.vocab_size} vocabulary rows, fewer than the {n} ids of its "
+                         f"{_vocab(src.tokenizer)} tokenizer: it cannot read this data")
+    if pad_vocab(n, m.pad_vocab_to) != s.vocab_size:
+        if "model.pad_vocab_to" in given:
+            raise ValueError(f"model.pad_vocab_to={m.pad_vocab_to} would make {pad_vocab(n, m.pad_vocab_to)} "
+                             f"vocabulary rows but {src.key} has {s.vocab_size}: leave model.pad_vocab_to out")
+        m.pad_vocab_to = 1 if s.vocab_size == n else s.vocab_size  # pad_vocab(n, that) == s.vocab_size
+    m.init_from = str(src.path.resolve())  # what the checkpoint's config records
+    return src
+
+
+def check_tokenizer(src: Source, tokenizer: dict) -> None:
+    """The prepared data's tokenizer (`to_dict()`) must be the source's: the same ids for the same text."""
+    if tokenizer != src.tokenizer:
+        raise ValueError(f"the prepared data's vocabulary ({_vocab(tokenizer)}) differs from that of {src.key} "
+                         f"({_vocab(src.tokenizer)}): fine-tune on data with the characters it was trained on")
+
+
+def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.nn.Module:
+    """`model_cls(config)`, on the CPU in training mode: freshly initialised when there is no source or the run
+    resumes (`train.resume`: its checkpoint has the weights), else holding the source's weights (position
+    embeddings cropped to config.block_size), built on the meta device (no time spent on a random init)."""
+    if src is None or resume is not False:
+        if src is not None:
+            src.ckpt = None
+        return model_cls(config)
+    sd = hf.read_pretrained(src.path)[1] if src.hf_dir else clean_state_dict(src.ckpt["model"])
+    if "transformer.wpe.weight" in sd:  # (its absence: check_model_weights says so)
+        sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][: config.block_size].clone()
+    with torch.device("meta"):
+        model = model_cls(config)
+    model.load_state_dict(check_model_weights(model, sd, src.key), assign=True)
+    if config.tie_weights:  # assign=True replaced the shared Parameter with two: tie them again
+        model.lm_head.weight = model.transformer.wte.weight
+    src.ckpt = None  # the weights live in the model now
+    return model
