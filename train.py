@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -30,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from common import run_lock
 from common.text import one_line
-from training import distributed, memory
+from training import distributed, init_from, memory
 from training.config import check_override, register_configs, to_dataclass
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
@@ -77,6 +78,7 @@ def main(cfg: DictConfig) -> None:
            f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
     try:
         result = train(cfg, out, cli_overrides=list(HydraConfig.get().overrides.task))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
     except torch.OutOfMemoryError:
         _fail("out of memory on the GPU " + oom)
     except (MemoryError, RuntimeError) as e:  # numpy's _ArrayMemoryError is a MemoryError; torch's CPU one is not
@@ -134,6 +136,7 @@ class Checks(Callback):
         global _dist
         try:
             c = to_dataclass(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
+            init_from.apply(c, list(config.hydra.overrides.task))  # a fine-tune's shape comes from its source
             if distributed.launched_by_torchrun():  # rank 0's run directory for all (the default is a timestamp)
                 from model.device import resolve_device
                 _dist = distributed.init(resolve_device(c.train.device, distributed.env_info()[2]), c.train.parallel)
