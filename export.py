@@ -12,7 +12,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from common.text import one_line
+from common.text import error_line
 
 EXIT_USAGE = 2
 
@@ -101,8 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(argv)
     except (ValueError, OSError) as e:
-        from_os = isinstance(e, OSError) and e.strerror and e.filename  # e.g. permission denied: name the file
-        print("error: " + (f"{e.filename}: {e.strerror}" if from_os else one_line(e)), file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return EXIT_USAGE
 
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from checkpoint.locate import check_vocab, resolve_checkpoint  # stdlib only: no torch import yet
-from common.text import one_line
+from common.text import error_line
 from common.threads import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): see common/threads.py
@@ -243,8 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except (ValueError, OSError) as e:
-        from_os = isinstance(e, OSError) and e.strerror and e.filename  # e.g. permission denied: name the file
-        print("error: " + (f"{e.filename}: {e.strerror}" if from_os else one_line(e)), file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return EXIT_USAGE
     except RuntimeError as e:  # running out of (GPU) memory is a resource problem, not a bug: one line
         if not re.search(r"out of memory|can't allocate memory", str(e), re.IGNORECASE):

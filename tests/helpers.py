@@ -30,3 +30,29 @@ def run_cli(args: list[str], cwd: Path | str | None = None, timeout: float = 300
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}")
     return proc
+
+
+def tiny_model_and_opt(seed=0):
+    """A 2-layer GPT (vocab 32, context 16) and its AdamW, seeded: for state round-trip tests."""
+    import torch
+
+    from model import GPT, GPTConfig
+    from training.optim import build_optimizer
+    torch.manual_seed(seed)
+    m = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
+    return m, build_optimizer(m, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+
+
+def train_steps(m, opt, n, seed=2):
+    """n optimizer steps on seeded random batches (4 x 16, vocab 32); their losses."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x, y = torch.randint(0, 32, (4, 16), generator=g), torch.randint(0, 32, (4, 16), generator=g)
+        _, loss = m(x, y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        out.append(loss.item())
+    return out

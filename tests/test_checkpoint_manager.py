@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from checkpoint import file as ck
 from checkpoint import sharded as S
 from checkpoint.manager import CheckpointManager
-from tests.helpers import REPO
+from tests.helpers import REPO, train_steps
 from training import distributed as D
 from training import loop as loop_mod
 from training.config import register_configs
@@ -117,19 +117,6 @@ def _parts(seed):
     return m, _opt(m)
 
 
-def _steps(m, opt, n, seed=2):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x, y = torch.randint(0, 32, (4, 16), generator=g), torch.randint(0, 32, (4, 16), generator=g)
-        _, loss = m(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(loss.item())
-    return out
-
-
 def _meta(m):
     return {"model_config": m.config.to_dict(), "tokenizer": {"type": "char", "chars": "ab"}, "config": {}}
 
@@ -138,10 +125,10 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
     """A single-file checkpoint resumes into an FSDP2-sharded model (weights and optimizer state sharded on
     load), whose sharded save resumes into a plain model again: both continue the original bitwise."""
     m, opt = _parts(0)
-    _steps(m, opt, 2, seed=1)
+    train_steps(m, opt, 2, seed=1)
     state = TrainState(step=2)
     CheckpointManager(tmp_path / "a", {"model": m, "optimizer": opt, "train_state": state}, _meta(m)).save(2)
-    expected = _steps(m, opt, 2)
+    expected = train_steps(m, opt, 2)
 
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
@@ -156,14 +143,14 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
         mgr.run_dir = tmp_path / "b"
         mgr.save(2, best=True)  # last_dcp/ + best_dcp/ + a weights-only last.pt
         assert S.is_sharded_checkpoint(tmp_path / "b" / S.LAST_DCP) and (tmp_path / "b" / "best.pt").is_file()
-        assert _steps(f, fopt, 2) == expected
+        assert train_steps(f, fopt, 2) == expected
     finally:
         dist.destroy_process_group()
 
     g, gopt = _parts(4)
     mgr = CheckpointManager(tmp_path / "b", {"model": g, "optimizer": gopt, "train_state": TrainState()}, _meta(m))
     assert mgr.resume(True) == 2 and mgr.source == tmp_path / "b" / S.LAST_DCP  # the export holds no optimizer
-    assert _steps(g, gopt, 2) == expected
+    assert train_steps(g, gopt, 2) == expected
 
 
 def test_resume_refusals_name_the_fix(tmp_path):

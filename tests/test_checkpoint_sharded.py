@@ -4,49 +4,27 @@ from __future__ import annotations
 
 import os
 
-import torch
-
 from checkpoint import file as ck
 from checkpoint import sharded as S
+from tests.helpers import tiny_model_and_opt, train_steps
 from training import distributed as D
-
-
-def _tiny_model_and_opt(seed=0):
-    from model import GPT, GPTConfig
-    from training.optim import build_optimizer
-    torch.manual_seed(seed)
-    m = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
-    return m, build_optimizer(m, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
-
-
-def _steps(m, opt, n, seed):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x, y = torch.randint(0, 32, (4, 16), generator=g), torch.randint(0, 32, (4, 16), generator=g)
-        _, loss = m(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(loss.item())
-    return out
 
 
 def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     """DCP save/load without a process group, the resume-source rule, and the offline export CLI."""
-    m, opt = _tiny_model_and_opt()
-    _steps(m, opt, 2, seed=1)
+    m, opt = tiny_model_and_opt()
+    train_steps(m, opt, 2, seed=1)
     meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "optimizer": None, "step": 2,
             "model_config": m.config.to_dict(), "config": {"optim": {"lr": 1e-2}}, "sharded": True}
     run = tmp_path / "run"
     S.save_sharded(run / S.LAST_DCP, m, opt, meta, best_path=run / S.BEST_DCP)
     assert S.is_sharded_checkpoint(run / S.LAST_DCP) and S.is_sharded_checkpoint(run / S.BEST_DCP)
     assert S.read_sharded_meta(run / S.LAST_DCP)["step"] == 2
-    expected = _steps(m, opt, 2, seed=2)
+    expected = train_steps(m, opt, 2, seed=2)
 
-    m2, opt2 = _tiny_model_and_opt(seed=9)
+    m2, opt2 = tiny_model_and_opt(seed=9)
     S.load_sharded(run / S.LAST_DCP, m2, opt2)
-    assert _steps(m2, opt2, 2, seed=2) == expected  # model and optimizer state: bitwise
+    assert train_steps(m2, opt2, 2, seed=2) == expected  # model and optimizer state: bitwise
 
     # resume=true picks the freshest resumable checkpoint: an FSDP export (no optimizer) loses to last_dcp
     assert S.resume_source(True, run) == ("sharded", run / S.LAST_DCP)
@@ -66,7 +44,7 @@ def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     from training.optim import build_optimizer
     opt3 = build_optimizer(m3, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     opt3.load_state_dict(full["optimizer"])
-    assert _steps(m3, opt3, 2, seed=2) == expected
+    assert train_steps(m3, opt3, 2, seed=2) == expected
     capsys.readouterr()
     ddp_run = tmp_path / "ddp"  # a run without sharded checkpoints: its last.pt is already one file
     ddp_run.mkdir()

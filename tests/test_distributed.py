@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, run_cli
+from tests.helpers import REPO, run_cli, tiny_model_and_opt, train_steps
 from checkpoint import file as ck
 from checkpoint import sharded as S
 from training import distributed as D
@@ -134,27 +134,6 @@ def test_eval_plan_covers_every_batch_once():
     assert D.eval_plan(3, D.DistInfo()) == [(0, True), (1, True), (2, True)]
 
 
-def _tiny_model_and_opt(seed=0):
-    from model import GPT, GPTConfig
-    from training.optim import build_optimizer
-    torch.manual_seed(seed)
-    m = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
-    return m, build_optimizer(m, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
-
-
-def _steps(m, opt, n, seed):
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x, y = torch.randint(0, 32, (4, 16), generator=g), torch.randint(0, 32, (4, 16), generator=g)
-        _, loss = m(x, y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        out.append(loss.item())
-    return out
-
-
 @pytest.fixture
 def one_rank_group(tmp_path):
     """A real (one-process) gloo group in this process, for the FSDP2 code paths."""
@@ -169,13 +148,13 @@ def one_rank_group(tmp_path):
 def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_group):
     import copy
     info = one_rank_group
-    m, opt = _tiny_model_and_opt()
-    _steps(m, opt, 2, seed=1)
+    m, opt = tiny_model_and_opt()
+    train_steps(m, opt, 2, seed=1)
     sd, osd = copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict())
-    expected = _steps(m, opt, 2, seed=2)
+    expected = train_steps(m, opt, 2, seed=2)
 
     from training.optim import build_optimizer
-    f, _ = _tiny_model_and_opt(seed=3)
+    f, _ = tiny_model_and_opt(seed=3)
     f.load_state_dict(sd)  # single-file weights load before sharding ...
     D.wrap_model(f, info, torch.device("cpu"))
     fopt = build_optimizer(f, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
@@ -184,16 +163,16 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
     meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "model_config": m.config.to_dict(),
             "step": 2}
     S.save_sharded(tmp_path / "s", f, fopt, meta)
-    assert _steps(f, fopt, 2, seed=2) == expected
+    assert train_steps(f, fopt, 2, seed=2) == expected
     assert D.weights_finite(list(f.parameters()), info)
     full = S.full_model_state_dict(f)
     _assert_close_weights(full, m.state_dict())
 
-    g, _ = _tiny_model_and_opt(seed=4)
+    g, _ = tiny_model_and_opt(seed=4)
     D.wrap_model(g, info, torch.device("cpu"))
     gopt = build_optimizer(g, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     S.load_sharded(tmp_path / "s", g, gopt)
-    assert _steps(g, gopt, 2, seed=2) == expected
+    assert train_steps(g, gopt, 2, seed=2) == expected
 
     stop = D.StopAgreement(info)
     assert [stop.poll(None), stop.poll(15), stop.poll(None)] == [0, 0, 15]  # agreed one boundary later
