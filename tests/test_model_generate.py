@@ -358,7 +358,9 @@ def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config, monkeypa
     # lazily, which made every later compile in the session fail (an order-dependent suite)
     try:
         with torch._inductor.config.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}):
-            with pytest.warns(RuntimeWarning, match=r"^torch.compile failed \(InductorError: .*C\+\+ compiler"):
+            # torch 2.13 wraps the reason in InductorError, 2.7 raises it bare: the warning names it either way
+            reason = r"^torch.compile failed \((InductorError: )?InvalidCxxCompiler: No working C\+\+ compiler"
+            with pytest.warns(RuntimeWarning, match=reason):
                 assert torch.equal(run(gen._get_compiled_decode(), True), eager)
     finally:
         torch._dynamo.reset()
