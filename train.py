@@ -219,9 +219,11 @@ if __name__ == "__main__":
         _say_cpu_preset()
     _raise_hydra_errors = "HYDRA_FULL_ERROR" not in os.environ  # so that a composition error the checks did
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # not foresee is raised to the except below (main() undoes it)
+    ended_well = False
     try:
         main()
+        ended_well = True
     except (HydraException, OmegaConfBaseException) as e:
         _fail(e)
     finally:
-        distributed.destroy(_dist)
+        distributed.destroy(_dist, together=ended_well)  # after an error, leave at once

@@ -118,14 +118,17 @@ def init(device: torch.device, parallel: str = "none") -> DistInfo:
     return info
 
 
-def destroy(info: Optional[DistInfo]) -> None:
-    """End the process group if this DistInfo started it. Safe to call twice and after errors."""
+def destroy(info: Optional[DistInfo], together: bool = False) -> None:
+    """End the process group if this DistInfo started it. Safe to call twice and after errors. `together`
+    (a run that ended well): first wait for every rank, since a peer gone mid-teardown aborts gloo's threads."""
     global _CONTROL_GROUP
     if info is None or not info.owns_group:
         return
     info.owns_group = False
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):  # shutting down after an error must not hide that error
+            if together:
+                dist.monitored_barrier(group=info.control_group, timeout=timedelta(seconds=60))
             dist.destroy_process_group()
     _CONTROL_GROUP = None
 
@@ -145,15 +148,13 @@ def barrier(info: DistInfo) -> None:
         dist.barrier(group=info.control_group)
 
 
-def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """In-place sum over ranks (no-op in a single process)."""
+def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:  # in place; a no-op in one process
     if info.distributed:
         dist.all_reduce(t, op=dist.ReduceOp.SUM)
     return t
 
 
-def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:
-    """In-place mean over ranks (no-op in a single process)."""
+def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:  # in place; a no-op in one process
     return all_reduce_sum(t, info).div_(info.world_size) if info.distributed else t
 
 

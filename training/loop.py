@@ -296,5 +296,5 @@ def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: 
         except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
             result = None
         finally:
-            dist_lib.destroy(rt)  # ends the process group if this call started it (also on errors and signals)
+            dist_lib.destroy(rt, together=status == "completed")  # if this call started it (also on errors)
     return trainer.closing(result)
