@@ -12,18 +12,16 @@ import math
 import sys
 from pathlib import Path
 
+from common.cli import ArgumentParser
 from common.text import error_line
 
 EXIT_USAGE = 2
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one `error: ...` line instead of usage + message
-        raise ValueError(f"{message} (see python eval.py --help)")
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _ArgumentParser(description="Mean next-token cross-entropy (nats/token), perplexity and bits per byte "
+    p = ArgumentParser(
+        prog="eval.py", description="Mean next-token cross-entropy (nats/token), perplexity and bits per byte "
                         "of a UTF-8 text file. The first token has no context, so it is not scored and its "
                         "bytes are not counted: bits per byte = total nats / ln 2 / UTF-8 bytes of the scored "
                         "tokens.")

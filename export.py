@@ -12,18 +12,16 @@ import shutil
 import sys
 from pathlib import Path
 
+from common.cli import ArgumentParser
 from common.text import error_line
 
 EXIT_USAGE = 2
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one `error: ...` line instead of usage + message
-        raise ValueError(f"{message} (see python export.py --help)")
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _ArgumentParser(description="Export a tinygpt checkpoint as a Hugging Face GPT-2 directory "
+    p = ArgumentParser(
+        prog="export.py", description="Export a tinygpt checkpoint as a Hugging Face GPT-2 directory "
                         "(config.json, model.safetensors and the tokenizer files), loadable with "
                         "transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR).")
     p.add_argument("--hf", required=True, metavar="OUT_DIR", help="directory to write (created)")

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from checkpoint.locate import check_vocab, resolve_checkpoint  # stdlib only: no torch import yet
+from common.cli import ArgumentParser
 from common.text import error_line
 from common.threads import configure_threads
 
@@ -23,13 +24,10 @@ SEPARATOR = "\n---------------\n"
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
-class _ArgumentParser(argparse.ArgumentParser):
-    def error(self, message):  # one `error: ...` line instead of usage + message
-        raise ValueError(f"{message} (see python sample.py --help)")
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _ArgumentParser(description="Generate text from a trained tinygpt model (or a local HF GPT-2). Without "
+    p = ArgumentParser(
+        prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF GPT-2). Without "
                         "--run/--checkpoint/--init it uses the newest run under ./outputs or ./multirun.")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
