@@ -53,7 +53,8 @@ def _fail(message: object, code: int = 2, where: str = "") -> None:
         message = next((ln for ln in str(message).splitlines() if ln.strip()), type(message).__name__)
     line = f"error: {'' if RANK == '0' else f'[rank {RANK}] '}{one_line(message)}{where}"
     _log_to_files(line)
-    print(line, file=sys.stderr, flush=True)
+    sys.stderr.write(line + "\n")  # one write: under torchrun, ranks' lines never run together
+    sys.stderr.flush()
     sys.exit(code)
 
 
