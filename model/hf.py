@@ -69,7 +69,7 @@ def load_hf_state_dict(path: Path) -> dict:
                 sd.update(_load_file(path / shard))
             return sd
     raise FileNotFoundError(f"no weights in {path}: expected model.safetensors or pytorch_model.bin "
-                            "(e.g. `huggingface-cli download gpt2 --local-dir <dir>`)")
+                            "(e.g. `hf download gpt2 --local-dir <dir>`)")
 
 
 def convert_hf_state_dict(sd: dict, config: GPTConfig) -> dict:

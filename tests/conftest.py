@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import os
 import random
-import tempfile
+import signal
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -54,6 +55,11 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+# Ctrl-C tests send SIGINT to CLI subprocesses, which inherit this process's disposition: a pytest started in
+# the background by a non-interactive shell ignores SIGINT, and so would they (sample.py would never stop).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # One matplotlib font cache for the whole session: CLI subprocesses would otherwise rebuild it under each
 # test's fresh cache dir (~0.5 s per run), and it must never land in the user's HOME.

@@ -155,7 +155,7 @@ def test_every_bad_source_is_one_line(tmp_path, tiny_corpus, tiny_hf, cache_with
     char = ["data=text", f"data.path={tiny_corpus}"]
     cases = [
         (["model.init_from=nowhere"], [], ["model.init_from=nowhere does not exist",
-                                           "huggingface-cli download nowhere --local-dir nowhere"]),
+                                           "hf download nowhere --local-dir nowhere"]),
         ([f"model.init_from={tmp_path / 'bert'}"], [], ["is not a GPT-2 directory tinygpt can load",
                                                         "model_type='bert' is not supported"]),
         ([f"model.init_from={tmp_path / 'empty'}"], [], ["is neither a Hugging Face GPT-2 directory (no config.json)",

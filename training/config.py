@@ -186,7 +186,7 @@ def validate(c: Config) -> None:
               dropout=m.dropout, bias=m.bias, tie_weights=m.tie_weights, attention=m.attention, field_prefix="model.")
     _check(m.pad_vocab_to >= 1, f"model.pad_vocab_to={m.pad_vocab_to} must be >= 1: use 1 (no padding) or 64")
     _check(m.init_from not in ("", REQUIRED), "model.init_from must be given: add model.init_from=PATH, a local "
-           "Hugging Face GPT-2 directory (e.g. huggingface-cli download gpt2 --local-dir gpt2) or a tinygpt run "
+           "Hugging Face GPT-2 directory (e.g. hf download gpt2 --local-dir gpt2) or a tinygpt run "
            "directory")
     _check(o.name in OPTIMIZERS, f"optim.name={o.name!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     _check(_finite(o.lr) and o.lr > 0, f"optim.lr={o.lr} must be a positive number: e.g. optim.lr=1e-3")

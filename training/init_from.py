@@ -49,7 +49,7 @@ def open_source(spec: str) -> Source:
     key, path = f"model.init_from={spec}", Path(spec).expanduser()
     if not path.exists():
         bare = "/" not in spec and "." not in spec  # a model's name, e.g. gpt2
-        hint = f" (e.g. huggingface-cli download {spec} --local-dir {spec})" if bare else ""
+        hint = f" (e.g. hf download {spec} --local-dir {spec})" if bare else ""
         raise ValueError(f"{key} does not exist: give {WHAT}{hint}")
     if path.is_dir() and (path / "config.json").is_file():
         try:
