@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
 from common.cli import ArgumentParser
 from common.text import error_line
 
@@ -26,9 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "bytes are not counted: bits per byte = total nats / ln 2 / UTF-8 bytes of the scored "
                         "tokens.")
     p.add_argument("--file", required=True, metavar="TEXT", help="UTF-8 text file to score")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
-    src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
+    src = add_checkpoint_options(p, required=True)
     src.add_argument("--hf", metavar="DIR", help="local Hugging Face GPT-2 directory (GPT-2 BPE, or the "
                      "vocab.json of a char model exported by export.py)")
     p.add_argument("--stride", type=int, metavar="N", help="tokens between window starts on texts longer than "
@@ -131,7 +130,6 @@ def load_hf(path: str):
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     text = read_text(args.file)
-    from checkpoint.locate import check_vocab, load_for_inference, resolve_checkpoint
     from data.tokenizer import token_bytes, tokenizer_from_dict
     from model.device import resolve_device
     device = resolve_device(args.device, setting="--device")

@@ -12,7 +12,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
 from common.cli import ArgumentParser
+from common.files import replace_dir
 from common.text import error_line
 
 EXIT_USAGE = 2
@@ -25,9 +27,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "(config.json, model.safetensors and the tokenizer files), loadable with "
                         "transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR).")
     p.add_argument("--hf", required=True, metavar="OUT_DIR", help="directory to write (created)")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
-    src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
+    add_checkpoint_options(p, required=True)
     p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty")
     return p.parse_args(argv)
 
@@ -51,25 +51,10 @@ def write_export(model, tokenizer, out: Path) -> list[str]:
     return [f.name for f in files]
 
 
-def replace_dir(tmp: Path, out: Path) -> None:
-    """Move the finished `tmp` to `out`; an existing `out` (--force) is removed only once `tmp` is in place."""
-    old = out.with_name(f".{out.name}.old-{os.getpid()}")
-    if out.exists():
-        os.replace(out, old)
-    try:
-        os.replace(tmp, out)
-    except OSError:
-        if old.exists():
-            os.replace(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.hf).expanduser()
     check_out_dir(out, args.force)
-    from checkpoint.locate import check_vocab, load_for_inference, resolve_checkpoint
     path = resolve_checkpoint(args.run, args.checkpoint)
     if out.resolve() in Path(path).resolve().parents:  # --force would delete the checkpoint itself
         raise ValueError(f"--hf {out} holds the checkpoint {path}: export into another directory")

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint.locate import check_vocab, resolve_checkpoint  # stdlib only: no torch import yet
+from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
 from common.cli import ArgumentParser
 from common.text import error_line
 from common.threads import configure_threads
@@ -29,9 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
         prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF GPT-2). Without "
                         "--run/--checkpoint/--init it uses the newest run under ./outputs or ./multirun.")
-    src = p.add_mutually_exclusive_group()
-    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
-    src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
+    src = add_checkpoint_options(p)
     src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2 directory (config.json + weights)")
     pr = p.add_mutually_exclusive_group()
     pr.add_argument("--prompt", metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t understood)')
@@ -120,7 +118,6 @@ def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
         from model import GPT
         model, tokenizer = GPT.from_pretrained(args.init).to(device).eval(), GPT2Tokenizer()
     else:
-        from checkpoint.locate import load_for_inference
         from data.tokenizer import tokenizer_from_dict
         model, tok, _ = load_for_inference(ckpt_path, device)
         tokenizer = tokenizer_from_dict(tok)

@@ -13,6 +13,15 @@ RUN_ROOTS = ("outputs", "multirun")          # Hydra's default output dirs, rela
 CHECKPOINT_NAMES = ("best.pt", "last.pt")     # in order of preference
 
 
+def add_checkpoint_options(parser, required: bool = False):
+    """--run DIR | --checkpoint FILE on an argparse parser, mutually exclusive; the group is returned so that a
+    CLI can add its other model source (--init, --hf) to it."""
+    src = parser.add_mutually_exclusive_group(required=required)
+    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
+    src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
+    return src
+
+
 def checkpoint_in_run(run_dir) -> Path:
     """best.pt, else last.pt, of a run directory; FileNotFoundError (one line) when it has neither."""
     run_dir = Path(run_dir)

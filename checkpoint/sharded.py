@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from checkpoint.file import (CheckpointError, _save_error, check_model_weights, clean_state_dict, load_checkpoint,
                              save_checkpoint)
-from common.files import fsync_dir
+from common.files import fsync_dir, replace_dir
 from common.text import one_line
 
 DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
@@ -77,19 +77,6 @@ def recover_sharded(run_dir: str | os.PathLike) -> None:
                 shutil.rmtree(d, ignore_errors=True)
 
 
-def _publish_dir(tmp: Path, path: Path) -> None:
-    """Replace directory `path` by `tmp`: rename the old one away, rename the new one in, delete the old."""
-    old = _old_dir(path)
-    if old.exists():
-        shutil.rmtree(old)
-    if path.exists():
-        os.rename(path, old)
-    os.rename(tmp, path)
-    fsync_dir(path.parent)
-    if old.exists():
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def _link_dir(src: Path, dst: Path) -> None:
     """`dst` holds the same files as `src` (hard links; copies where links fail), swapped in whole."""
     tmp = _tmp_dir(dst)
@@ -101,7 +88,7 @@ def _link_dir(src: Path, dst: Path) -> None:
             os.link(f, tmp / f.name)
         except OSError:
             shutil.copy2(f, tmp / f.name)
-    _publish_dir(tmp, dst)
+    replace_dir(tmp, dst, _old_dir(dst))
 
 
 def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, meta: dict, *,
@@ -121,7 +108,7 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
             dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp), no_dist=not _distributed())
         if is_main_rank():
             save_checkpoint(meta, tmp / DCP_META)
-            _publish_dir(tmp, path)
+            replace_dir(tmp, path, _old_dir(path))
             if best_path is not None:
                 _link_dir(path, Path(best_path))
     except OSError as e:

@@ -1,11 +1,13 @@
 """Durable writes: a file is replaced whole or not at all, so a kill or a full disk never leaves half of one.
 
 The pattern (temp file beside the target, fsync, os.replace, fsync the directory) lives here once; the
-checkpoint, data-cache, metrics and download code all call it.
+checkpoint, data-cache, metrics, plot and download code all call it. `replace_dir` is the same for a
+directory (an HF export, a sharded checkpoint).
 """
 from __future__ import annotations
 
 import os
+import shutil
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
@@ -64,3 +66,22 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     with atomic_write(path, "w", encoding="utf-8") as f:
         f.write(text)
     return Path(path)
+
+
+def replace_dir(tmp: str | os.PathLike, path: str | os.PathLike, old: str | os.PathLike | None = None) -> None:
+    """Swap the finished directory `tmp` in as `path`. An existing `path` is first renamed to `old` (default: a
+    hidden per-process name beside it), put back if the swap fails, and deleted only once `tmp` is in place."""
+    tmp, path = Path(tmp), Path(path)
+    old = Path(old) if old is not None else path.with_name(f".{path.name}.old-{os.getpid()}")
+    if old.exists():
+        shutil.rmtree(old)
+    if path.exists():
+        os.replace(path, old)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        if old.exists():
+            os.replace(old, path)
+        raise
+    fsync_dir(path.parent)
+    shutil.rmtree(old, ignore_errors=True)

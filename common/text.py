@@ -16,3 +16,18 @@ def error_line(e: BaseException) -> str:
     if isinstance(e, OSError) and e.strerror and e.filename:
         return f"error: {e.filename}: {e.strerror}"
     return "error: " + one_line(e)
+
+
+def failure_reason(e: BaseException) -> str:
+    """`Type: the first line that says something` of e, or of the exception it wraps when its own text is
+    empty. torch 2.6's BackendCompilerFailed begins "backend='inductor' raised:", a header whose next line
+    is the reason, already naming its type ("InductorError: ... C++ compiler ...")."""
+    for _ in range(10):  # a chain, never a cycle
+        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+        inner = getattr(e, "inner_exception", None) or e.__cause__
+        if lines or inner is None:
+            break
+        e = inner
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return lines[1][:200]
+    return (f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__)[:200]

@@ -37,6 +37,14 @@ class Prepared:
     # the source this call read (absolute); meta.json's source.path names the first one prepared with this
     # content, which may be another copy (the cache is keyed by content)
     source: str | None = field(default=None, compare=False)
+    # the token files load_prepared opened and checked, so that the loader need not scan them again
+    files: tuple[TokenFile, TokenFile] | None = field(default=None, compare=False, repr=False)
+
+    def token_files(self) -> tuple[TokenFile, TokenFile]:
+        """(train, val), opened and checked once (token ids within the vocabulary)."""
+        if self.files is None:
+            self.files = TokenFile(self.train_path), TokenFile(self.val_path)
+        return self.files
 
     @property
     def vocab_size(self) -> int:
@@ -86,7 +94,7 @@ def load_prepared(directory: str | os.PathLike, *, expect_key: str | None = None
         if len(tf) != meta.get(f"{split}_tokens") or tf.vocab_size != meta.get("vocab_size"):
             raise ValueError(f"{tf.path} does not match {d / 'meta.json'} ({len(tf):,} tokens, vocabulary "
                              f"{tf.vocab_size}): delete {d} and prepare again")
-    return Prepared(d, meta, train.path, val.path, tokenizer_from_dict(meta["tokenizer"]))
+    return Prepared(d, meta, train.path, val.path, tokenizer_from_dict(meta["tokenizer"]), files=(train, val))
 
 
 def lookup(final: Path, key: str, note: Callable[[str], None]) -> Prepared | None:

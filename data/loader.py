@@ -148,7 +148,7 @@ def _too_short(files: dict, block_size: int) -> ValueError:
 class BatchLoader:
     """Random (x, y) windows from train/val token files; deterministic per global step; resumable."""
 
-    def __init__(self, train_path, val_path, block_size: int, batch_size: int, *, seed: int,
+    def __init__(self, train, val, block_size: int, batch_size: int, *, seed: int,
                  grad_accum_steps: int = 1, rank: int = 0, world_size: int = 1, device="cpu"):
         import torch
         self.block_size = _positive_int("block_size", block_size)
@@ -161,7 +161,8 @@ class BatchLoader:
         self.seed = int(seed)
         self.device = torch.device(device)
         self.global_batch = self.batch_size * self.grad_accum_steps * self.world_size
-        self.files = {"train": TokenFile(train_path), "val": TokenFile(val_path)}
+        self.files = {split: f if isinstance(f, TokenFile) else TokenFile(f)  # a path, or a file opened already
+                      for split, f in (("train", train), ("val", val))}
         need = self.block_size + 1
         if min(len(tf) for tf in self.files.values()) < need:
             raise _too_short(self.files, self.block_size)

@@ -15,6 +15,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from common.text import failure_reason
 from model.cuda_graph import GraphedStep
 from model.kv_cache import KVCache
 
@@ -238,21 +239,6 @@ def _first_call(decode, args, kw):
     if g is not None:
         g.set_state(state)
     return None
-
-
-def failure_reason(e: BaseException) -> str:
-    """`Type: the first line that says something` of e, or of the exception it wraps when its own text is
-    empty. torch 2.6's BackendCompilerFailed begins "backend='inductor' raised:", a header whose next line
-    is the reason, already naming its type ("InductorError: ... C++ compiler ...")."""
-    for _ in range(10):  # a chain, never a cycle
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
-        inner = getattr(e, "inner_exception", None) or e.__cause__
-        if lines or inner is None:
-            break
-        e = inner
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return lines[1][:200]
-    return (f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__)[:200]
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,

@@ -386,7 +386,7 @@ def inductor():
 
 
 def test_failure_reason_finds_the_line_that_says_something():
-    from model.generate import failure_reason
+    from common.text import failure_reason
 
     wrapped = BackendCompilerFailed(inductor, InductorError("RuntimeError: Failed to find C++ compiler.\nmore"))
     assert failure_reason(wrapped) == "InductorError: RuntimeError: Failed to find C++ compiler."  # not "raised:"

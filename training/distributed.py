@@ -270,8 +270,8 @@ class StopAgreement:
             return mine
         if self._work is not None:
             self.finish()
-            if int(self._buf.item()):
-                return int(self._buf.item())
+            if agreed := int(self._buf.item()):
+                return agreed
         self._buf = torch.tensor([mine], dtype=torch.int64)
         self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.info.control_group,
                                      async_op=True)

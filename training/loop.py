@@ -100,7 +100,7 @@ class Trainer:
                                          device_type=device.type, name=o.name, muon_lr=o.muon_lr,
                                          muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
         self.scaler = torch.amp.GradScaler(device.type, enabled=True) if self.dev.use_grad_scaler else None
-        self.loader = BatchLoader(self.prepared.train_path, self.prepared.val_path, m.block_size, t.batch_size,
+        self.loader = BatchLoader(*self.prepared.token_files(), m.block_size, t.batch_size,
                                   seed=t.seed, grad_accum_steps=t.grad_accum_steps, rank=rt.rank,
                                   world_size=rt.world_size, device=device)
         self.window, self.rng = LossWindow(t.log_interval, device, rt), RNGState(rt, t.seed)

@@ -13,7 +13,7 @@ from typing import Any, Callable, ContextManager, Iterable, Optional
 import torch
 
 from checkpoint.file import capture_rng_state, restore_rng_state
-from model.generate import failure_reason  # (moving to common/text.py)
+from common.text import failure_reason
 
 log = logging.getLogger(__name__)
 

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import math
-import os
 from pathlib import Path
 from typing import Optional
+
+from common.files import atomic_write
 
 
 def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path]:
@@ -44,8 +45,6 @@ def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp.png")
-    fig.savefig(tmp, format="png")
-    os.replace(tmp, path)
-    return path
+    with atomic_write(path) as f:
+        fig.savefig(f, format="png")
+    return Path(path)
