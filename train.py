@@ -39,6 +39,7 @@ CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  #
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
 _auto_cpu = _told = _raise_hydra_errors = _dist = None  # set by the command line; _dist: Checks' torchrun group
+_stopped_cleanly = False  # a signal stop every rank agreed on (main sets it)
 register_configs()
 
 
@@ -80,6 +81,8 @@ def main(cfg: DictConfig) -> None:
     try:
         result = train(cfg, out, cli_overrides=list(HydraConfig.get().overrides.task))
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
+        global _stopped_cleanly
+        _stopped_cleanly = result.clean
     except torch.OutOfMemoryError:
         _fail("out of memory on the GPU " + oom)
     except (MemoryError, RuntimeError) as e:  # numpy's _ArrayMemoryError is a MemoryError; torch's CPU one is not
@@ -227,4 +230,5 @@ if __name__ == "__main__":
     except (HydraException, OmegaConfBaseException) as e:
         _fail(e)
     finally:
-        distributed.destroy(_dist, together=ended_well)  # after an error, leave at once
+        # after an error, leave at once; else together: a rank that left first would have torchrun kill the rest
+        distributed.destroy(_dist, together=ended_well or _stopped_cleanly)

@@ -293,15 +293,37 @@ def test_sharded_checkpoint_resumes_exactly(dist_runs):
         assert _records(run, "summary")[-1]["tokens"] == 8 * 128
 
 
+SLOW_FINISH = """
+import os, runpy, sys, time
+from training import loop
+
+real_finish = loop.Trainer.finish
+
+def finish(self, status):  # rank 0's summary and loss.png, made slow: rank 1 is done long before
+    time.sleep(3)
+    real_finish(self, status)
+
+loop.Trainer.finish = finish
+sys.argv[0] = os.path.join(os.environ["PYTHONPATH"], "train.py")
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
 @pytest.mark.slow
-def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
+@pytest.mark.parametrize("slow_finish", [False, True], ids=["", "rank-0-finishes-slowly"])
+def test_sigterm_on_one_rank_stops_every_rank_at_the_same_step(tmp_path, slow_finish):
     """SIGTERM to rank 1 only: rank 0 learns it through the stop all-reduce, both stop after the same
-    step, rank 0 writes last.pt, the group is torn down cleanly."""
+    step, rank 0 writes last.pt, the group is torn down cleanly. The ranks leave together: had rank 1 left
+    while rank 0 still wrote its summary, torchrun would have killed rank 0 before its closing line."""
     corpus = _corpus(tmp_path / "corpus.txt")
     run = tmp_path / "run"
     env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    script = REPO / "train.py"
+    if slow_finish:
+        script = tmp_path / "slow_finish.py"
+        script.write_text(SLOW_FINISH)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           str(REPO / "train.py"), *TINY, f"data.path={corpus}", "train.max_iters=100000",
+           str(script), *TINY, f"data.path={corpus}", "train.max_iters=100000",
            "train.batch_size=2", "train.grad_accum_steps=2",  # DDP's no_sync micro-steps
            "train.eval_interval=100000", "optim.decay_iters=100000", f"hydra.run.dir={run}"]
     proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

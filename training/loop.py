@@ -50,6 +50,7 @@ class TrainResult:
     exit_code: int = 0  # 0, or 130 (SIGINT) / 143 (SIGTERM)
     last_checkpoint: Optional[Path] = None
     early_stopped: bool = False  # completed because val loss stopped improving (train.patience)
+    clean: bool = False  # ran to its end or to a stop every rank agreed on: under torchrun, ranks leave together
 
 
 class Trainer:
@@ -281,7 +282,7 @@ def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: 
         trainer = Trainer(c, dist_lib.broadcast_object(Path(run_dir or default), rt), rt, cli_overrides)
         trainer.setup()
         result = trainer.run()
-        status = result.status
+        status, result.clean = result.status, True  # (a Ctrl-C while finishing below unsets result)
     except TrainingDiverged:
         status = "diverged"
         raise
@@ -296,5 +297,5 @@ def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: 
         except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
             result = None
         finally:
-            dist_lib.destroy(rt, together=status == "completed")  # if this call started it (also on errors)
+            dist_lib.destroy(rt, together=result is not None)  # if this call started it (also on errors)
     return trainer.closing(result)
