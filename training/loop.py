@@ -14,7 +14,6 @@ import os
 import secrets
 import sys
 import time
-from dataclasses import dataclass
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -41,7 +40,7 @@ class TrainingDiverged(ValueError):
     """The loss became NaN/inf; the message names the step and the last good checkpoint."""
 
 
-@dataclass
+@dataclasses.dataclass
 class TrainResult:
     status: str  # "completed" | "interrupted"
     step: int
