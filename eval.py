@@ -19,7 +19,6 @@ from common.text import error_line
 EXIT_USAGE = 2
 
 
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
         prog="eval.py", description="Mean next-token cross-entropy (nats/token), perplexity and bits per byte "

@@ -20,7 +20,6 @@ from common.text import error_line
 EXIT_USAGE = 2
 
 
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
         prog="export.py", description="Export a tinygpt checkpoint as a Hugging Face GPT-2 directory "

@@ -24,7 +24,6 @@ SEPARATOR = "\n---------------\n"
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
         prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF GPT-2). Without "

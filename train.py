@@ -1,10 +1,8 @@
 """Train a tinygpt model: `python train.py [key=value ...]` (Hydra; configs in conf/, the loop in training/loop.py).
 
-Around Hydra: without CUDA and without `experiment=`, the CPU preset (`experiment=cpu`, said in one line);
-the command line checked before anything runs, so a mistake is one `error: ...` line, exit 2, and no run
-directory; a step that would not fit in memory refused before anything is allocated (training/memory.py);
-a run (a sweep) locks its directory for its life, so two never share one (common/run_lock.py);
-under torchrun every rank runs in rank 0's run directory, which rank 0 locks; SIGINT/SIGTERM exit 130/143.
+Around Hydra: the CPU preset without CUDA and `experiment=`; the command line and memory checked before anything
+runs (a mistake is one `error: ...` line, exit 2, no run directory); the run (sweep) directory locked for its life,
+rank 0's for every rank under torchrun; SIGINT/SIGTERM exit 130/143.
 """
 from __future__ import annotations
 

@@ -52,7 +52,7 @@ def _train_cmd(run_dir: Path, *overrides: str) -> list[str]:
     """The train.py command line, once the char-level data is prepared (preparation is never timed)."""
     from data.config import DataConfig
     from data.prepare import prepare
-    prepare(DataConfig(name="shakespeare_char"), progress=False)  # beforehand: preparation is not timed
+    prepare(DataConfig(name="shakespeare_char"), progress=False)
     return [sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
 
 

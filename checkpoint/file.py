@@ -1,8 +1,7 @@
 """One checkpoint file: a plain dict, written atomically, loaded with torch.load(weights_only=True).
 
 Plain containers only, so loading never unpickles code; every way a file can be unusable becomes one
-CheckpointError line. Format 1's keys are listed in docs/design.md (Checkpoints). Imports model/ and
-common/ only: inference (sample.py) reads checkpoints without the training package.
+CheckpointError line. Format 1's keys are listed in docs/design.md (Checkpoints).
 """
 from __future__ import annotations
 
@@ -29,8 +28,6 @@ REQUIRED_KEYS = ("model", "model_config", "step")
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message is one line saying what is wrong and what to do."""
 
-
-# ----------------------------------------------------------------------------------------------- writing
 
 def _disk_full(e: BaseException, directory: Path | None = None) -> bool:
     """ENOSPC in the exception chain or, given the directory (torch's zip writer can report a full disk as
@@ -77,10 +74,8 @@ def save_checkpoint(obj: dict, path: str | os.PathLike) -> Path:
 
 
 def link_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
-    """Atomically make `dst` hold the same bytes as `src` (hard link; copy where links are unsupported).
-
-    A hard link shares the inode, so when `src` is later replaced by os.replace, `dst` keeps the old bytes.
-    """
+    """Atomically make `dst` hold the same bytes as `src` (hard link; copy where links are unsupported). A hard
+    link shares the inode, so when `src` is later replaced by os.replace, `dst` keeps the old bytes."""
     src, dst = Path(src), Path(dst)
     tmp = temp_path(dst)
     try:
@@ -106,8 +101,6 @@ def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
         remove_quietly(p)
     return len(stale)
 
-
-# ----------------------------------------------------------------------------------------------- reading
 
 def _not_a_checkpoint(p: Path) -> CheckpointError:
     return CheckpointError(f"{p} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or best.pt "
@@ -174,19 +167,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     return ckpt
 
 
-# ----------------------------------------------------------------------------------------------- models
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The plain module under torch.compile (`_orig_mod`) and DDP/FSDP-style wrappers (`module`)."""
-    while True:
-        if hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        elif isinstance(getattr(model, "module", None), torch.nn.Module):
-            model = model.module
-        else:
-            return model
-
-
 def clean_state_dict(sd: dict) -> dict:
     """Strip the `_orig_mod.` / `module.` prefixes wrappers add to parameter names."""
     out = {}
@@ -215,6 +195,13 @@ def check_model_weights(model: torch.nn.Module, state_dict: dict, source: str = 
     return sd
 
 
+def tokenizer_name(tok: dict) -> str:
+    """A checkpoint's "tokenizer" entry in words, for error lines: "gpt2 BPE" or "char (65 characters)"."""
+    if tok.get("type") == "char":
+        return f"char ({len(tok.get('chars', ''))} characters)"
+    return "gpt2 BPE" if tok.get("type") == "gpt2" else str(tok.get("type", "unknown"))
+
+
 def load_model_weights(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> None:
     """load_state_dict(strict) with a one-line ValueError when names or shapes differ."""
     model.load_state_dict(check_model_weights(model, state_dict, source), strict=True)
@@ -223,26 +210,22 @@ def load_model_weights(model: torch.nn.Module, state_dict: dict, source: str = "
 def model_from_checkpoint(ckpt: dict):
     """Rebuild the GPT a checkpoint describes (on CPU, in eval mode); ValueError if the weights do not fit."""
     from model import GPT, GPTConfig
-    cfg = GPTConfig.from_dict(dict(ckpt["model_config"]))
-    model = GPT(cfg)
+    model = GPT(GPTConfig.from_dict(dict(ckpt["model_config"])))
     load_model_weights(model, ckpt["model"])
     return model.eval()
 
-
-# ----------------------------------------------------------------------------------------------- RNG
 
 def capture_rng_state() -> dict:
     """Every RNG that can influence training, as plain containers (weights_only-loadable)."""
     version, internal, gauss = random.getstate()
     np_state = np.random.get_state()
-    state = {
+    return {
         "python": {"version": version, "state": list(internal), "gauss": gauss},
         "numpy": {"bit_generator": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
                   "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
     }
-    return state
 
 
 def restore_rng_state(state: dict) -> None:
@@ -254,15 +237,10 @@ def restore_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"].cpu())
     cuda = state.get("cuda")
     if cuda is not None and torch.cuda.is_available():
-        n_dev = torch.cuda.device_count()
-        if len(cuda) == n_dev:
-            torch.cuda.set_rng_state_all([s.cpu() for s in cuda])
-        else:  # a different GPU count: restore what lines up (exactness is only promised on the same setup)
-            for i, s in enumerate(cuda[:n_dev]):
-                torch.cuda.set_rng_state(s.cpu(), i)
+        # a different GPU count restores what lines up (exactness is only promised on the same setup)
+        for i, s in enumerate(cuda[:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), i)
 
-
-# ----------------------------------------------------------------------------------------------- checks
 
 _PLAIN = (torch.Tensor, int, float, str, bool, type(None))
 
@@ -272,17 +250,15 @@ def find_non_plain(obj: Any, where: str = "checkpoint") -> str | None:
     if isinstance(obj, _PLAIN):
         return None
     if isinstance(obj, dict):
-        for k, v in obj.items():
-            if not isinstance(k, (str, int)):
-                return f"{where}[{k!r}] (key of type {type(k).__name__})"
-            bad = find_non_plain(v, f"{where}[{k!r}]")
-            if bad:
-                return bad
-        return None
-    if isinstance(obj, (list, tuple)):
-        for i, v in enumerate(obj):
-            bad = find_non_plain(v, f"{where}[{i}]")
-            if bad:
-                return bad
-        return None
-    return f"{where} (a {type(obj).__name__})"
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return f"{where} (a {type(obj).__name__})"
+    for k, v in items:
+        if not isinstance(k, (str, int)):
+            return f"{where}[{k!r}] (key of type {type(k).__name__})"
+        bad = find_non_plain(v, f"{where}[{k!r}]")
+        if bad:
+            return bad
+    return None

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint import sharded
-from checkpoint.file import FORMAT, VERSION, clean_state_dict, link_checkpoint, load_checkpoint, \
+from checkpoint.file import FORMAT, VERSION, clean_state_dict, tokenizer_name, link_checkpoint, load_checkpoint, \
     load_model_weights, remove_stale_temp_files, save_checkpoint
 
 TOP_LEVEL = ("train_state", "rng")  # parts whose state_dicts are spread over the top level (format 1 has them there)
@@ -78,8 +78,8 @@ class CheckpointManager:
         """The same vocabulary and model shape as this run (one-line ValueErrors saying what to resume with)."""
         tok, old = self.meta["tokenizer"], ckpt.get("tokenizer")
         if old is not None and old != tok:
-            raise ValueError(f"the prepared data's vocabulary ({_vocab(tok)}) differs from the checkpoint's "
-                             f"({_vocab(old)}): resume with the data settings the checkpoint was trained with "
+            raise ValueError(f"the prepared data's vocabulary ({tokenizer_name(tok)}) differs from the checkpoint's "
+                             f"({tokenizer_name(old)}): resume with the data settings the checkpoint was trained with "
                              f"({_data_settings(ckpt)})")
         mine, theirs = self.meta["model_config"], dict(ckpt["model_config"])
         diffs = [k for k in mine if k != "dropout" and theirs.get(k) != mine[k]]
@@ -144,12 +144,6 @@ def _config_diff(old: dict, new: dict) -> list[str]:
     a, b = _flatten(old), _flatten(new)
     return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not k.startswith(_DIFF_IGNORED)]
-
-
-def _vocab(tok: dict) -> str:
-    if tok.get("type") == "char":
-        return f"char ({len(tok.get('chars', ''))} characters)"
-    return "gpt2 BPE" if tok.get("type") == "gpt2" else str(tok.get("type", "unknown"))
 
 
 def _data_settings(ckpt: dict) -> str:

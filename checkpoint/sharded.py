@@ -19,7 +19,7 @@ import torch.distributed as dist
 
 from checkpoint.file import (CheckpointError, _save_error, check_model_weights, clean_state_dict, load_checkpoint,
                              save_checkpoint)
-from common.files import fsync_dir, replace_dir
+from common.files import replace_dir
 from common.text import one_line
 
 DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
@@ -73,8 +73,7 @@ def recover_sharded(run_dir: str | os.PathLike) -> None:
         elif not path.exists() and old.exists():
             os.rename(old, path)
         for d in (old, tmp):
-            if d.exists():
-                shutil.rmtree(d, ignore_errors=True)
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _link_dir(src: Path, dst: Path) -> None:
@@ -168,12 +167,9 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict) ->
 
 
 def resume_source(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[str, Path]]:
-    """`train.resume` -> ("file", last.pt) | ("sharded", dir) | None (no resume).
-
-    true: the run dir's freshest resumable checkpoint (last.pt with optimizer state vs last_dcp/, by
-    step; an FSDP run's last.pt is a weights-only export, so last_dcp/ wins there). A path: a file, a
-    sharded directory, or a run directory (same rule).
-    """
+    """`train.resume` -> ("file", last.pt) | ("sharded", dir) | None (no resume). true: the run dir's freshest
+    resumable checkpoint (last.pt with optimizer state vs last_dcp/, by step; an FSDP run's last.pt is a
+    weights-only export, so last_dcp/ wins there). A path: a file, a sharded directory, or a run directory."""
     if spec is False or spec is None:
         return None
     d = Path(run_dir) if spec is True else Path(os.path.expanduser(str(spec)))
@@ -225,10 +221,8 @@ def _export_source(src: Path) -> Path:
 
 def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None,
                        make_optimizer: Callable[[torch.nn.Module, dict], torch.optim.Optimizer]) -> Path:
-    """Offline: a sharded checkpoint (or run dir with last_dcp/) -> one complete tinygpt checkpoint (weights +
-    optimizer + metadata), resumable in one process or DDP and readable by sample.py. Runs on the CPU
-    without a process group (DCP reads every shard). `make_optimizer(model, optim_config)` builds the
-    optimizer the run trained with, so that the state's layout is the one a resumed run expects."""
+    """Offline, one CPU process: a sharded checkpoint (or run dir with last_dcp/) -> one complete checkpoint.
+    `make_optimizer(model, optim_config)` builds the run's optimizer, so the state has the layout a resume expects."""
     from model import GPT, GPTConfig
     shard = _export_source(Path(src))
     meta = read_sharded_meta(shard)

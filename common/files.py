@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Iterator
 
@@ -35,18 +35,14 @@ def temp_path(path: str | os.PathLike) -> Path:
 
 
 def remove_quietly(path: str | os.PathLike) -> None:
-    try:
+    with suppress(OSError):
         os.unlink(path)
-    except OSError:
-        pass
 
 
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kw) -> Iterator[IO]:
-    """`with atomic_write(p) as f: f.write(...)`: `p` appears whole when the block ends, or not at all.
-
-    The temp file is removed on any error (KeyboardInterrupt too) and the error propagates unchanged.
-    """
+    """`with atomic_write(p) as f: f.write(...)`: `p` appears whole when the block ends, or not at all; on any
+    error (KeyboardInterrupt too) the temp file is removed and the error propagates unchanged."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)

@@ -19,9 +19,8 @@ def error_line(e: BaseException) -> str:
 
 
 def failure_reason(e: BaseException) -> str:
-    """`Type: the first line that says something` of e, or of the exception it wraps when its own text is
-    empty. torch 2.6's BackendCompilerFailed begins "backend='inductor' raised:", a header whose next line
-    is the reason, already naming its type ("InductorError: ... C++ compiler ...")."""
+    """`Type: first line` of e, or of the exception it wraps when its own text is empty; after a header ending
+    in ':' (torch 2.6's "backend='inductor' raised:") the next line, which already names its type."""
     for _ in range(10):  # a chain, never a cycle
         lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         inner = getattr(e, "inner_exception", None) or e.__cause__

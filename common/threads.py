@@ -1,13 +1,9 @@
 """CPU threads that keep their speed when another process shares the cores.
 
-OpenMP threads spin while they wait for each other at the end of every parallel region. When another
-process holds a core, a spinning thread burns its time slice waiting for a partner that is not running:
-on 2 cores with one held, training ran at 740 tokens/s against 7,700 with sleeping threads, and decoding
-at 21 against 114 tokens/s. On a quiet machine spinning is the faster choice (training 18-21K tokens/s
-against 14K), so the PASSIVE wait policy is chosen only when other processes are using the CPUs at
-start-up (sampled from /proc/stat for 50 ms). The runtime reads the policy once, when torch loads it,
-so `configure_threads()` runs before `import torch`; OMP_WAIT_POLICY or OMP_NUM_THREADS set by the user
-wins.
+Spinning OpenMP threads burn their time slice waiting for a partner that is not running: on 2 cores with one
+busy, training ran at 740 tokens/s against 7,700 with sleeping threads (on a quiet machine spinning is faster).
+So PASSIVE is chosen only when other processes use the CPUs at start-up, before `import torch` (the runtime
+reads the policy once); OMP_WAIT_POLICY or OMP_NUM_THREADS set by the user wins.
 """
 from __future__ import annotations
 

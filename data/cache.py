@@ -34,14 +34,12 @@ class Prepared:
     val_path: Path
     tokenizer: Tokenizer
     cached: bool = field(default=False, compare=False)
-    # the source this call read (absolute); meta.json's source.path names the first one prepared with this
-    # content, which may be another copy (the cache is keyed by content)
+    # the source this call read; meta.json's source.path names the first copy prepared with this content
     source: str | None = field(default=None, compare=False)
-    # the token files load_prepared opened and checked, so that the loader need not scan them again
     files: tuple[TokenFile, TokenFile] | None = field(default=None, compare=False, repr=False)
 
     def token_files(self) -> tuple[TokenFile, TokenFile]:
-        """(train, val), opened and checked once (token ids within the vocabulary)."""
+        """(train, val), opened and checked once (load_prepared has done it already)."""
         if self.files is None:
             self.files = TokenFile(self.train_path), TokenFile(self.val_path)
         return self.files
@@ -157,10 +155,8 @@ def staging(root: Path) -> Iterator[Path]:
 
 
 def publish(tmp: Path, final: Path, meta: dict) -> bool:
-    """Write meta.json into the finished `tmp` and rename it to `final`, durably.
-
-    False when another process (e.g. another DDP rank) published `final` first: its identical result is kept.
-    """
+    """Write meta.json into the finished `tmp` and rename it to `final`, durably. False when another process
+    (e.g. another DDP rank) published `final` first: its identical result is kept."""
     write_text_atomic(tmp / "meta.json", json.dumps(meta, indent=2, ensure_ascii=True) + "\n")
     (tmp / ".owner").unlink()
     fsync_dir(tmp)

@@ -6,7 +6,7 @@ called by `data.prepare.prepare`, not `__post_init__`, so OmegaConf can build th
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 NAMES = ("shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2")
@@ -24,14 +24,11 @@ class DataConfig:
 
     @classmethod
     def coerce(cls, cfg: Any) -> "DataConfig":
-        """Accept a DataConfig, a mapping (dict / OmegaConf DictConfig) or any object with these attributes."""
+        """Accept a DataConfig or a mapping (dict / OmegaConf DictConfig)."""
         if isinstance(cfg, cls):
             return cfg
         names = [f.name for f in fields(cls)]
-        if isinstance(cfg, Mapping) or hasattr(cfg, "keys"):
-            d = {k: cfg[k] for k in cfg.keys()}
-        else:
-            d = {k: getattr(cfg, k) for k in names if hasattr(cfg, k)}
+        d = {k: cfg[k] for k in cfg.keys()}
         unknown = sorted(set(d) - set(names))
         if unknown:
             raise ValueError(f"unknown data option(s) {', '.join(unknown)}: the data options are {', '.join(names)}")

@@ -27,26 +27,19 @@ def _ascii_alnum(ch: str) -> bool:
 
 def find_safe_cut(text: str, lo: int, hi: int) -> int:
     """Largest c in [lo, hi] such that GPT-2 encodes text[:c] + text[c:] as it encodes text; -1 if none found.
-
-    BPE never merges across the pieces of GPT-2's pre-tokenizer regex, so a cut where the regex always ends a
-    piece changes nothing. The cuts (c < len): 1. after "\\n" between ASCII letters/digits ("a\\n|b");
-    2. before " " between ASCII letters/digits ("a| b"); 3. between punctuation/symbol (not the apostrophe)
-    and a letter ("。|你"), for text without spaces.
-    """
+    BPE never merges across GPT-2's pre-tokenizer pieces, so a cut where its regex always ends a piece is safe:
+    1. after "\\n" between ASCII letters/digits ("a\\n|b"); 2. before " " between them ("a| b"); 3. between
+    punctuation/symbol (not the apostrophe) and a letter ("。|你"), for text without spaces."""
     n = len(text)
     lo, hi = max(lo, 1), min(hi, n - 1)
     if lo > hi:
         return -1
-    j = text.rfind("\n", lo - 1, hi)  # cut = j + 1 in [lo, hi]
-    while j >= 1:
-        if _ascii_alnum(text[j - 1]) and _ascii_alnum(text[j + 1]):
-            return j + 1
-        j = text.rfind("\n", lo - 1, j)
-    j = text.rfind(" ", lo, min(hi + 1, n - 1))  # cut = j in [lo, hi], j + 1 < n
-    while j >= 1:
-        if _ascii_alnum(text[j - 1]) and _ascii_alnum(text[j + 1]):
-            return j
-        j = text.rfind(" ", lo, j)
+    for sep, after in (("\n", 1), (" ", 0)):  # cut = j + after in [lo, hi], j + 1 < n
+        j = text.rfind(sep, lo - after, min(hi + 1 - after, n - 1))
+        while j >= 1:
+            if _ascii_alnum(text[j - 1]) and _ascii_alnum(text[j + 1]):
+                return j + after
+            j = text.rfind(sep, lo - after, j)
     category = unicodedata.category
     for c in range(hi, max(lo, hi - 65536) - 1, -1):
         a = text[c - 1]

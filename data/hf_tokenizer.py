@@ -1,10 +1,6 @@
-"""Tokenizer files for Hugging Face: GPT-2's vocab.json + merges.txt rebuilt exactly from tiktoken's ranks,
-or a char-level vocab.json.
-
-An exported model must come with the tokenizer it was trained with. The GPT-2 ranks (`sources.gpt2_ranks`)
-hold every token but not the merges, so each merge is recovered by running BPE on the token's bytes with only
-the merges ranked below it: the last two parts are the pair whose merge made the token. Byte-level tokens are
-written in GPT-2's bytes-to-unicode alphabet.
+"""Tokenizer files for Hugging Face: GPT-2's vocab.json + merges.txt rebuilt from tiktoken's ranks, or a
+char-level vocab.json. The ranks hold every token but not the merges, so each merge is recovered by running BPE
+on the token's bytes with only lower-ranked merges: the last two parts are the pair whose merge made the token.
 """
 from __future__ import annotations
 
@@ -28,13 +24,8 @@ def _last_merge(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
     parts = [bytes([b]) for b in token]
     limit = ranks[token]
     while len(parts) > 2:
-        best = None
-        for i in range(len(parts) - 1):
-            r = ranks.get(parts[i] + parts[i + 1])
-            if r is not None and r < limit and (best is None or r < best[1]):
-                best = (i, r)
-        assert best is not None, f"token {token!r} cannot be built from lower-ranked merges"
-        i = best[0]
+        r, i = min((ranks.get(parts[i] + parts[i + 1], limit), i) for i in range(len(parts) - 1))
+        assert r < limit, f"token {token!r} cannot be built from lower-ranked merges"
         parts[i:i + 2] = [parts[i] + parts[i + 1]]
     return parts[0], parts[1]
 
@@ -56,8 +47,7 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[str]
 
 
 def write_hf_tokenizer(out_dir: str | Path, model_max_length: int) -> list[Path]:
-    """vocab.json, merges.txt, tokenizer_config.json and special_tokens_map.json for transformers'
-    GPT2Tokenizer / GPT2TokenizerFast (`AutoTokenizer.from_pretrained(out_dir)`). Like tinygpt's
+    """The GPT-2 tokenizer files for `AutoTokenizer.from_pretrained(out_dir)`; like tinygpt's
     GPT2Tokenizer.encode, they read a literal "<|endoftext|>" as the special token."""
     out_dir = Path(out_dir)
     vocab, merges = vocab_and_merges(gpt2_ranks())

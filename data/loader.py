@@ -1,9 +1,8 @@
 """Token files and batches: the checked `.bin` format (`TokenFile`, `TokenWriter`) and `BatchLoader`.
 
-A damaged token file (bad header, wrong size, ids outside the vocabulary) is a one-line ValueError, never
-garbage batches or an IndexError deep in the model. Batches depend only on (seed, global step), not on how a
-step is split across ranks and accumulation steps, so a resumed or re-sharded run draws exactly the windows
-an uninterrupted one would. torch is imported lazily: preparing data does not need it.
+A damaged token file is a one-line ValueError, never garbage batches. Batches depend only on (seed, global step),
+not on how a step is split across ranks and accumulation steps, so a resumed or re-sharded run draws the same
+windows. torch is imported lazily: preparing data does not need it.
 """
 from __future__ import annotations
 
@@ -108,7 +107,7 @@ class TokenWriter:
     def __enter__(self) -> "TokenWriter":
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type, *_) -> None:
         if exc_type is None:
             self.close()
         else:
@@ -166,13 +165,10 @@ class BatchLoader:
         need = self.block_size + 1
         if min(len(tf) for tf in self.files.values()) < need:
             raise _too_short(self.files, self.block_size)
-        self.step = 0
-        self.micro = 0
-        self._offsets_step = -1
-        self._offsets = None
+        self.step, self.micro = 0, 0
+        self._offsets_step, self._offsets = -1, None  # the step whose train offsets are drawn, and those offsets
         self._arange = np.arange(need, dtype=np.int64)
 
-    # -- state -------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"step": self.step, "micro": self.micro}
 
@@ -183,7 +179,6 @@ class BatchLoader:
                              f"resume with the same grad_accum_steps")
         self.step, self.micro = step, micro
 
-    # -- batches -----------------------------------------------------------------------------------------
     def _draw(self, split: str, n: int, *key) -> np.ndarray:
         """`n` window offsets into `split` from a generator seeded by (seed, *key) alone."""
         import torch

@@ -20,17 +20,14 @@ from data.cache import (FORMAT, FORMAT_VERSION, Prepared, cache_key, load_prepar
                         staging)
 from data.config import DataConfig
 from data.encode import encode_bpe, encode_char
-from data.encode import threads as _threads  # noqa: F401 - re-export for bench.py
 from data.loader import TokenWriter, dtype_for_vocab
 from data.sources import GPT2_EOT
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
 
 
 def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None] | None = None) -> Prepared:
-    """Prepared token files for `cfg`, from the cache when possible.
-
-    With `progress`: a bar on stderr and one-line notes (preparing ..., prepared ...), printed on stderr or
-    handed to `log` (training passes its logger, so the notes also land in the run's train.log)."""
+    """Prepared token files for `cfg`, from the cache when possible. With `progress`: a bar on stderr and
+    one-line notes, printed on stderr or handed to `log` (training passes its logger, so they land in train.log)."""
     cfg = DataConfig.coerce(cfg)
     tok_kind = cfg.validate()
     src = corpus.resolve(cfg)

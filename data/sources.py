@@ -57,11 +57,8 @@ def gpt2_ranks_path() -> Path | None:
 
 # ------------------------------------------------------------------------------------------ Tiny Shakespeare
 def shakespeare_path() -> Path:
-    """Tiny Shakespeare in the cache, downloaded (and verified) the first time.
-
-    FileNotFoundError (naming the exact path) when absent and not downloadable; ValueError when the cached
-    file is not Tiny Shakespeare.
-    """
+    """Tiny Shakespeare in the cache, downloaded (and verified) the first time. FileNotFoundError (naming the
+    exact path) when absent and not downloadable; ValueError when the cached file is not Tiny Shakespeare."""
     dest = shakespeare_cache_path()
     if dest.is_file():
         size = dest.stat().st_size
@@ -81,22 +78,19 @@ def shakespeare_path() -> Path:
     return dest
 
 
-def download(url: str, dest: Path, *, size: int | None = None, sha256: str | None = None,
-             timeout: float = DOWNLOAD_TIMEOUT_S) -> Path:
+def download(url: str, dest: Path, *, size: int, sha256: str) -> Path:
     """Download `url` to `dest`, verified, atomically: nothing is left at or beside `dest` unless it is whole.
-
-    Network problems raise OSError (urllib.error.URLError is one); a wrong size or checksum raises ValueError.
-    """
+    Network problems raise OSError (urllib.error.URLError is one); a wrong size or checksum raises ValueError."""
     h, n = hashlib.sha256(), 0
-    with atomic_write(dest) as out, urllib.request.urlopen(url, timeout=timeout) as resp:
+    with atomic_write(dest) as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
         while block := resp.read(_READ_BLOCK):
             out.write(block)
             h.update(block)
             n += len(block)
-        if size is not None and n != size:
+        if n != size:
             raise ValueError(f"download of {url} is incomplete or wrong ({n:,} bytes, expected {size:,}): "
                              f"try again, or copy the file to {dest} by hand")
-        if sha256 is not None and h.hexdigest() != sha256:
+        if h.hexdigest() != sha256:
             raise ValueError(f"download of {url} has the wrong sha256 ({h.hexdigest()[:12]}..., expected "
                              f"{sha256[:12]}...): try again, or copy the file to {dest} by hand")
     return Path(dest)
@@ -139,7 +133,7 @@ def _save_ranks(ranks: dict[bytes, int], dest: Path) -> None:
         print(f"note: could not save the GPT-2 ranks to {dest} ({e}); offline runs will need it", file=sys.stderr)
 
 
-def _tiktoken_gpt2(timeout: float = TIKTOKEN_TIMEOUT_S):
+def _tiktoken_gpt2():
     """tiktoken.get_encoding("gpt2") with a time limit (tiktoken's own download has none)."""
     import tiktoken
     box: dict[str, Any] = {}
@@ -152,13 +146,13 @@ def _tiktoken_gpt2(timeout: float = TIKTOKEN_TIMEOUT_S):
 
     t = threading.Thread(target=work, daemon=True, name="tiktoken-gpt2")
     t.start()
-    t.join(timeout)
+    t.join(TIKTOKEN_TIMEOUT_S)
     if "enc" in box:
         return box["enc"]
     if "err" in box:
         msg = one_line(str(box["err"]))
         raise _missing_ranks_error(f"{type(box['err']).__name__}: {msg[:120]}{'...' if len(msg) > 120 else ''}")
-    raise _missing_ranks_error(f"no answer within {timeout:.0f} s")
+    raise _missing_ranks_error(f"no answer within {TIKTOKEN_TIMEOUT_S:.0f} s")
 
 
 @functools.lru_cache(maxsize=4)
@@ -183,13 +177,7 @@ def gpt2_encoding():
 
 def gpt2_ranks() -> dict[bytes, int]:
     """The GPT-2 BPE ranks (token bytes -> id), found or fetched as `gpt2_encoding()` does."""
-    path = gpt2_ranks_path()
-    if path is None:
-        enc = gpt2_encoding()  # fetched by tiktoken, and saved where gpt2_ranks_path() looks when it can be
-        path = gpt2_ranks_path()
-        if path is None:
-            return dict(enc._mergeable_ranks)
-    return load_ranks(path)
+    return dict(gpt2_encoding()._mergeable_ranks)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

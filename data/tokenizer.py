@@ -150,19 +150,14 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
 
 class StreamDecoder:
     """Token ids -> text, emitting only complete UTF-8 characters (one BPE token can hold half of one).
-
-    `push(ids)` returns the newly completed text (possibly ""), `flush()` whatever is left at the end
-    (incomplete bytes become U+FFFD there, since no later token can complete them).
-    """
+    `flush()` returns what is left at the end, incomplete bytes as U+FFFD (no later token can complete them)."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
-    def push(self, ids: Iterable[int] | int) -> str:
-        if isinstance(ids, int):
-            ids = [ids]
-        return self._dec.decode(self.tokenizer.decode_bytes(_ids_list(ids)))
+    def push(self, ids: Iterable[int]) -> str:
+        return self._dec.decode(self.tokenizer.decode_bytes(ids))
 
     def flush(self) -> str:
         out = self._dec.decode(b"", final=True)

@@ -28,9 +28,8 @@ class CausalSelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(config.dropout)
 
     def forward(self, x, *, cache=None, input_pos=None, mask=None, need_weights=False):
-        """x (B, T, C) -> (y (B, T, C), weights (B, nh, T, Tk) if need_weights else None).
-        With `cache`, this layer's k/v are written at `input_pos` and attention runs over the whole
-        cache under `mask` (Tq, Tk) (True = may attend); without it, plain causal attention over x."""
+        """x (B, T, C) -> (y (B, T, C), weights (B, nh, T, Tk) if need_weights else None). With `cache`, k/v are
+        written at `input_pos` and attention runs over the cache under `mask` (Tq, Tk), True = may attend."""
         B, T, C = x.size()
         q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)

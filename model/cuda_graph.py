@@ -1,8 +1,6 @@
 """A step function replayed as a CUDA graph: one-token decoding launches hundreds of tiny kernels, and
-launching them costs more than running them; a graph launches them all at once.
-
-Captured over the eager function (no compiler), so capturing costs about as much as a few eager steps.
-How decoding uses it: model/generate.py (GraphedDecode); why: docs/design.md.
+launching them costs more than running them; a graph launches them all at once. Captured over the eager
+function (no compiler), so capturing costs about a few eager steps. Used by model/generate.py (GraphedDecode).
 """
 from __future__ import annotations
 
@@ -10,14 +8,10 @@ import torch
 
 
 class GraphedStep:
-    """fn(*inputs) -> tensor, always run on its own copies of the inputs, at fixed addresses.
-
-    capture=True (CUDA): warm up, capture fn once as a CUDA graph; each call then copies the inputs in,
-    replays, and returns the graph's output tensor, which the next call overwrites (copy out what you keep).
-    capture=False runs fn uncaptured on the same buffers: the graph's computation, testable on a CPU.
-    fn must not sync with the host, allocate outside the graph, or depend on anything but the inputs and
-    tensors whose addresses do not change (weights, a static KV cache).
-    """
+    """fn(*inputs) -> tensor, run on its own copies of the inputs, at fixed addresses. capture=True (CUDA):
+    captured once; each call copies the inputs in, replays, and returns the graph's output, which the next call
+    overwrites. capture=False runs fn uncaptured on the same buffers (testable on a CPU). fn must not sync with the
+    host, allocate outside the graph, or depend on anything but the inputs and tensors at fixed addresses."""
 
     def __init__(self, fn, *example_inputs: torch.Tensor, capture: bool = True, warmup: int = 2):
         self.fn = fn

@@ -1,10 +1,8 @@
 """Sampling from a GPT: a ladder of small functions, each built on the one below (as gpt-fast's generate.py).
 
     logits_to_probs -> sample -> prefill / decode_one_token -> generate_tokens (iterator) -> generate
-
-When the context is full the window slides by half a block, so the KV cache stays useful; the cached and
-uncached paths see the same windows and give the same tokens. Nothing in the decode loop waits on the
-device, so on CUDA the one-token step is replayed as a CUDA graph (GraphedDecode; compile=True: inductor's).
+A full window slides by half a block, so the KV cache stays useful (cached and uncached decoding give the same
+tokens). Nothing in the decode loop waits on the device, so on CUDA the one-token step is a CUDA graph.
 """
 from __future__ import annotations
 
@@ -104,10 +102,9 @@ def _step_before_draw(model, tok, pos, cache, temperature, top_k, top_p, vocab_l
 
 
 class GraphedDecode:
-    """decode_one_token with the step up to the draw replayed as a CUDA graph, captured at the first call
-    (capture=False: the same fixed-buffer step, uncaptured). The draw stays outside, where a user's
-    Generator works as in eager mode, so the tokens are eager's. One per generation: the graph holds the
-    first call's model and (static) cache."""
+    """decode_one_token with the step up to the draw replayed as a CUDA graph captured at the first call
+    (capture=False: uncaptured). The draw stays eager, so a user's Generator gives eager's tokens.
+    One per generation: the graph holds the first call's model and (static) cache."""
 
     def __init__(self, capture: bool = True):
         self.capture, self.step, self.cache = capture, None, None
@@ -140,11 +137,10 @@ def _get_compiled_decode():
 
 def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
                     generator=None, compile=False, vocab_limit=None, cuda_graphs=True) -> Iterator[torch.Tensor]:
-    """Yield max_new_tokens new tokens, each a (B, 1) LongTensor, continuing the prompt idx (B, T); ids >=
-    vocab_limit are never sampled. Arguments are checked now, not at the first token; call model.eval() first.
-    On CUDA the cached decode step is a CUDA graph (cuda_graphs=False: eager; not under autocast);
-    compile=True (CUDA; elsewhere a warning) decodes with a torch.compile'd step instead. Either falls
-    back to eager decoding, with one warning, if capturing or compiling fails."""
+    """Yield max_new_tokens (B, 1) LongTensors continuing idx (B, T), never an id >= vocab_limit; arguments are
+    checked now, not at the first token; call model.eval() first. On CUDA the cached decode step is a CUDA graph
+    (not with cuda_graphs=False or autocast) or, with compile=True, torch.compile'd (elsewhere: a warning);
+    either falls back to eager decoding, with one warning, if capturing or compiling fails."""
     _check_sampling(temperature, top_k, top_p, vocab_limit)
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.is_floating_point():
         raise ValueError("idx must be a (batch, time) tensor of token ids: e.g. torch.tensor([[0]])")
@@ -168,8 +164,7 @@ def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     return _generate(model, idx.long(), max_new_tokens, use_kv_cache, decode, compiled, kw)
 
 
-# inference_mode: no_grad minus autograd's per-op bookkeeping (~5% of a CPU decode step); torch wraps
-# generator functions, so the mode does not leak to the caller between yields
+# inference_mode: no_grad minus per-op bookkeeping (~5% of a CPU step); it does not leak to the caller between yields
 @torch.inference_mode()
 def _generate(model, idx, max_new_tokens, use_kv_cache, decode, compiled, kw):
     block_size = model.config.block_size
@@ -217,9 +212,8 @@ def _new_cache(model, batch_size, device, static: bool, compiled: bool) -> KVCac
 
 
 def _first_call(decode, args, kw):
-    """A compiled or graphed decode's first call, which compiles/captures it: its token, or None after a
-    warning if that failed. The caller retries eagerly outside this frame (freeing the failed call first),
-    generator rewound."""
+    """A compiled/graphed decode's first call (which compiles/captures it): its token, or None after a warning
+    if that failed; the caller then retries eagerly outside this frame, generator rewound."""
     global _compiled_decode, _cuda_graphs_work
     g = kw.get("generator")
     state = g.get_state() if g is not None else None

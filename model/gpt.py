@@ -2,7 +2,6 @@
 
     idx (B, T) -> wte(idx) + wpe(pos) -> drop -> n_layer x Block -> ln_f -> lm_head -> logits (B, T, V)
     Block (pre-LN):  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
-
 Sampling lives in model/generate.py and the Hugging Face format in model/hf.py; the methods here are thin.
 """
 from __future__ import annotations
@@ -98,9 +97,8 @@ class GPT(nn.Module):
                              f"crop the input to its last {self.config.block_size} tokens or use a larger block_size")
 
     def forward(self, idx, targets=None, *, cache=None, input_pos=None):
-        """idx (B, T) token ids -> (logits (B, T, V), loss or None); targets (B, T): next ids, -1 = ignored.
-        With `cache` (a KVCache), idx's keys/values are written at `input_pos` (T,) (default 0..T-1, a
-        prefill) and each query attends to the cached positions <= its own."""
+        """idx (B, T) -> (logits (B, T, V), loss or None); targets (B, T): next ids, -1 = ignored.
+        With a KVCache, k/v are written at `input_pos` (T,), default 0..T-1; queries see cached positions <= theirs."""
         B, T = idx.size()
         self._check_length(T)
         if input_pos is None:
@@ -139,8 +137,7 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
 
-    # model.generate(idx, n, ...) is model.generate.generate(model, idx, n, ...): a plain function stored
-    # on the class becomes a method, so the sampling ladder keeps one signature, in one place
+    # model.generate(idx, ...) is model.generate.generate(model, idx, ...): one signature, in one place
     generate = _gen.generate  # idx (B, T) -> (B, T + max_new_tokens)
     generate_stream = _gen.generate_tokens  # yields each new token as a (B, 1) LongTensor
 

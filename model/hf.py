@@ -1,9 +1,7 @@
 """The Hugging Face GPT-2 format both ways, locally (no network, no transformers package): read for
-GPT.from_pretrained, written for export.py.
-
-Our module names are GPT-2's, so the mapping is small: HF's Conv1D weights are stored (in, out), nn.Linear's
-(out, in). Weights are read as tensors only (safetensors or weights_only). HF's GPT-2 always has biases and
-no padded vocabulary rows, so an export adds zero biases (bias=false) and drops the padding.
+GPT.from_pretrained, written for export.py. Our module names are GPT-2's, so the mapping is small: HF's Conv1D
+weights are stored (in, out), nn.Linear's (out, in). Weights are read as tensors only. HF's GPT-2 always has
+biases and no padded vocabulary rows, so an export adds zero biases (bias=false) and drops the padding.
 """
 from __future__ import annotations
 
@@ -64,10 +62,7 @@ def load_hf_state_dict(path: Path) -> dict:
         index = path / f"{name}.index.json"
         if index.is_file():
             shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            sd = {}
-            for shard in shards:
-                sd.update(_load_file(path / shard))
-            return sd
+            return {k: t for shard in shards for k, t in _load_file(path / shard).items()}
     raise FileNotFoundError(f"no weights in {path}: expected model.safetensors or pytorch_model.bin "
                             "(e.g. `hf download gpt2 --local-dir <dir>`)")
 

@@ -112,17 +112,18 @@ def test_resolve_parallel():
 def test_single_process_needs_no_process_group(monkeypatch):
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    with D.process_group(torch.device("cpu"), "ddp") as info:
-        assert (info.rank, info.world_size, info.parallel, info.distributed) == (0, 1, "none", False)
-        assert not torch.distributed.is_initialized()
-        t = torch.tensor([3.0])
-        assert D.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
-        stop = D.StopAgreement(info)
-        assert stop.poll(None) == 0 and stop.poll(15) == 15  # single process: immediate, no collective
-        m = torch.nn.Linear(2, 2)
-        assert D.wrap_model(m, info, torch.device("cpu")) is m
-        with D.grad_sync(m, info, last=False):
-            pass
+    info = D.init(torch.device("cpu"), "ddp")
+    assert (info.rank, info.world_size, info.parallel, info.distributed) == (0, 1, "none", False)
+    assert not torch.distributed.is_initialized()
+    t = torch.tensor([3.0])
+    assert D.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
+    stop = D.StopAgreement(info)
+    assert stop.poll(None) == 0 and stop.poll(15) == 15  # single process: immediate, no collective
+    m = torch.nn.Linear(2, 2)
+    assert D.wrap_model(m, info, torch.device("cpu")) is m
+    with D.grad_sync(m, info, last=False):
+        pass
+    D.destroy(info)
 
 
 def test_eval_plan_covers_every_batch_once():

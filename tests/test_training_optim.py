@@ -131,7 +131,7 @@ def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):
     """A CPU run's AdamW state (foreach) resumed where AdamW is fused (CUDA): every `step` must follow the
     parameters to their device, which torch decides from the flags in the saved groups."""
     from model import GPT
-    from training.optim import load_optimizer_state
+    from training.optim import keep_impl_flags
     torch.manual_seed(0)
     src_model = GPT(tiny_gpt_config)
     src = build_optimizer(src_model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
@@ -142,7 +142,8 @@ def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):
     dst = torch.optim.AdamW(param_groups(dst_model, 0.1), lr=1e-3, foreach=False)
     for g in dst.param_groups:
         g.update(fused=True, foreach=None)  # what build_optimizer sets on CUDA
-    load_optimizer_state(dst, src.state_dict())
+    dst.register_load_state_dict_pre_hook(keep_impl_flags)  # as build_optimizer does
+    dst.load_state_dict(src.state_dict())
     states = list(dst.state.values())
     assert states and all(s["step"].device.type == "meta" and s["exp_avg"].device.type == "meta" for s in states)
     assert all(g["fused"] is True and g["foreach"] is None for g in dst.param_groups)

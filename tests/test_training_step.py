@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from training.step import CompileGuard, EvalInterrupted, evaluate, train_step
+from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
 
 
 def _model_and_opt(seed=0):
@@ -50,9 +50,9 @@ def test_evaluate_counts_only_the_counted_batches_and_can_stop():
         m.eval()
         want = (m(*data[0])[1] + m(*data[1])[1]).item() / 2
     m.train()
-    assert evaluate(m, data.__getitem__, plan) == pytest.approx(want, rel=1e-6) and m.training
+    assert eval_stats(m, data.__getitem__, plan)["loss"] == pytest.approx(want, rel=1e-6) and m.training
     with pytest.raises(EvalInterrupted):
-        evaluate(m, data.__getitem__, plan, stop=lambda: True)
+        eval_stats(m, data.__getitem__, plan, stop=lambda: True)
     assert m.training  # back in train mode after an interrupted evaluation too
 
 
@@ -88,7 +88,6 @@ def test_compile_guard_warns_once_rewinds_and_retries(caplog):
 
 
 def test_eval_stats_bits_per_byte_is_nats_over_the_bytes_of_the_counted_targets():
-    from training.step import eval_stats
     m, _ = _model_and_opt()
     _, data = _batches(3)
     data[1][1][0, :5] = -1  # ignored targets: neither nats nor bytes
@@ -105,7 +104,7 @@ def test_eval_stats_bits_per_byte_is_nats_over_the_bytes_of_the_counted_targets(
     sums = []
     got = eval_stats(m, data.__getitem__, plan, token_bytes=tb, reduce_sum=lambda t: sums.append(t) or t)
     assert got["bpb"] == pytest.approx(nats / math.log(2) / n_bytes, rel=1e-5)
-    assert got["loss"] == pytest.approx(evaluate(m, data.__getitem__, plan), rel=1e-6) and len(sums) == 1
+    assert got["loss"] == pytest.approx(eval_stats(m, data.__getitem__, plan)["loss"], rel=1e-6) and len(sums) == 1
     assert eval_stats(m, data.__getitem__, plan)["bpb"] is None  # no byte table: no bpb
     assert eval_stats(m, data.__getitem__, plan, token_bytes=torch.zeros(32, dtype=torch.long))["bpb"] is None
 

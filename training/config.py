@@ -108,11 +108,6 @@ def register_configs() -> None:
     cs.store(name="train_checks", node={"hydra": {"callbacks": {"checks": {"_target_": "__main__.Checks"}}}})
 
 
-def to_container(cfg: Any) -> dict:
-    """A Config, DictConfig or dict as a plain, resolved dict (what checkpoints and wandb store)."""
-    return OmegaConf.to_container(OmegaConf.create(cfg), resolve=True, throw_on_missing=True)
-
-
 def _dotted(d: dict, prefix: str = "") -> Iterator[str]:
     for k, v in d.items():
         if isinstance(v, dict):

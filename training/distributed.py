@@ -1,8 +1,8 @@
 """Scale-out on PyTorch's own engine: torchrun launches, DDP or FSDP2 average the gradients.
 
-Nothing here is home-made machinery; this module only decides how tinygpt uses it: which process
-group, which wrapper, when gradients sync, and where ranks agree on a number (where it is read, never
-per step). A plain `python train.py` starts no process group. Sharded checkpoints live in checkpoint/.
+This module only decides how tinygpt uses it: which process group, which wrapper, when gradients sync,
+and where ranks agree on a number (where it is read, never per step). A plain `python train.py` starts
+no process group.
 """
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ _CONTROL_GROUP = None  # reused while the default group lives
 
 def init(device: torch.device, parallel: str = "none") -> DistInfo:
     """Join the torchrun job: NCCL on CUDA, gloo on the CPU, plus the CPU control group. Idempotent (train.py
-    starts the group before Hydra, training.loop.train reuses it). A single process starts no group."""
+    starts the group before Hydra, training.loop.train reuses it)."""
     global _CONTROL_GROUP
     rank, ws, local_rank, local_ws = env_info()
     mode = resolve_parallel(parallel, ws, launched_by_torchrun())
@@ -133,15 +133,6 @@ def destroy(info: Optional[DistInfo], together: bool = False) -> None:
     _CONTROL_GROUP = None
 
 
-@contextlib.contextmanager
-def process_group(device: torch.device, parallel: str = "none"):  # init() ... destroy()
-    info = init(device, parallel)
-    try:
-        yield info
-    finally:
-        destroy(info)
-
-
 def barrier(info: DistInfo) -> None:
     """All ranks meet (on the CPU control group: no GPU work, a 60-minute timeout)."""
     if info.distributed:
@@ -158,12 +149,12 @@ def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:  # in plac
     return all_reduce_sum(t, info).div_(info.world_size) if info.distributed else t
 
 
-def broadcast_object(obj: Any, info: DistInfo, src: int = 0) -> Any:
-    """Rank `src`'s (picklable) object on every rank, over the CPU control group."""
+def broadcast_object(obj: Any, info: DistInfo) -> Any:
+    """Rank 0's (picklable) object on every rank, over the CPU control group."""
     if not info.distributed:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=src, group=info.control_group)
+    dist.broadcast_object_list(box, src=0, group=info.control_group)
     return box[0]
 
 
@@ -194,9 +185,8 @@ def check_dtype(info: DistInfo, dtype: torch.dtype) -> None:
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The module the training step calls: DDP(model), or `model` itself sharded in place by FSDP2 (every
-    block, then the root; bf16 gathers with fp32 gradient reduction on CUDA). `model` must be on `device`;
-    build the optimizer after this call (under FSDP its parameters become DTensor shards)."""
+    """DDP(model), or `model` itself sharded in place by FSDP2 (every block, then the root). Build the
+    optimizer after this call: under FSDP the parameters become DTensor shards."""
     if info.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         kw = {"device_ids": [device.index] if device.type == "cuda" else None, "gradient_as_bucket_view": True}
@@ -206,7 +196,6 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
     if info.parallel == "fsdp":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-        check_dtype(info, dtype)
         # the mesh on the device the run uses: fully_shard's default mesh is CUDA whenever a GPU exists
         kw = {"mesh": init_device_mesh(device.type, (info.world_size,))}
         if device.type == "cuda" and dtype == torch.bfloat16:
@@ -257,9 +246,8 @@ def eval_plan(n: int, info: DistInfo) -> list[tuple[int, bool]]:
 
 
 class StopAgreement:
-    """Every rank stops after the same step. `poll(signum)` at each step boundary posts this rank's signal
-    number in an async MAX all-reduce and returns the one posted at the previous boundary (0 = go on): the
-    all-reduce overlaps a whole step and costs no sync."""
+    """Every rank stops after the same step: `poll(signum)` posts this rank's signal in an async MAX all-reduce
+    and returns the one agreed at the previous step boundary (0 = go on), so it costs no sync."""
 
     def __init__(self, info: DistInfo):
         self.info, self._work, self._buf = info, None, None

@@ -12,7 +12,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from checkpoint.file import CheckpointError, check_model_weights, clean_state_dict, load_checkpoint
+from checkpoint.file import CheckpointError, check_model_weights, clean_state_dict, tokenizer_name, \
+    load_checkpoint
 from checkpoint.locate import checkpoint_in_run
 from data.sources import GPT2_VOCAB_SIZE
 from model import hf
@@ -38,10 +39,6 @@ class Source:
         kind, c = "Hugging Face GPT-2" if self.hf_dir else "tinygpt checkpoint", self.config
         return f"{self.path} ({kind}: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, context " \
                f"{c.block_size})" + (f", context cropped to {block_size}" if block_size < c.block_size else "")
-
-
-def _vocab(tok: dict) -> str:
-    return f"char ({len(tok.get('chars', ''))} characters)" if tok.get("type") == "char" else "gpt2 BPE"
 
 
 def open_source(spec: str) -> Source:
@@ -87,9 +84,8 @@ def given_keys(cli_overrides: Optional[Iterable[str]]) -> set[str]:
 
 
 def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
-    """Open `c.model.init_from` (if set) and give `c.model` its shape, context and vocabulary padding; `c` is
-    the run's Config (training.config). One-line ValueErrors: a contradicting explicit override, a block_size
-    beyond the source's context, data with another tokenizer type."""
+    """Open `c.model.init_from` (if set) and give the Config's `c.model` its shape, context and vocabulary
+    padding; a one-line ValueError for an explicit override, context or tokenizer that does not fit."""
     m = c.model
     if m.init_from is None:
         return None
@@ -109,12 +105,12 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
     if (src.tokenizer["type"] == "gpt2") != (c.data.tokenizer == "gpt2"):
         fix = "use data=shakespeare, or data=text data.tokenizer=gpt2" if src.tokenizer["type"] == "gpt2" else \
             "use data with the char tokenizer it was trained on"
-        raise ValueError(f"{src.key} reads {_vocab(src.tokenizer)} tokens but data={c.data.name} is tokenized "
+        raise ValueError(f"{src.key} reads {tokenizer_name(src.tokenizer)} tokens but data={c.data.name} is tokenized "
                          f"with data.tokenizer={c.data.tokenizer}: {fix}")
     n = GPT2_VOCAB_SIZE if src.tokenizer["type"] == "gpt2" else len(src.tokenizer.get("chars", ""))
     if s.vocab_size < n:
         raise ValueError(f"{src.key} has {s.vocab_size} vocabulary rows, fewer than the {n} ids of its "
-                         f"{_vocab(src.tokenizer)} tokenizer: it cannot read this data")
+                         f"{tokenizer_name(src.tokenizer)} tokenizer: it cannot read this data")
     if pad_vocab(n, m.pad_vocab_to) != s.vocab_size:
         if "model.pad_vocab_to" in given:
             raise ValueError(f"model.pad_vocab_to={m.pad_vocab_to} would make {pad_vocab(n, m.pad_vocab_to)} "
@@ -127,14 +123,13 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
 def check_tokenizer(src: Source, tokenizer: dict) -> None:
     """The prepared data's tokenizer (`to_dict()`) must be the source's: the same ids for the same text."""
     if tokenizer != src.tokenizer:
-        raise ValueError(f"the prepared data's vocabulary ({_vocab(tokenizer)}) differs from that of {src.key} "
-                         f"({_vocab(src.tokenizer)}): fine-tune on data with the characters it was trained on")
+        raise ValueError(f"the prepared data's vocabulary ({tokenizer_name(tokenizer)}) differs from that of {src.key} "
+                         f"({tokenizer_name(src.tokenizer)}): fine-tune on data with the characters it was trained on")
 
 
 def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.nn.Module:
-    """`model_cls(config)`, on the CPU in training mode: freshly initialised when there is no source or the run
-    resumes (`train.resume`: its checkpoint has the weights), else holding the source's weights (position
-    embeddings cropped to config.block_size), built on the meta device (no time spent on a random init)."""
+    """`model_cls(config)` on the CPU: freshly initialised without a source or when resuming (the checkpoint
+    has the weights), else built on the meta device holding the source's weights (wpe cropped to block_size)."""
     if src is None or resume is not False:
         if src is not None:
             src.ckpt = None

@@ -1,9 +1,7 @@
 """The training loop: `train(cfg, run_dir)`, a plain function (train.py is a thin Hydra wrapper around it).
 
-Set-up builds the parts (device, data, model, optimizer, wrapper, checkpoint manager); the loop runs
-training.step's step, logs once per log interval (the only host sync), evaluates and saves at intervals,
-and stops early when val loss stops improving (train.patience). Fine-tuning: training/init_from.py.
-Why resume is exact wherever a stop lands, and how compile and signals are handled: docs/design.md.
+The loop logs once per log interval (the only host sync), evaluates and saves at intervals and stops
+early when val loss stops improving. Why resume is exact wherever a stop lands: docs/design.md.
 """
 from __future__ import annotations
 
@@ -47,7 +45,6 @@ class TrainResult:
     best_val_loss: float
     run_dir: Path
     exit_code: int = 0  # 0, or 130 (SIGINT) / 143 (SIGTERM)
-    last_checkpoint: Optional[Path] = None
     early_stopped: bool = False  # completed because val loss stopped improving (train.patience)
     clean: bool = False  # ran to its end or to a stop every rank agreed on: under torchrun, ranks leave together
 
@@ -242,8 +239,7 @@ class Trainer:
     def _result(self) -> TrainResult:
         sig = self.stop.signum
         return TrainResult("interrupted" if sig else "completed", self.state.step, self.state.best_val_loss,
-                           self.run_dir, EXIT_CODES.get(sig, 128 + int(sig)) if sig else 0, self.ckpt.last,
-                           self.early_stopped)
+                           self.run_dir, EXIT_CODES.get(sig, 128 + int(sig)) if sig else 0, self.early_stopped)
 
     def closing(self, result: Optional[TrainResult]) -> TrainResult:
         """The last line of a run a signal stopped (`result`), or that a second Ctrl-C aborted (None: exit 130)."""
@@ -252,7 +248,7 @@ class Trainer:
         last, last_step = (ckpt.last, ckpt.last_step) if ckpt is not None else (None, None)
         line = f"stopped by {self.stop.name} after step {self.state.step}: saved {last}; resume with: {resume}"
         if result is None:
-            result = TrainResult("interrupted", self.state.step, self.state.best_val_loss, self.run_dir, 130, last)
+            result = TrainResult("interrupted", self.state.step, self.state.best_val_loss, self.run_dir, 130)
             line = interrupted_line(self.run_dir, last, last_step, resume)
         if result.exit_code and self.rt.is_main:
             log.info(line)
@@ -266,12 +262,9 @@ class Trainer:
 
 def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None
           ) -> TrainResult:
-    """Train per `cfg` (a composed DictConfig, dict or Config) into `run_dir` (Hydra passes its output dir).
-
-    Returns a TrainResult; its exit_code is 130/143 when a signal stopped the run (also a second Ctrl-C: 130,
-    after one closing line). `cli_overrides`: the command line's, for the resume command and model.init_from
-    (explicit shape keys must agree with the source). User mistakes raise ValueError/OSError with one-line
-    messages; a diverged loss raises TrainingDiverged (a ValueError)."""
+    """Train per `cfg` (a DictConfig, dict or Config) into `run_dir`; exit_code 130/143 when a signal stopped it.
+    `cli_overrides`: the command line's, for the resume command and model.init_from. User mistakes raise one-line
+    ValueError/OSError; a diverged loss raises TrainingDiverged (a ValueError)."""
     c = to_dataclass(cfg)
     # under torchrun: join the process group (train.py has usually started it already; then this reuses it)
     rt = dist_lib.init(resolve_device(c.train.device, dist_lib.env_info()[2]), c.train.parallel)

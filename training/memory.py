@@ -1,9 +1,8 @@
 """Will one training step fit in memory? Asked before anything is allocated.
 
-Too large a batch or model otherwise ends in an allocator traceback, or on Linux in the kernel's OOM
-killer minutes in, with no message at all. `check` compares an estimate of one optimizer step's peak
-(weights, gradients, optimizer state, one micro-batch's activations and logits) with what the device
-has free and returns the one-line refusal. How the terms are counted: docs/design.md (Memory).
+Otherwise too large a batch or model ends in an allocator traceback, or in Linux's OOM killer minutes in
+with no message. `check` compares an estimate of one optimizer step's peak with what the device has free
+and returns a one-line refusal. How the terms are counted: docs/design.md (Memory).
 """
 from __future__ import annotations
 
@@ -107,7 +106,7 @@ def check(c: Config, world_size: int = 1, local_world_size: int = 1) -> Optional
     CPU processes under torchrun share the host: each needs its own share."""
     import torch
     from model.device import resolve_device, resolve_dtype
-    if getattr(c.model, "init_from", None):  # a fine-tune's shape is its source's, read later by the loop
+    if c.model.init_from:  # a fine-tune's shape is its source's, read later by the loop
         return None
     try:
         device = resolve_device(c.train.device)

@@ -14,7 +14,7 @@ import math
 import shlex
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable, Optional
+from typing import TYPE_CHECKING, Optional
 
 from common.files import atomic_write
 from training.wandb_run import WandbRun
@@ -58,9 +58,10 @@ class MetricsWriter:
     @classmethod
     def resumed(cls, path: Path, source: Optional[Path], step: int) -> "MetricsWriter":
         """`path` started afresh, or (resuming) holding the records of `source` up to `step`."""
-        path = Path(path)
         if source is not None:
-            write_records_atomic(path, records_up_to(read_metrics(source), step) if source.is_file() else [])
+            records = records_up_to(read_metrics(source), step) if source.is_file() else []
+            with atomic_write(path, "w", encoding="utf-8") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
         elif path.exists():
             path.unlink()  # a run that died before its first checkpoint: start the file afresh
         return cls(path)
@@ -80,21 +81,11 @@ class MetricsWriter:
 def read_metrics(path: Path) -> list[dict]:
     """Records from a metrics.jsonl (a torn last line from a killed run is skipped)."""
     records = []
-    try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:  # also blank lines
-                    continue
-    except FileNotFoundError:
-        pass
+    with contextlib.suppress(FileNotFoundError), open(path, encoding="utf-8") as f:
+        for line in f:
+            with contextlib.suppress(json.JSONDecodeError):  # also blank lines
+                records.append(json.loads(line))
     return records
-
-
-def write_records_atomic(path: Path, records: Iterable[dict]) -> None:
-    with atomic_write(path, "w", encoding="utf-8") as f:
-        f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 def records_up_to(records: list[dict], step: int) -> list[dict]:

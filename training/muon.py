@@ -20,27 +20,21 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
     tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT  # iterate on the smaller Gram matrix
-    X = X.contiguous()
-    if X.dim() == 2:
-        X = X.unsqueeze(0)
-        squeeze = True
-    else:
-        X, squeeze = X.reshape(-1, *X.shape[-2:]), False
+    X = X.contiguous().reshape(-1, *X.shape[-2:])  # one batch dimension for bmm
     for _ in range(steps):  # X <- a X + (b A + c A^2) X, A = X X^T; baddbmm fuses the scalings (~20% faster on CPU)
         A = torch.bmm(X, X.mT)
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)
         X = torch.baddbmm(X, B, X, beta=a, alpha=1.0)
-    X = X.squeeze(0) if squeeze else X.reshape(*G.shape[:-2], *X.shape[-2:])
+    X = X.reshape(*G.shape[:-2], *X.shape[-2:])
     return X.mT if tall else X
 
 
 def muon_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """[muon: >=2-D weights inside transformer.h], [adamw decay: other >=2-D], [adamw no decay: <2-D]."""
-    muon, decay, no_decay, seen = [], [], [], set()
+    muon, decay, no_decay = [], [], []
     for name, p in model.named_parameters():  # a tied Parameter is yielded once
-        if not p.requires_grad or id(p) in seen:
+        if not p.requires_grad:
             continue
-        seen.add(id(p))
         if p.dim() >= 2 and name.startswith("transformer.h."):
             muon.append(p)
         elif p.dim() >= 2:
@@ -54,9 +48,7 @@ def muon_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]
 
 class MuonAdamW(torch.optim.Optimizer):
     def __init__(self, params, *, lr: float, muon_lr: float = 0.02, betas=(0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.0, momentum: float = 0.95, ns_steps: int = 5, muon_weight_decay: float = 0.0):
-        if not lr > 0 or not muon_lr > 0:
-            raise ValueError(f"optim.lr={lr} and optim.muon_lr={muon_lr} must be positive")
+                 weight_decay: float = 0.0, momentum: float = 0.95, ns_steps: int = 5):
         # foreach/fused are unused here, but torch's checkpoint state-dict helpers add them on load;
         # declaring them keeps a resumed optimizer's param_groups identical to the original's.
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, muon=False, lr_scale=1.0,
@@ -65,7 +57,7 @@ class MuonAdamW(torch.optim.Optimizer):
         for g in self.param_groups:
             if g["muon"]:
                 g["lr_scale"] = muon_lr / lr
-                g["weight_decay"] = muon_weight_decay
+                g["weight_decay"] = 0.0  # no decay on the Muon matrices
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -14,15 +14,9 @@ import torch
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """[{params: >=2-D, weight_decay}, {params: <2-D, weight_decay: 0}] over the trainable parameters."""
-    decay, no_decay = [], []
-    seen = set()
-    for p in model.parameters():  # parameters() yields a shared (tied) Parameter once
-        if not p.requires_grad or id(p) in seen:
-            continue
-        seen.add(id(p))
-        (decay if p.dim() >= 2 else no_decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+    params = [p for p in model.parameters() if p.requires_grad]  # a shared (tied) Parameter comes once
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
 def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
@@ -37,15 +31,14 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, b
     else:
         kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
         opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, **kwargs)
-    opt.register_load_state_dict_pre_hook(_keep_impl_flags)  # a checkpoint of any device loads as this one's
+    opt.register_load_state_dict_pre_hook(keep_impl_flags)  # a checkpoint of any device loads as this one's
     return opt
 
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iters: int,
           schedule: str = "cosine", cooldown_frac: float = 0.2) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warmup to `lr` over `warmup_iters`, then cosine,
-    linear or constant decay to `min_lr` by `decay_iters`, or wsd (`lr` held, then a linear cooldown over the
-    last `cooldown_frac` of `decay_iters`); `min_lr` after that."""
+    """Learning rate at (0-based) `step`: linear warmup to `lr`, then constant, or cosine/linear/wsd (`lr` held,
+    then linear over the last `cooldown_frac`) decay to `min_lr` by `decay_iters`, and `min_lr` after it."""
     if step < warmup_iters:
         return lr * (step + 1) / (warmup_iters + 1)
     if schedule == "constant":
@@ -77,27 +70,18 @@ def schedule(o, max_iters: int) -> Callable[[int], float]:
 IMPL_FLAGS = ("fused", "foreach", "capturable")
 
 
-def with_impl_flags(groups: list[dict], optimizer: torch.optim.Optimizer) -> list[dict]:
-    """Saved param groups with `optimizer`'s implementation flags (fused/foreach/capturable) put in.
+def keep_impl_flags(optimizer: torch.optim.Optimizer, state: dict) -> dict:
+    """load_state_dict pre-hook: the saved param groups get `optimizer`'s fused/foreach/capturable flags.
 
     Why: load_state_dict places each `step` by the SAVED flags (fused or capturable -> on the parameter's
     device, else the CPU) and keeps them. A CPU run's checkpoint (foreach) resumed on CUDA (fused) would
-    leave `step` on the CPU under the fused CUDA kernel, which reads it through a device pointer. Which
-    implementation runs is this device's choice, so it is set before the load.
+    leave `step` on the CPU under the fused CUDA kernel, which reads it through a device pointer.
     """
+    groups = state["param_groups"]
     if len(groups) != len(optimizer.param_groups):
-        return groups  # not this optimizer's state: the load itself says so
-    return [dict(saved, **{k: g[k] for k in IMPL_FLAGS if k in g}) for saved, g in zip(groups, optimizer.param_groups)]
-
-
-def _keep_impl_flags(optimizer: torch.optim.Optimizer, state: dict) -> dict:
-    return dict(state, param_groups=with_impl_flags(state["param_groups"], optimizer))
-
-
-def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
-    """optimizer.load_state_dict(state), keeping this optimizer's implementation (see with_impl_flags); what
-    build_optimizer's optimizers do on every load_state_dict (a pre-hook), so they are plain Statefuls."""
-    optimizer.load_state_dict(_keep_impl_flags(optimizer, state))
+        return state  # not this optimizer's state: the load itself says so
+    return dict(state, param_groups=[dict(saved, **{k: g[k] for k in IMPL_FLAGS if k in g})
+                                     for saved, g in zip(groups, optimizer.param_groups)])
 
 
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:

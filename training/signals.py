@@ -1,8 +1,7 @@
 """Stopping a run cleanly on SIGINT/SIGTERM, and the command line that continues it.
 
-The handlers only set a flag the loop polls between steps: it finishes the step, writes last.pt and
-exits 130/143. A second Ctrl-C aborts at once (the atomic saves keep every file intact); the run's closing
-line then says which step the run directory's last.pt is from (`interrupted_line`).
+The handlers only set a flag the loop polls between steps: it finishes the step, writes last.pt and exits
+130/143. A second Ctrl-C aborts at once (the atomic saves keep every file intact).
 """
 from __future__ import annotations
 
@@ -68,7 +67,7 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]],
 
 def interrupted_line(run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str) -> str:
     """The closing line of a run a second Ctrl-C aborted. `last`/`last_step`: the last good checkpoint the run
-    knows of (resumed from or written); `resume`: the command that continues the run."""
+    knows of (resumed from or written)."""
     run_dir = Path(run_dir)
     if last is not None and last_step is not None and Path(last).parent == run_dir:
         return f"interrupted; last.pt is from step {last_step}: resume with: {resume}"

@@ -1,7 +1,6 @@
 """What a run carries into its next session, as Stateful parts of the checkpoint (checkpoint.manager).
 
-TrainState holds the counters, LossWindow the losses not yet logged, RNGState every random generator of
-every rank. Their state_dicts are format 1's keys, so checkpoints of every version resume exactly.
+Their state_dicts are format 1's keys, so checkpoints of every version resume exactly.
 """
 from __future__ import annotations
 
@@ -61,9 +60,8 @@ class TrainState:
 
 
 class LossWindow:
-    """The per-step losses since the last log line, on the device: one host sync per log interval (and one
-    all-reduce under torchrun). Saved as "loss_window", so a resumed run logs what its checkpoint had not
-    logged yet where an uninterrupted run logs it, and metrics.jsonl comes out the same."""
+    """The per-step losses since the last log line, on the device (one host sync per log interval). Saved, so a
+    resumed run logs them where an uninterrupted run would, and metrics.jsonl comes out the same."""
 
     def __init__(self, size: int, device: torch.device, rt: DistInfo):
         self.buf = torch.zeros(max(1, size), device=device, dtype=torch.float32)
@@ -78,7 +76,7 @@ class LossWindow:
     def read(self, on_bad: Optional[Callable[[int, float], None]] = None) -> list[float]:
         """The losses since the last clear(), averaged over ranks; `on_bad(step, value)` for the first NaN/inf."""
         window = self.buf[: self.n]
-        vals = (all_reduce_mean(window.clone(), self.rt) if self.rt.distributed else window).tolist() if self.n else []
+        vals = all_reduce_mean(window.clone(), self.rt).tolist() if self.n else []
         bad = next((i for i, v in enumerate(vals) if not math.isfinite(v)), None)
         if bad is not None and on_bad is not None:
             on_bad(self.first_step + bad + 1, vals[bad])

@@ -1,7 +1,7 @@
 """The training step and the evaluation, as plain functions: the loop calls them, and so can bench.py.
 
 Neither synchronises with the host: the step returns its loss as a device tensor, and the evaluation
-reads its sums once at the end (all-reduced across ranks when it is given a reduction).
+reads its sums once at the end.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class EvalInterrupted(BaseException):
-    """`evaluate`'s `stop()` said so (not an Exception: a compile-failure guard must not catch it)."""
+    """`eval_stats`'s `stop()` said so (not an Exception: a compile-failure guard must not catch it)."""
 
 
 def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, next_batch: Callable[[], Batch], *,
@@ -29,11 +29,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, next_ba
                scaler: Optional[torch.amp.GradScaler] = None, grad_clip: float = 0.0,
                grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> torch.Tensor:
     """One optimizer step over `accum` micro-batches from `next_batch()`; returns the mean loss (no sync).
-
-    `model(x, y)` returns (logits, loss). `grad_sync(last)` wraps each micro-step's forward+backward so
-    gradients are reduced across ranks only on the last one (training.distributed.grad_sync). With a
-    GradScaler (fp16) the loss is scaled and the gradients unscaled before clipping at `grad_clip` (0: off).
-    """
+    `grad_sync(last)` wraps each micro-step's forward+backward (training.distributed.grad_sync)."""
     total = None
     for micro in range(accum):
         x, y = next_batch()
@@ -62,13 +58,8 @@ def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iter
                autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                reduce_sum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                stop: Optional[Callable[[], bool]] = None, token_bytes: Optional[torch.Tensor] = None) -> dict:
-    """{"loss": mean loss, "bpb": bits per byte or None} over `batch(i)` for (i, counted) in `plan`
-    (uncounted batches only keep ranks in step).
-
-    In eval mode (dropout off), restored to train mode after. Bits per byte (with `token_bytes`, a device
-    tensor of each id's UTF-8 length) = sum of nats / ln 2 / bytes of the counted targets. `reduce_sum` sums
-    the statistics over ranks (one host sync at the end); `stop()` is asked before each batch (EvalInterrupted).
-    """
+    """{"loss": mean loss, "bpb": bits per byte or None} over `batch(i)` for the counted (i, counted) in `plan`,
+    in eval mode. `token_bytes`: each id's UTF-8 length; `reduce_sum`: sums over ranks; `stop()`: EvalInterrupted."""
     model.eval()
     try:
         plan = list(plan)
@@ -94,17 +85,10 @@ def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iter
         model.train()
 
 
-def evaluate(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iterable[tuple[int, bool]],
-             **kwargs) -> float:
-    """The mean loss of `eval_stats` (same arguments)."""
-    return eval_stats(model, batch, plan, **kwargs)["loss"]
-
-
 class CompileGuard:
-    """torch.compile compiles on first use, so a compiler that fails does so in the first step or evaluation.
-    `run(kind, fn)` runs the first call of each kind ("train", "eval") under a guard: if it fails (an
-    out-of-memory error excepted: eager needs more memory, not less), one warning, the RNGs and the
-    `rewound` Statefuls (the data loader) are put back as they were, `to_eager()`, and fn runs again."""
+    """`run(kind, fn)` runs the first call of each kind ("train", "eval"), where torch.compile compiles, under
+    a guard: if it fails (not out of memory: eager needs more), one warning, the RNGs and `rewound` Statefuls
+    are put back, `to_eager()`, and fn runs again."""
 
     def __init__(self, enabled: bool, to_eager: Callable[[], None], rewound: Iterable = ()):
         self.enabled, self.to_eager, self.rewound, self.verified = enabled, to_eager, list(rewound), set()

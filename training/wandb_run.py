@@ -18,11 +18,8 @@ log = logging.getLogger(__name__)
 
 
 class WandbRun:
-    """Lazy wrapper around wandb (slow to import): only touched with logger=wandb, on rank 0."""
-
     def __init__(self):
         self.run = None
-        self._wandb = None
 
     @staticmethod
     def effective_mode(mode: str) -> str:
@@ -38,7 +35,6 @@ class WandbRun:
         except ImportError:
             raise ValueError("logger=wandb needs the wandb package, which is not installed: pip install wandb "
                              "(or drop logger=wandb to log to train.log and metrics.jsonl only)") from None
-        self._wandb = wandb
         if mode == "online" and not os.environ.get("WANDB_API_KEY"):
             try:
                 has_key = bool(wandb.login(prompt=False, verify=False))

@@ -20,9 +20,8 @@ LABEL_FONTS = ("DejaVu Sans", "Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans
 
 
 def label_fonts() -> tuple[list[str], set[int]]:
-    """The installed LABEL_FONTS (matplotlib falls back along the list) and the code points they draw.
-    A family is often many files (fonts-dejavu-extra adds DejaVu Sans ExtraLight, Condensed, ...): each
-    counts with its widest-coverage file, its regular face, not with whichever file was registered last."""
+    """The installed LABEL_FONTS (matplotlib falls back along the list) and the code points they draw. A family
+    of many files (DejaVu Sans ExtraLight, Condensed, ...) counts with its widest-coverage file, its regular face."""
     files: dict[str, list[str]] = {}
     for f in font_manager.fontManager.ttflist:
         files.setdefault(f.name, []).append(f.fname)
@@ -41,9 +40,8 @@ def _charmap(path: str) -> set[int]:
 
 
 def token_labels(tokenizer, ids: list[int], glyphs: set[int] | None = None) -> list[str]:
-    """Readable axis labels, one per token: newline/space/tab made visible (⏎ · ⇥). A BPE token holding
-    part of a multi-byte character shows that character with "…" on the cut side ("世…", "…世").
-    Characters outside `glyphs` (code points the label fonts can draw) are shown as \\u escapes."""
+    """Readable axis labels, one per token: newline/space/tab made visible (⏎ · ⇥), a split multi-byte character
+    shown whole with "…" on the cut side ("世…", "…世"), characters outside `glyphs` as \\u escapes."""
     if glyphs is None:
         glyphs = label_fonts()[1]
     parts = [tokenizer.decode_bytes([i]) for i in ids]
