@@ -53,8 +53,9 @@ def hardware(device) -> dict:
             "device": str(device)}
     if device.type == "cuda":
         p = torch.cuda.get_device_properties(device)
-        info["gpu"] = {"name": p.name, "count": torch.cuda.device_count(), "memory_gib": round(p.total_memory / 2**30, 1),
-                       "capability": f"{p.major}.{p.minor}", "cuda": torch.version.cuda}
+        info["gpu"] = {"name": p.name, "count": torch.cuda.device_count(),
+                       "memory_gib": round(p.total_memory / 2**30, 1), "capability": f"{p.major}.{p.minor}",
+                       "cuda": torch.version.cuda}
     return info
 
 
@@ -154,7 +155,8 @@ def parse_args(argv=None):
             raise ValueError(msg)
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = sorted(set(args.sections) - set(SECTIONS))
-    check(args.sections and not bad, f"--only {args.only!r} names unknown sections {bad}: choose from {','.join(SECTIONS)}")
+    check(args.sections and not bad,
+          f"--only {args.only!r} names unknown sections {bad}: choose from {','.join(SECTIONS)}")
     args.presets = [p.strip() for p in args.presets.split(",") if p.strip()] if args.presets else None
     for p in args.presets or []:
         check(p in PRESETS, f"--presets: unknown preset {p!r}: choose from {','.join(PRESETS)}")
@@ -166,7 +168,8 @@ def parse_args(argv=None):
     for name, low in (("steps", 1), ("decode_tokens", 1), ("decode_reps", 1), ("threads", 1), ("startup_runs", 1),
                       ("warmup", 0), ("prep_mb", 1e-9), ("quality_budget", 1e-9)):
         v = getattr(args, name)
-        check(v is None or v >= low, f"--{name.replace('_', '-')}={v} must be " + (f">= {low}" if low in (0, 1) else "positive"))
+        check(v is None or v >= low,
+              f"--{name.replace('_', '-')}={v} must be " + (f">= {low}" if low in (0, 1) else "positive"))
     return args
 
 

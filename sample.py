@@ -44,7 +44,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-kv-cache", dest="kv_cache", action="store_false", help="recompute the whole window per token")
     p.add_argument("--no-stream", dest="stream", action="store_false", help="print each sample whole when done")
     p.add_argument("--compile", action="store_true", help="CUDA: decode with a torch.compile'd step (longest runs)")
-    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="CUDA: decode without CUDA graphs")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="CUDA: decode without CUDA graphs")
     p.add_argument("--attention-map", metavar="FILE.png", help="draw the prompt's attention weights to a PNG")
     return p.parse_args(argv)
 
@@ -77,7 +78,8 @@ def validate_args(args: argparse.Namespace) -> None:
     if args.checkpoint is not None and not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist: check the path, or use --run DIR")
     if args.run is not None and not Path(args.run).is_dir():
-        raise FileNotFoundError(f"run directory {args.run} does not exist: pass a directory containing best.pt or last.pt")
+        raise FileNotFoundError(f"run directory {args.run} does not exist: "
+                                "pass a directory containing best.pt or last.pt")
     if args.init is not None and not (Path(args.init) / "config.json").is_file():
         raise FileNotFoundError(f"--init {args.init} has no config.json: pass a local Hugging Face GPT-2 directory "
                                 "(e.g. one saved with save_pretrained)")
@@ -136,9 +138,11 @@ def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
         unknown = sorted(set(text) - tokenizer.stoi.keys()) if hasattr(tokenizer, "stoi") else []  # char vocabulary
         if not unknown:
             raise ValueError(f"cannot encode the prompt: {e}") from None
-        shown = ", ".join(repr(c) for c in unknown[:20]) + (f" and {len(unknown) - 20} more" if len(unknown) > 20 else "")
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        shown = ", ".join(repr(c) for c in unknown[:20]) + more
         raise ValueError(f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: {shown}; "
-                         "a char-level model knows only the characters of its training text: remove or replace them") from None
+                         "a char-level model knows only the characters of its training text: "
+                         "remove or replace them") from None
     if len(ids) > block_size:
         print(f"note: the prompt is {len(ids)} tokens, longer than the model's context of {block_size}: "
               f"the model sees its last {block_size} tokens", file=sys.stderr)
@@ -222,7 +226,8 @@ def run(argv: list[str] | None = None, out=None) -> int:
         out.write("" if sink is out else sink.getvalue())
     print(end="" if tail == "\n" else "\n", file=out, flush=True)  # end the last line, never add one (--stop '\n')
     rate, graphs = n_tokens / max(seconds, 1e-9), device.type == "cuda" and args.kv_cache and args.cuda_graphs
-    mode = "kv cache " + ("on" if args.kv_cache else "off") + (", compiled" if compile_decode else ", CUDA graphs" if graphs else "")
+    how = ", compiled" if compile_decode else ", CUDA graphs" if graphs else ""
+    mode = "kv cache " + ("on" if args.kv_cache else "off") + how
     print(f"generated {n_tokens} tokens in {seconds:.2f} s ({rate:.1f} tokens/s, {mode})", file=sys.stderr)
     return 0
 

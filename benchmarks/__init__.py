@@ -37,4 +37,5 @@ def gpt_config(name: str):
     from model.config import GPTConfig, pad_vocab
     p = model_preset(name)
     keys = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_weights", "attention")
-    return GPTConfig(vocab_size=pad_vocab(VOCAB[name], int(p.get("pad_vocab_to") or 1)), **{k: p[k] for k in keys if k in p})
+    return GPTConfig(vocab_size=pad_vocab(VOCAB[name], int(p.get("pad_vocab_to") or 1)),
+                     **{k: p[k] for k in keys if k in p})

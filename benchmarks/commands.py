@@ -63,7 +63,8 @@ def section_quality(args, dev) -> dict:
     res = {"experiment": exp, "target_val_loss": target, "budget_s": budget}
     if not (REPO / "train.py").is_file():
         return {**res, "skipped": "train.py does not exist yet"}
-    tmp, overrides = Path(tempfile.mkdtemp(prefix="tinygpt-bench-quality-")), (f"experiment={exp}", *args.quality_overrides)
+    tmp = Path(tempfile.mkdtemp(prefix="tinygpt-bench-quality-"))
+    overrides = (f"experiment={exp}", *args.quality_overrides)
     res["command"] = " ".join(["python", "train.py", *overrides])
     say("quality", f"{res['command']} (target val loss <= {target}" + (f", budget {budget:.0f} s)" if budget else ")"))
     res["load_avg_before"] = load_avg()
@@ -140,7 +141,8 @@ def section_sample(args, dev) -> dict:
     n = args.decode_tokens
     cmd = ["sample.py", "--checkpoint", "model.pt", "--max-new-tokens", str(n), "--seed", "0", "--no-stream",
            "--device", str(dev.device)]
-    res = {"model": shape, "command": "python " + " ".join(cmd), "new_tokens": n, "rows": [], "load_avg_before": load_avg()}
+    res = {"model": shape, "command": "python " + " ".join(cmd), "new_tokens": n, "rows": [],
+           "load_avg_before": load_avg()}
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-sample-") as tmp:
         save_checkpoint(ckpt, Path(tmp) / "model.pt")
         say("sample", f"{args.decode_reps} x {res['command']}")

@@ -95,10 +95,12 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
         row["error"] = f"{type(e).__name__}: {first_line}" + " (try --compile off)" * compile_model
         return row
     finally:  # CPU: no allocator statistics (see the process's RSS instead)
-        row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if device.type == "cuda" else None
+        cuda = device.type == "cuda"
+        row["peak_memory_gib"] = round(torch.cuda.max_memory_allocated(device) / 2**30, 2) if cuda else None
     med = statistics.median(times)
     tps = row["tokens_per_step"] / med
-    return {**row, "first_step_s": round(first, 3), "compile_s": round(max(0.0, first - med), 3) if compile_model else None,
+    return {**row, "first_step_s": round(first, 3),
+            "compile_s": round(max(0.0, first - med), 3) if compile_model else None,
             "step_ms_median": round(med * 1e3, 2), "step_ms_min": round(min(times) * 1e3, 2),
             "step_ms_max": round(max(times) * 1e3, 2), "tokens_per_s": round(tps, 1),
             "tokens_per_s_wall": round(steps * row["tokens_per_step"] / wall, 1), "flops_per_token": fpt,

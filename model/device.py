@@ -56,7 +56,8 @@ def resolve_dtype(spec: str, device: torch.device) -> torch.dtype:
     if spec not in DTYPE_BY_NAME:
         raise ValueError(f"train.dtype={spec!r} is not valid: use auto, float32, bfloat16 or float16")
     dtype = DTYPE_BY_NAME[spec]
-    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():  # emulated is allowed when asked for
+    # emulated is allowed when asked for
+    if dtype == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ValueError(f"train.dtype=bfloat16 but {torch.cuda.get_device_name(device)} does not support it: "
                          f"use train.dtype=float16 (or auto)")
     if dtype == torch.float16 and device.type == "cpu":

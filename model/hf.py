@@ -19,7 +19,8 @@ _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # names HF uses for
 def config_from_hf(hf: dict) -> GPTConfig:
     """Map a Hugging Face GPT-2 config.json dict onto GPTConfig (dropout 0: loaded models are for inference)."""
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise ValueError(f"model_type={hf.get('model_type')!r} is not supported: only GPT-2 checkpoints (model_type gpt2) load")
+        raise ValueError(f"model_type={hf.get('model_type')!r} is not supported: "
+                         "only GPT-2 checkpoints (model_type gpt2) load")
     act = hf.get("activation_function", "gelu_new")
     if act not in _TANH_GELU:
         raise ValueError(f"activation_function={act!r} is not supported: tinygpt's MLP computes tanh GELU (gelu_new)")
