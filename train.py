@@ -66,6 +66,7 @@ def _say_cpu_preset() -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    global _stopped_cleanly
     if _raise_hydra_errors:  # the job's own errors get Hydra's usual report
         os.environ.pop("HYDRA_FULL_ERROR", None)
     from training.loop import train
@@ -79,7 +80,6 @@ def main(cfg: DictConfig) -> None:
     try:
         result = train(cfg, out, cli_overrides=list(HydraConfig.get().overrides.task))
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
-        global _stopped_cleanly
         _stopped_cleanly = result.clean
     except torch.OutOfMemoryError:
         _fail("out of memory on the GPU " + oom)

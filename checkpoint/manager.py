@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint import sharded
-from checkpoint.file import FORMAT, VERSION, clean_state_dict, tokenizer_name, link_checkpoint, load_checkpoint, \
-    load_model_weights, remove_stale_temp_files, save_checkpoint
+from checkpoint.file import FORMAT, VERSION, clean_state_dict, link_checkpoint, load_checkpoint, load_model_weights, \
+    remove_stale_temp_files, save_checkpoint, tokenizer_name
 
 TOP_LEVEL = ("train_state", "rng")  # parts whose state_dicts are spread over the top level (format 1 has them there)
 _DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile", "train.parallel", "logger.")

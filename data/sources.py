@@ -177,7 +177,13 @@ def gpt2_encoding():
 
 def gpt2_ranks() -> dict[bytes, int]:
     """The GPT-2 BPE ranks (token bytes -> id), found or fetched as `gpt2_encoding()` does."""
-    return dict(gpt2_encoding()._mergeable_ranks)
+    path = gpt2_ranks_path()
+    if path is None:
+        enc = gpt2_encoding()  # fetched by tiktoken, and saved where gpt2_ranks_path() looks when it can be
+        path = gpt2_ranks_path()
+        if path is None:
+            return dict(enc._mergeable_ranks)  # tiktoken's private table: only when the file could not be saved
+    return load_ranks(path)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
