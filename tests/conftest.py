@@ -5,9 +5,12 @@ else `../shared/data` beside the repo, else the cache `.ci/run` seeded; tests th
 """
 from __future__ import annotations
 
+import multiprocessing.process
 import os
 import random
+import re
 import signal
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -55,6 +58,75 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+# ------------------------------------------------------------------ the quick set (-m "not slow") stays quick
+# A child Python costs 1-3 s (torch's import) on 2 cores, so every test that starts one is marked `slow`.
+# While an unmarked test sets up or runs, starting a Python process (subprocess, torchrun, multiprocessing)
+# fails it at once with the fix; other programs (matplotlib's fc-list, mount) stay allowed.
+_fast_test: str | None = None  # the node id of the unmarked test now running, else None
+_PYTHON = re.compile(r"(python[0-9.]*|torchrun)$")
+
+
+def _refuse_if_fast(what: str) -> None:
+    if _fast_test is not None:
+        pytest.fail(f"{_fast_test} starts a Python process ({what}): mark it @pytest.mark.slow "
+                    "(the quick set, `python -m pytest -m 'not slow'`, starts none)", pytrace=False)
+
+
+def _program(args, executable) -> str:
+    if executable is None:
+        if isinstance(args, (str, bytes)):
+            args = args.split() or [""]
+        executable = args if isinstance(args, os.PathLike) else list(args)[0]
+    return os.fsdecode(executable)
+
+
+_popen_init = subprocess.Popen.__init__
+_process_start = multiprocessing.process.BaseProcess.start
+
+
+def _guarded_popen_init(self, args, *rest, **kwargs):
+    if _fast_test is not None:
+        program = _program(args, kwargs.get("executable"))
+        if _PYTHON.match(os.path.basename(program)) or os.path.realpath(program) == os.path.realpath(sys.executable):
+            _refuse_if_fast(f"subprocess {program}")
+    _popen_init(self, args, *rest, **kwargs)
+
+
+def _guarded_process_start(self):
+    _refuse_if_fast("multiprocessing")
+    _process_start(self)
+
+
+def pytest_configure(config):
+    subprocess.Popen.__init__ = _guarded_popen_init
+    multiprocessing.process.BaseProcess.start = _guarded_process_start
+
+
+def pytest_unconfigure(config):
+    subprocess.Popen.__init__ = _popen_init
+    multiprocessing.process.BaseProcess.start = _process_start
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item):
+    return (yield from _as_fast_test(item))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    return (yield from _as_fast_test(item))
+
+
+def _as_fast_test(item):
+    global _fast_test
+    _fast_test = None if item.get_closest_marker("slow") else item.nodeid
+    try:
+        return (yield)
+    finally:
+        _fast_test = None
+
 
 # Ctrl-C tests send SIGINT to CLI subprocesses, which inherit this process's disposition: a pytest started in
 # the background by a non-interactive shell ignores SIGINT, and so would they (sample.py would never stop).

@@ -13,6 +13,7 @@ from benchmarks import PRESETS, commands, gpt_config, inprocess, model_preset
 from tests.helpers import REPO, run_cli
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("optim", ["adamw", "muon"])
 def test_cli_smoke_tiny_sizes(tmp_path, cache_with_shakespeare, cache_with_gpt2, optim):
     out = tmp_path / "r.json"
@@ -36,6 +37,7 @@ def test_cli_smoke_tiny_sizes(tmp_path, cache_with_shakespeare, cache_with_gpt2,
     assert "training throughput" in proc.stdout and "KV cache speed-up" in proc.stdout and str(out) in proc.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv, words", [
     (["--only", "train,bogus"], "unknown sections"),
     (["--presets", "huge"], "unknown preset"),
@@ -75,6 +77,7 @@ def test_presets_come_from_conf():
     assert gpt_config("gpt2").vocab_size % 64 == 0 and gpt_config("gpt2").vocab_size >= 50257
 
 
+@pytest.mark.slow
 def test_quality_section_polls_metrics(tmp_path, monkeypatch, cache_with_shakespeare):
     """A stand-in train.py writes metrics.jsonl like the real loop; the section finds the first crossing."""
     fake = tmp_path / "repo"
@@ -102,6 +105,7 @@ def test_quality_section_polls_metrics(tmp_path, monkeypatch, cache_with_shakesp
     assert 0 < q["time_to_target_s"] <= q["wall_s"]
 
 
+@pytest.mark.slow
 def test_module_imports_cheaply():
     """bench.py is importable without starting any work (tests and tools import its helpers)."""
     proc = run_cli(["-c", "import bench, sys; print('torch' in sys.modules)"], cwd=REPO, timeout=60)
@@ -129,6 +133,7 @@ def test_a_failing_preset_is_an_error_row_not_an_abort(tmp_path, monkeypatch):
     assert "backend compiler failed" in out.getvalue()
 
 
+@pytest.mark.slow
 def test_cli_startup_and_sample_sections(tmp_path, cache_with_shakespeare):
     """The real train.py and sample.py, one start-up run and a few tokens from a tiny random checkpoint."""
     out = tmp_path / "r.json"
@@ -166,6 +171,7 @@ def _fake_repo(tmp_path, evals, sleep_after: float):
     return fake
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("evals, reached, note", [
     ([(0, 4.2)], False, "not reached within budget (2 s)"),
     ([(0, 4.2), (100, 1.5)], True, "stopped at the target"),

@@ -121,6 +121,7 @@ def test_full_disk_reported_by_torchs_zip_writer_says_no_space_left(rd, tiny_gpt
         ck.save_checkpoint(dict(d, step=5), p)
 
 
+@pytest.mark.slow
 def test_a_really_full_filesystem_says_no_space_left(rd, tiny_gpt_config):
     """The real thing, where a 1 MiB tmpfs can be mounted (root on Linux): torch.save's own error."""
     small = rd / "small"

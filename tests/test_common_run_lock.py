@@ -47,6 +47,7 @@ def test_acquire_makes_the_directory_and_records_the_holder(tmp_path):
         run_lock.release(d)
 
 
+@pytest.mark.slow
 def test_a_second_process_is_refused_and_told_who_holds_it(tmp_path, holder):
     p = holder(tmp_path / "run")
     with pytest.raises(run_lock.DirectoryInUse) as info:
@@ -57,6 +58,7 @@ def test_a_second_process_is_refused_and_told_who_holds_it(tmp_path, holder):
     assert run_lock.holder(tmp_path) is None  # no lock file there
 
 
+@pytest.mark.slow
 def test_a_killed_holders_lock_is_taken_over(tmp_path, holder):
     d = tmp_path / "run"
     p = holder(d)
@@ -69,6 +71,7 @@ def test_a_killed_holders_lock_is_taken_over(tmp_path, holder):
         run_lock.release(d)
 
 
+@pytest.mark.slow
 def test_release_lets_another_process_in(tmp_path, holder):
     d = tmp_path / "run"
     run_lock.acquire(d)

@@ -71,6 +71,7 @@ def test_interrupted_preparation_leaves_nothing_trusted(tiny_corpus, monkeypatch
     assert not p.cached and p.train_tokens + p.val_tokens == len(tiny_corpus.read_text())
 
 
+@pytest.mark.slow
 def test_killed_preparation_tmp_dir_is_ignored_and_cleaned(tiny_corpus):
     root = sources.cache_dir() / "prepared"
     stale = root / ".tmp-deadbeef"

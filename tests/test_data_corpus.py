@@ -74,6 +74,7 @@ def test_encoding_errors_replace(tmp_path):
     assert p2.dir != p.dir and "\ufffd" not in p2.tokenizer.chars
 
 
+@pytest.mark.slow
 def test_bounded_memory_streaming(tmp_path):
     """A ~24 MB file prepared in a subprocess with 1 MiB chunks: peak memory stays far below the file size."""
     big = tmp_path / "big.txt"

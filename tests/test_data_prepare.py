@@ -133,6 +133,7 @@ def test_large_char_vocab_uses_uint32(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- CLI
+@pytest.mark.slow
 def test_cli_prepares_and_reports(tiny_corpus):
     r = run_cli(["-m", "data.prepare", "--data", "text", "--path", str(tiny_corpus), "--quiet"], cwd=tiny_corpus.parent)
     assert r.returncode == 0, r.stderr
@@ -145,6 +146,7 @@ def test_cli_prepares_and_reports(tiny_corpus):
     assert f"from {copy.absolute()} (already prepared)" in r2.stdout  # ... that names the file given
 
 
+@pytest.mark.slow
 def test_cli_several_paths_and_jsonl(tmp_path):
     write(tmp_path, "a.txt", "plain text\n")
     write(tmp_path, "b.jsonl", '{"body": "from json"}\n{"body": "again"}\n')
@@ -156,6 +158,7 @@ def test_cli_several_paths_and_jsonl(tmp_path):
     assert r.returncode == 2 and "line 1 has no text under 'text'" in r.stderr and "--text-key <" in r.stderr
 
 
+@pytest.mark.slow
 def test_cli_errors_are_one_line(tmp_path):
     r = run_cli(["-m", "data.prepare", "--data", "text", "--path", str(tmp_path / "missing.txt")], cwd=tmp_path)
     assert r.returncode == 2

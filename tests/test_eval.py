@@ -131,6 +131,7 @@ def test_bad_options(tmp_path, capsys, char_run):
     assert "is a single token: nothing to score" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_bad_input_cli(tmp_path, char_run):
     (tmp_path / "empty.txt").write_bytes(b"")
     (tmp_path / "latin1.txt").write_bytes("KING: caf".encode() + "é".encode("latin-1") + b"!")

@@ -89,6 +89,7 @@ def test_force_replaces_and_failures_leave_nothing(tmp_path, capsys, char_tok, m
     assert "holds the checkpoint" in capsys.readouterr().err and (tmp_path / "run" / "best.pt").is_file()
 
 
+@pytest.mark.slow
 def test_bad_input_cli(tmp_path):
     (tmp_path / "corrupt.pt").write_bytes(b"not a checkpoint at all")
     (tmp_path / "file").write_text("x")

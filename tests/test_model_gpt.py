@@ -112,6 +112,7 @@ def test_bad_constructor_argument():
         GPT({"vocab_size": 10})
 
 
+@pytest.mark.slow
 def test_model_package_imports_no_framework():
     code = ("import sys, model, model.generate, model.hf; "
             "bad = [m for m in ('hydra', 'omegaconf', 'data', 'training', 'transformers') if m in sys.modules]; "
@@ -119,6 +120,7 @@ def test_model_package_imports_no_framework():
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
 
 
+@pytest.mark.slow
 def test_model_modules_import_first_and_no_local_import_hides_a_loop():
     """model.gpt and model.hf once imported each other (GPT.from_pretrained): each must import first in a
     fresh interpreter, and no function-level `import model...` may dodge a loop."""

@@ -238,6 +238,7 @@ runpy.run_path(train_py, run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_disk_full_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tmp_path, tiny_corpus):
     """`python train.py` whose second checkpoint write hits ENOSPC (torch.save patched in the child)."""
     sha_out = tmp_path / "sha_of_last_pt_when_the_disk_filled"
@@ -259,6 +260,7 @@ def test_disk_full_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tm
 
 # --------------------------------------------------------------------------------------------------- NaN
 
+@pytest.mark.slow
 def test_nan_loss_through_the_cli_names_the_step_and_keeps_the_good_checkpoint(tmp_path, tiny_corpus):
     from hydra import compose, initialize_config_dir
 
@@ -390,6 +392,7 @@ runpy.run_path(train_py, run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_a_second_ctrl_c_aborts_at_once_and_leaves_the_files_intact(tmp_path, tiny_corpus):
     """Exit 130 with one closing line (issue 15): which step last.pt is from, and how to resume; no error line."""
     proc = subprocess.run([sys.executable, "-c", DOUBLE_CTRL_C, *TINY, "data=text", f"data.path={tiny_corpus}",

@@ -67,6 +67,7 @@ def _env(**extra) -> dict:
     return dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **extra)
 
 
+@pytest.mark.slow
 def test_checkpoint_with_pickled_objects_is_refused_everywhere(tmp_path, tiny_corpus):
     marker = tmp_path / "the_payload_ran"
     evil = _evil_checkpoints(tmp_path, marker)

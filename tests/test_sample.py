@@ -355,6 +355,7 @@ def test_prompt_file_that_is_not_utf8(capsys, tmp_path):
     assert_one_line_error(*sample_main(capsys, "--prompt-file", tmp_path / "latin1.txt")[::2], "not UTF-8")
 
 
+@pytest.mark.slow
 def test_argument_mistakes_as_subprocesses(tmp_path):
     """The real script: exit code 2, one line, no traceback."""
     for args, needle in ARG_MISTAKES[::3]:
@@ -362,6 +363,7 @@ def test_argument_mistakes_as_subprocesses(tmp_path):
         assert_one_line_error(proc.returncode, proc.stderr, needle)
 
 
+@pytest.mark.slow
 def test_argument_mistakes_are_found_before_importing_torch(tmp_path):
     code = ("import sys, sample\n"
             "for args in (['--top-p', '2'], ['--checkpoint', 'missing.pt'], []):\n"
@@ -395,6 +397,7 @@ def test_prompt_outside_char_vocabulary_lists_the_characters(trained, capsys):
     assert "'k'" not in err  # only the unknown ones
 
 
+@pytest.mark.slow
 def test_corrupt_checkpoint_through_the_script(trained, tmp_path):
     path = _bad_checkpoints(trained, tmp_path)["truncated"]
     proc = run_cli(["sample.py", "--checkpoint", str(path)], cwd=tmp_path, timeout=120)

@@ -22,6 +22,7 @@ def _no_traceback(proc):
     assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout, proc.stderr
 
 
+@pytest.mark.slow
 def test_run_with_overrides(tmp_path, tiny_corpus):
     proc = run_cli(["train.py", *TINY, "data=text", f"data.path={tiny_corpus}", "train.max_iters=4",
                     "train.eval_interval=2", "hydra.run.dir=run"], cwd=tmp_path)
@@ -41,6 +42,7 @@ def test_run_with_overrides(tmp_path, tiny_corpus):
         assert ck.load_checkpoint(run / "last.pt")["config"]["train"]["batch_size"] == 4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args, expect", [
     (["train.max_iter=5"], "unknown config key 'train.max_iter' (did you mean train.max_iters?)"),
     (["train.max_iters=abc"], "cannot set train.max_iters=abc"),
@@ -59,6 +61,7 @@ def test_config_mistakes_are_one_line_before_any_run_dir(tmp_path, args, expect)
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()  # before any run dir
 
 
+@pytest.mark.slow
 def test_the_fine_tune_preset_without_a_source_is_one_line_before_any_run_dir(tmp_path):
     proc = run_cli(["train.py", "experiment=finetune_shakespeare", "train.device=cpu"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2
@@ -80,6 +83,7 @@ def test_added_override_sits_with_the_users(args, want):
     assert train.with_override(args, "experiment=cpu") == want
 
 
+@pytest.mark.slow
 def test_hydra_flags_after_overrides_work_and_a_mistake_is_one_line(tmp_path):
     """The automatic CPU preset must not break `--cfg job` after an override, nor add a line to an error."""
     proc = run_cli(["train.py", "model.n_layer=3", "--cfg", "job"], cwd=tmp_path, timeout=120)
@@ -91,6 +95,7 @@ def test_hydra_flags_after_overrides_work_and_a_mistake_is_one_line(tmp_path):
         "python train.py --cfg job prints every key"]
 
 
+@pytest.mark.slow
 def test_runtime_mistake_is_one_line(tmp_path, tiny_corpus):
     proc = run_cli(["train.py", *TINY, "data=text", f"data.path={tiny_corpus}", "train.resume=missing.pt"],
                    cwd=tmp_path, timeout=120)
@@ -100,6 +105,7 @@ def test_runtime_mistake_is_one_line(tmp_path, tiny_corpus):
                                                    "(a run directory holds last.pt and best.pt)"
 
 
+@pytest.mark.slow
 def test_out_of_memory_is_one_line_that_says_what_to_lower(tmp_path, tiny_corpus):
     """A GPU OOM (simulated: the first backward raises torch.OutOfMemoryError) ends with one line, exit 2."""
     hook = tmp_path / "hook"
@@ -155,6 +161,7 @@ def test_sweep_gets_one_run_dir_per_job(tmp_path, tiny_corpus):
     assert lrs == [1e-3, 3e-3]
 
 
+@pytest.mark.slow
 def test_threads_are_configured_before_torch_is_imported():
     """train.py sets OMP_WAIT_POLICY (common/threads.py) before anything imports torch; the user's value wins.
     The machine is made to look busy (busy_cores patched) so the policy is PASSIVE whatever the real load."""
@@ -174,6 +181,7 @@ def test_threads_are_configured_before_torch_is_imported():
         assert proc.stdout.strip().splitlines()[-1] == want
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("given, shown", [("", "''"), (".", ".")])
 def test_run_dir_that_is_the_current_directory_is_refused(tmp_path, given, shown):
     before = sorted(p.name for p in tmp_path.iterdir())
@@ -231,6 +239,7 @@ def test_a_running_run_owns_its_directory(tmp_path, tiny_corpus):
     assert f"using {os.path.join('outputs', 'run', 'last.pt')}" in proc.stderr or "outputs/run" in proc.stderr
 
 
+@pytest.mark.slow
 def test_a_sweep_owns_its_sweep_directory(tmp_path):
     """A sweep, or a single run into one of its job directories, is refused while another sweep holds it."""
     from common import run_lock

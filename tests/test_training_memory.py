@@ -74,6 +74,7 @@ print(json.dumps({"measured": kib("VmHWM:") - base, "estimate": memory.estimate(
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.access("/proc/self/clear_refs", os.W_OK), reason="needs Linux's /proc peak-RSS reset")
 @pytest.mark.parametrize("batch, dropout, optim", [(32, 0.0, "adamw"), (16, 0.1, "muon")])
 def test_estimate_is_close_to_the_measured_peak(batch, dropout, optim):
@@ -123,6 +124,7 @@ def test_available_memory_on_linux():
     assert memory.available(torch.device("meta")) is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("alloc, words", [
     ("numpy.empty(1 << 45, dtype=numpy.uint8)", "out of memory on the CPU (allocating 32.0 TiB failed) with "),
     ("torch.empty(1 << 45, dtype=torch.uint8)", "out of memory on the CPU (allocating 32.0 TiB failed) with "),

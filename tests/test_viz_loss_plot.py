@@ -4,6 +4,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.helpers import REPO
 from viz.loss_plot import plot_loss
 
@@ -23,6 +25,7 @@ def test_plot_loss_writes_a_png_and_skips_nothing_to_plot(tmp_path):
     assert plot_loss([{"type": "summary"}], tmp_path / "none.png") is None and not (tmp_path / "none.png").exists()
 
 
+@pytest.mark.slow
 def test_matplotlib_is_imported_only_when_drawing():
     code = "import sys, viz.loss_plot, model, sample; assert 'matplotlib' not in sys.modules, 'imported too early'"
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
