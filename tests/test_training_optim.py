@@ -1,13 +1,10 @@
-"""training/optim.py (AdamW groups, LR schedule), plus the small pure helpers of device.py and metrics.py."""
+"""training/optim.py (AdamW groups, LR schedule), plus the small pure helpers of device.py."""
 from __future__ import annotations
-
-import math
 
 import pytest
 import torch
 
 from training import device as dv
-from training import metrics as mt
 from training.optim import build_optimizer, lr_at, param_groups
 
 
@@ -98,33 +95,6 @@ def test_cpu_device_and_dtype():
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA GPU"):
             dv.resolve_device("cuda")
-
-
-def test_flops_and_mfu():
-    # nanoGPT's GPT-2 small estimate: 6N + 12*L*H*Q*T
-    f = mt.flops_per_token(124_000_000, 12, 12, 64, 1024)
-    assert f == 6 * 124e6 + 12 * 12 * 12 * 64 * 1024
-    assert mt.mfu(1000.0, f, None) is None
-    assert mt.mfu(1e5, f, 312e12) == pytest.approx(1e5 * f / 312e12)
-
-
-def test_metrics_records_and_plot(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    w = mt.MetricsWriter(path)
-    w.write({"type": "train", "step": 1, "loss": 3.0})
-    w.write({"type": "eval", "step": 2, "train_loss": 2.5, "val_loss": 2.6})
-    w.write({"type": "train", "step": 3, "loss": math.nan})
-    w.write({"type": "summary", "best_val_loss": 2.6})
-    w.close()
-    with open(path, "a") as f:
-        f.write('{"type": "train", "st')  # a torn line from a killed run
-    recs = mt.read_metrics(path)
-    assert [r["type"] for r in recs] == ["train", "eval", "train", "summary"]
-    assert recs[2]["loss"] == "nan"  # JSON has no NaN: written as a string
-    assert [r["step"] for r in mt.records_up_to(recs, 2)] == [1, 2]
-    from viz.loss_plot import plot_loss  # (moved from training.metrics)
-    assert plot_loss(recs, tmp_path / "loss.png").stat().st_size > 1000
-    assert plot_loss([], tmp_path / "none.png") is None
 
 
 def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):

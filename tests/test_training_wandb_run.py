@@ -33,7 +33,7 @@ def test_init_failure_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     with pytest.raises(ValueError, match=r"wandb could not start a offline run \(RuntimeError: api.wandb.ai "
                                          r"unreachable\).*logger.mode=offline") as info:
-        WandbRun().start(Config(), {}, tmp_path, "abc123")
+        WandbRun().start(Config(), tmp_path, "abc123")
     assert "\n" not in str(info.value)
 
 
@@ -46,8 +46,9 @@ def test_logs_go_to_the_run_and_finish_once(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     w = WandbRun()
     w.log({"loss": 1.0}, step=1)  # before start: nothing, no error
-    w.start(Config(), {"a": 1}, tmp_path, "abc123")
+    w.start(Config(), tmp_path, "abc123")
     assert seen["id"] == "abc123" and seen["resume"] == "allow" and seen["mode"] == "offline"
+    assert seen["config"]["logger"]["mode"] == "online"  # the run's config, resolved
     w.log({"loss": 2.0}, step=2)
     w.finish(3)
     w.finish(0)
@@ -59,5 +60,5 @@ def test_wandb_not_installed_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setenv("WANDB_MODE", "offline")
     with pytest.raises(ValueError, match=r"^logger=wandb needs the wandb package, which is not installed: "
                                          r"pip install wandb") as info:
-        WandbRun().start(Config(), {}, tmp_path, "abc123")
+        WandbRun().start(Config(), tmp_path, "abc123")
     assert "\n" not in str(info.value)

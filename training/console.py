@@ -10,12 +10,8 @@ import logging
 import sys
 
 
-class TqdmHandler(logging.Handler):
+class TqdmHandler(logging.StreamHandler):
     """Writes records with tqdm.write so they appear above the progress bar instead of through it."""
-
-    def __init__(self, stream):
-        super().__init__()
-        self.stream = stream
 
     def emit(self, record):
         try:
@@ -39,12 +35,8 @@ def console_with_bar(enabled: bool):
     swapped = []
     for h in list(root.handlers):
         if type(h) is logging.StreamHandler and getattr(h, "stream", None) in (sys.stdout, sys.stderr):
-            th = TqdmHandler(h.stream)
-            th.setLevel(h.level)
-            th.setFormatter(h.formatter)
-            for f in h.filters:
-                th.addFilter(f)
-            th.addFilter(hide_progress)
+            th = TqdmHandler(h.stream)  # the same level, format and filters, and no per-interval lines
+            th.level, th.formatter, th.filters = h.level, h.formatter, [*h.filters, hide_progress]
             root.removeHandler(h)
             root.addHandler(th)
             swapped.append((h, th))

@@ -25,7 +25,8 @@ from training import init_from
 from training.config import Config, to_dataclass
 from training.console import console_with_bar
 from training.device import resolve_compile, resolve_device, setup_device
-from training.metrics import RunLog, flops_per_token, mfu
+from training.metrics import RunLog
+from training.mfu import flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
 from training.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
 from training.state import LossWindow, RNGState, TrainState, seed_all
@@ -115,8 +116,9 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if c.logger.name == "wandb":
                 self.state.wandb_run_id = self.state.wandb_run_id or secrets.token_hex(4)
-            self.report.open(c, self.run_dir, self.state.wandb_run_id, self.ckpt.source, self.state.step)
-            self.report.log_start(self)
+            self.report.start(c, self.run_dir, self.state, data=self.prepared, num_params=self.num_params,
+                              vocab_size=self.gpt_config.vocab_size, dev=self.dev, compiled=self.compiled, rt=rt,
+                              source=self.source, resumed_from=self.ckpt.source, config_diff=self.ckpt.config_diff)
 
     def run(self) -> TrainResult:
         t, st = self.c.train, self.state
@@ -257,7 +259,9 @@ class Trainer:
     def finish(self, status: str) -> None:
         """Summary record, loss.png, wandb.finish: also after errors (best effort)."""
         if self.rt.is_main:
-            self.report.finish_run(self, status, time.perf_counter() - self.t_start)
+            self.report.finish(status, self.state, wall=time.perf_counter() - self.t_start, train_s=self.train_seconds,
+                               session_tokens=self.session_tokens, compiled=self.compiled,
+                               early_stopped=self.early_stopped)
 
 
 def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None

@@ -6,6 +6,7 @@ resumed run continues the same wandb run.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from pathlib import Path
@@ -18,17 +19,15 @@ log = logging.getLogger(__name__)
 
 
 class WandbRun:
-    def __init__(self):
-        self.run = None
+    run = None  # the wandb run, from start() to finish()
 
     @staticmethod
     def effective_mode(mode: str) -> str:
         env = os.environ.get("WANDB_MODE", "").strip().lower()
-        if env == "dryrun":
-            env = "offline"
+        env = {"dryrun": "offline"}.get(env, env)  # wandb's old name
         return env if env in ("online", "offline", "disabled") else mode
 
-    def start(self, c: Config, resolved: dict, run_dir: Path, run_id: str) -> None:
+    def start(self, c: Config, run_dir: Path, run_id: str) -> None:
         mode = self.effective_mode(c.logger.mode)
         try:
             import wandb
@@ -46,7 +45,7 @@ class WandbRun:
                                  "or run `wandb login`")
         try:
             self.run = wandb.init(project=c.logger.project, entity=c.logger.entity, mode=mode,
-                                  name=c.logger.run_name, config=resolved, id=run_id, resume="allow",
+                                  name=c.logger.run_name, config=dataclasses.asdict(c), id=run_id, resume="allow",
                                   dir=str(run_dir))
         except Exception as e:  # noqa: BLE001 - network/auth/usage errors from wandb: one line, not a traceback
             first = (str(e).strip().splitlines() or [""])[0][:200]
@@ -59,8 +58,6 @@ class WandbRun:
             self.run.log(data, step=step)
 
     def finish(self, exit_code: int = 0) -> None:
-        if self.run is not None:
-            try:
-                self.run.finish(exit_code=exit_code)
-            finally:
-                self.run = None
+        run, self.run = self.run, None  # finished once, even when finish() raises
+        if run is not None:
+            run.finish(exit_code=exit_code)

@@ -1,6 +1,7 @@
 """The loss curves of a training run (loss.png): train per log interval, train/val per eval, against step."""
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 from typing import Optional
@@ -8,18 +9,18 @@ from typing import Optional
 from common.files import atomic_write
 
 
+def _points(records: list[dict], kind: str, key: str) -> list[tuple]:
+    """(step, value) of the `kind` records whose `key` is a finite number (a NaN is skipped, not drawn)."""
+    return [(r["step"], r[key]) for r in records
+            if r.get("type") == kind and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
+
+
 def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path]:
     """Train (per log interval) and val/train (per eval) loss against step, as a PNG. None if nothing to plot."""
-    train = [(r["step"], r["loss"]) for r in records
-             if r.get("type") == "train" and isinstance(r.get("loss"), (int, float)) and math.isfinite(r["loss"])]
-    evals = [r for r in records if r.get("type") == "eval"]
-    ev_train = [(r["step"], r["train_loss"]) for r in evals
-                if isinstance(r.get("train_loss"), (int, float)) and math.isfinite(r["train_loss"])]
-    ev_val = [(r["step"], r["val_loss"]) for r in evals
-              if isinstance(r.get("val_loss"), (int, float)) and math.isfinite(r["val_loss"])]
+    train, ev_train, ev_val = (_points(records, *k) for k in (("train", "loss"), ("eval", "train_loss"),
+                                                               ("eval", "val_loss")))
     if not (train or ev_val):
         return None
-    import logging
     mpl_log = logging.getLogger("matplotlib")
     if mpl_log.getEffectiveLevel() < logging.WARNING:  # its INFO lines ("generated new fontManager") are noise
         mpl_log.setLevel(logging.WARNING)

@@ -1,0 +1,67 @@
+"""training/metrics.py: metrics.jsonl records, and RunLog's lines and summary from explicit values (no Trainer)."""
+from __future__ import annotations
+
+import json
+import math
+import types
+
+from training import metrics as mt
+from training.config import Config
+from training.device import setup_device
+from training.distributed import DistInfo
+from training.state import TrainState
+
+
+def test_metrics_records_and_plot(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    w = mt.MetricsWriter(path)
+    w.write({"type": "train", "step": 1, "loss": 3.0})
+    w.write({"type": "eval", "step": 2, "train_loss": 2.5, "val_loss": 2.6})
+    w.write({"type": "train", "step": 3, "loss": math.nan})
+    w.write({"type": "summary", "best_val_loss": 2.6})
+    w.close()
+    with open(path, "a") as f:
+        f.write('{"type": "train", "st')  # a torn line from a killed run
+    recs = mt.read_metrics(path)
+    assert [r["type"] for r in recs] == ["train", "eval", "train", "summary"]
+    assert recs[2]["loss"] == "nan"  # JSON has no NaN: written as a string
+    assert [r["step"] for r in mt.records_up_to(recs, 2)] == [1, 2]
+    from viz.loss_plot import plot_loss
+    assert plot_loss(recs, tmp_path / "loss.png").stat().st_size > 1000
+    assert plot_loss([], tmp_path / "none.png") is None
+
+
+def test_run_log_from_explicit_values(tmp_path, caplog):
+    c = Config()
+    c.train.max_iters = 4
+    run_dir, dev = tmp_path / "run", setup_device("cpu", "float32")
+    st = TrainState(tokens_per_step=c.train.batch_size * c.train.grad_accum_steps * c.model.block_size)
+    tokenizer = types.SimpleNamespace(describe=lambda: "char (65 characters)")
+    data = types.SimpleNamespace(tokenizer=tokenizer, dir=tmp_path / "cache",
+                                 token_files=lambda: ([0] * 9000, [0] * 900))  # (train, val) tokens
+    report = mt.RunLog(c.train.max_iters)
+    with caplog.at_level("INFO"):
+        report.start(c, run_dir, st, data=data, num_params=1_234_567, vocab_size=128, dev=dev, compiled=False,
+                     rt=DistInfo(), source=None, resumed_from=None, config_diff=[])
+        report.train(2, 3.5, 1e-3, 2 * st.tokens_per_step, 1.0, 1000.0, None)
+        report.eval(4, {"train": {"loss": 3.0, "bpb": None}, "val": {"loss": 3.25, "bpb": 2.0}}, 1e-3, 1000, 2.0, True)
+        st.step, st.tokens, st.best_val_loss, st.best_step = 4, 4 * st.tokens_per_step, 3.25, 4
+        report.finish("completed", st, wall=3.0, train_s=2.0, session_tokens=st.tokens, compiled=False,
+                      early_stopped=False)
+    lines = caplog.messages
+    assert lines[:2] == [f"run dir: {run_dir}", f"data: {c.data.name}, char (65 characters), 9.00K train / 900 val "
+                                                 f"tokens ({tmp_path / 'cache'})"]
+    assert lines[2].startswith("model: 1.23M parameters (") and "vocab 128" in lines[2]
+    assert lines[3] == "device: cpu (" + dev.name + "), float32, eager (no torch.compile)"
+    assert lines[4].startswith(f"global batch: {st.tokens_per_step:,} tokens per step (")
+    assert "x 1 process); 4 steps to go" in lines[4]
+    assert lines[5:7] == ["step 2/4: loss 3.5000 | lr 1.00e-03 | 1.0k tok/s",
+                          "step 4/4: train loss 3.0000, val loss 3.2500 (2.000 bpb) (best) | 1.00K tokens | 2s"]
+    assert lines[7].startswith("done: 4 steps, ") and lines[7].endswith(f"python sample.py --run {run_dir}")
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in records] == ["train", "eval", "summary"] and "mfu" not in records[0]
+    assert records[2] == {"type": "summary", "status": "completed", "step": 4, "best_step": 4, "best_val_loss": 3.25,
+                          "tokens": st.tokens, "wall_s": 3.0, "train_s": 2.0,
+                          "mean_tokens_per_s": round(st.tokens / 2.0, 1), "num_params": 1_234_567,
+                          "device": dev.name, "dtype": "float32", "compiled": False, "early_stopped": False}
+    assert (run_dir / "loss.png").is_file()
