@@ -77,9 +77,6 @@ def validate_args(args: argparse.Namespace) -> None:
                                 "pass a run directory with --run DIR")
     if args.checkpoint is not None and not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist: check the path, or use --run DIR")
-    if args.run is not None and not Path(args.run).is_dir():
-        raise FileNotFoundError(f"run directory {args.run} does not exist: "
-                                "pass a directory containing best.pt or last.pt")
     if args.init is not None and not (Path(args.init) / "config.json").is_file():
         raise FileNotFoundError(f"--init {args.init} has no config.json: pass a local Hugging Face GPT-2 directory "
                                 "(e.g. one saved with save_pretrained)")

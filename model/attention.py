@@ -31,10 +31,8 @@ class CausalSelfAttention(nn.Module):
         """x (B, T, C) -> (y (B, T, C), weights (B, nh, T, Tk) if need_weights else None). With `cache`, k/v are
         written at `input_pos` and attention runs over the cache under `mask` (Tq, Tk), True = may attend."""
         B, T, C = x.size()
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, nh, T, hs)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # each (B, nh, T, hs)
+                   for t in self.c_attn(x).split(self.n_embd, dim=2))
         if cache is not None:
             assert mask is not None and input_pos is not None, "a cached forward needs input_pos and mask"
             k, v = cache.update(self.layer_idx, input_pos, k, v)  # (B, nh, max_len, hs)

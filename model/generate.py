@@ -1,8 +1,8 @@
 """Sampling from a GPT: a ladder of small functions, each built on the one below (as gpt-fast's generate.py).
 
-    logits_to_probs -> sample -> prefill / decode_one_token -> generate_tokens (iterator) -> generate
-A full window slides by half a block, so the KV cache stays useful (cached and uncached decoding give the same
-tokens). Nothing in the decode loop waits on the device, so on CUDA the one-token step is a CUDA graph.
+    logits_to_probs -> sample -> prefill / decode_one_token -> DecodeEngine.tokens -> generate_tokens -> generate
+The engine picks how the one-token step runs (eager, a CUDA graph, torch.compile) and owns the fallback when
+capturing or compiling fails. A full window slides by half a block, so the KV cache stays useful.
 """
 from __future__ import annotations
 
@@ -77,13 +77,15 @@ def draw(probs, generator=None) -> torch.Tensor:
 
 
 def _exponential(shape, generator) -> torch.Tensor:
+    if torch.compiler.is_compiling():  # a user's Generator cannot be captured in a CUDA graph: draw eagerly
+        return torch.compiler.disable(_exponential)(shape, generator)  # (not a decorator: ~1.3 s import at start)
     # on the generator's device, so a CPU generator gives the same draws whatever the model's device
     return torch.empty(shape, device=generator.device).exponential_(1.0, generator=generator)
 
 
 def prefill(model, idx, cache, **kw) -> torch.Tensor:
     """Run the window idx (B, T) at positions 0..T-1, writing the cache; return the next token (B, 1)."""
-    logits, _ = model(idx, cache=cache, input_pos=torch.arange(idx.size(1), device=idx.device))  # (B, T, V)
+    logits, _ = model(idx, cache=cache, input_pos=torch.arange(idx.size(1), device=idx.device), last_only=True)
     return sample(logits[:, -1], **kw)
 
 
@@ -121,18 +123,91 @@ class GraphedDecode:
         return out if temperature == 0 else draw(out, generator)
 
 
-_cuda_graphs_work = True  # False once a capture has failed (warned): later generations decode eagerly
-_compiled_decode = None  # set to decode_one_token once compilation has failed
+class DecodeEngine:
+    """Runs generations: prefill, then the cached one-token step as picked here (eager decode_one_token, a
+    GraphedDecode, or decode_one_token torch.compile'd once per engine; CUDA graphs are re-recorded per new
+    cache). A failed capture or compile warns once, then this engine decodes eagerly (ENGINE: for the process)."""
+
+    def __init__(self):
+        self.cuda_graphs_work = True  # False once a capture has failed
+        self.compiled = None  # the compiled decode_one_token; decode_one_token itself once compiling failed
+
+    def pick(self, device, compile, cuda_graphs, use_kv_cache):
+        """The decode step for a generation on `device` (see generate_tokens)."""
+        if compile and device.type != "cuda":
+            warnings.warn(f"compile=True uses CUDA graphs and needs a CUDA device; running the eager cached "
+                          f"decode on {device.type}", RuntimeWarning, stacklevel=3)
+        elif compile:
+            if self.compiled is None:
+                self.compiled = torch.compile(decode_one_token, mode="reduce-overhead")
+            return self.compiled
+        elif (cuda_graphs and use_kv_cache and device.type == "cuda" and self.cuda_graphs_work
+              and not torch.is_autocast_enabled("cuda")):  # autocast's weight-cast cache outlives no graph
+            return GraphedDecode()
+        return decode_one_token
+
+    # inference_mode: no_grad minus per-op bookkeeping (~5% of a CPU step); not leaked to the caller between yields
+    @torch.inference_mode()
+    def tokens(self, model, idx, max_new_tokens, use_kv_cache, decode, kw) -> Iterator[torch.Tensor]:
+        """Yield max_new_tokens (B, 1) tokens continuing idx (B, T), decoding with `decode` (from pick)."""
+        block_size = model.config.block_size
+        keep = max(1, block_size // 2)  # tokens kept when the window slides
+        B, T0 = idx.shape
+        tokens = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)  # no per-token cat
+        tokens[:, :T0] = idx
+        n, start = T0, max(0, T0 - block_size)  # tokens so far; the window is tokens[:, start:n]
+        untried = decode is not decode_one_token  # a compiled/graphed decode's first call compiles/captures
+        # static (fixed-shape) off the CPU too, so eager runs the graph's kernels; a CPU cache reads only its prefix
+        static = untried or idx.device.type != "cpu"
+        cache = KVCache.for_model(model, B, device=idx.device, static=static) if use_kv_cache else None
+        if cache is not None and untried and decode is self.compiled:  # fixed addresses let inductor's CUDA
+            for t in (*cache.k, *cache.v):  # graphs write the cache in place; guard=False: a new cache re-records
+                torch._dynamo.mark_static_address(t, guard=False)
+        positions = torch.arange(block_size, device=idx.device)  # views of it: no host->device copy per token
+        for i in range(max_new_tokens):
+            slide = n - start > block_size  # the window cannot hold token n-1 at a known position
+            if slide:
+                start = n - keep
+            if not use_kv_cache:  # recompute the whole window
+                tok = sample(model(tokens[:, start:n], last_only=True)[0][:, -1], **kw)
+            elif i == 0 or slide:
+                tok = prefill(model, tokens[:, start:n], cache, **kw)
+            else:
+                p = n - 1 - start  # position of token n-1 in the window
+                args = (model, tokens[:, n - 1:n], positions[p:p + 1], cache)
+                tok = self._first_call(decode, args, kw) if untried else decode(*args, **kw)
+                if tok is None:  # compiling/capturing failed (warned): decode this token and the rest eagerly
+                    decode = decode_one_token
+                    tok = decode(*args, **kw)  # rewrites the cache slots the failed call may have written
+                untried = False
+            tokens[:, n] = tok[:, 0]  # copy out: a CUDA graph's output is overwritten by the next replay
+            n += 1
+            yield tokens[:, n - 1:n]
+
+    def _first_call(self, decode, args, kw):
+        """A compiled/graphed decode's first call (which compiles/captures it): its token, or None after a warning
+        if that failed; the caller then retries eagerly outside this frame, generator rewound."""
+        g = kw.get("generator")
+        state = g.get_state() if g is not None else None
+        try:
+            return decode(*args, **kw)
+        except torch.OutOfMemoryError:
+            raise  # not a compiler problem, and an eager retry needs more memory, not less
+        except Exception as e:  # noqa: BLE001 - inductor/Triton/C-compiler/capture failures take many forms
+            why = failure_reason(e)
+        if isinstance(decode, GraphedDecode):
+            msg, self.cuda_graphs_work = f"CUDA graph capture failed ({why}): decoding without CUDA graphs", False
+        else:
+            msg, self.compiled = f"torch.compile failed ({why}): decoding without compilation", decode_one_token
+        # later generations skip the compiler/capture too (warned once); stacklevel: past tokens() and
+        # inference_mode's generator wrapper, to whoever asked for the token
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        if g is not None:
+            g.set_state(state)
+        return None
 
 
-def _get_compiled_decode():
-    global _compiled_decode, _exponential  # compile once per process; CUDA graphs are re-recorded per new cache
-    if _compiled_decode is None:
-        # a user's Generator cannot be captured in a CUDA graph: draw eagerly. Wrapped here, not by a decorator:
-        # torch.compiler.disable imports torch._dynamo, ~1.3 s CPU at every start of train.py/sample.py
-        _exponential = torch.compiler.disable(_exponential)
-        _compiled_decode = torch.compile(decode_one_token, mode="reduce-overhead")
-    return _compiled_decode
+ENGINE = DecodeEngine()
 
 
 def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
@@ -150,89 +225,9 @@ def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: use a non-negative integer")
     if compile and not use_kv_cache:
         raise ValueError("compile=True needs the KV cache: drop use_kv_cache=False or compile=True")
-    decode = decode_one_token
-    if compile and idx.device.type != "cuda":
-        warnings.warn(f"compile=True uses CUDA graphs and needs a CUDA device; running the eager cached "
-                      f"decode on {idx.device.type}", RuntimeWarning, stacklevel=2)
-    elif compile:
-        decode = _get_compiled_decode()
-    elif (cuda_graphs and use_kv_cache and idx.device.type == "cuda" and _cuda_graphs_work
-          and not torch.is_autocast_enabled("cuda")):  # autocast's weight-cast cache outlives no graph
-        decode = GraphedDecode()
+    decode = ENGINE.pick(idx.device, compile, cuda_graphs, use_kv_cache)
     kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, vocab_limit=vocab_limit)
-    compiled = compile and decode is not decode_one_token
-    return _generate(model, idx.long(), max_new_tokens, use_kv_cache, decode, compiled, kw)
-
-
-# inference_mode: no_grad minus per-op bookkeeping (~5% of a CPU step); it does not leak to the caller between yields
-@torch.inference_mode()
-def _generate(model, idx, max_new_tokens, use_kv_cache, decode, compiled, kw):
-    block_size = model.config.block_size
-    keep = max(1, block_size // 2)  # tokens kept when the window slides
-    B, T0 = idx.shape
-    tokens = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)  # no per-token cat
-    tokens[:, :T0] = idx
-    n, start = T0, max(0, T0 - block_size)  # tokens so far; the window is tokens[:, start:n]
-    # static (fixed-shape) off the CPU too, so eager runs the graph's kernels; a CPU cache reads only its prefix
-    static = decode is not decode_one_token or idx.device.type != "cpu"
-    cache = _new_cache(model, B, idx.device, static, compiled) if use_kv_cache else None
-    positions = torch.arange(block_size, device=idx.device)  # views of it: no host->device copy per token
-    untried = decode is not decode_one_token  # a compiled/graphed decode's first call compiles/captures
-    for i in range(max_new_tokens):
-        slide = n - start > block_size  # the window cannot hold token n-1 at a known position
-        if slide:
-            start = n - keep
-        if not use_kv_cache:
-            logits, _ = model(tokens[:, start:n])  # (B, n-start, V): recompute the whole window
-            tok = sample(logits[:, -1], **kw)
-        elif i == 0 or slide:
-            tok = prefill(model, tokens[:, start:n], cache, **kw)
-        else:
-            p = n - 1 - start  # position of token n-1 in the window
-            args = (model, tokens[:, n - 1:n], positions[p:p + 1], cache)
-            tok = _first_call(decode, args, kw) if untried else decode(*args, **kw)
-            if tok is None:  # compiling/capturing failed (warned): decode this token and the rest eagerly
-                decode = decode_one_token
-                tok = decode(*args, **kw)  # rewrites the cache slots the failed call may have written
-            untried = False
-        tokens[:, n] = tok[:, 0]  # copy out: a CUDA graph's output is overwritten by the next replay
-        n += 1
-        yield tokens[:, n - 1:n]
-
-
-def _new_cache(model, batch_size, device, static: bool, compiled: bool) -> KVCache:
-    dtype = next(model.parameters()).dtype
-    if torch.is_autocast_enabled(device.type):  # store k/v in the dtype the attention computes in
-        dtype = torch.get_autocast_dtype(device.type)
-    cache = KVCache.for_model(model, batch_size, device=device, dtype=dtype, static=static)
-    if compiled:  # fixed addresses let inductor's CUDA graphs write the cache in place instead of copying it
-        for t in (*cache.k, *cache.v):  # guard=False (default from torch 2.10): a new cache re-records, not recompiles
-            torch._dynamo.mark_static_address(t, guard=False)
-    return cache
-
-
-def _first_call(decode, args, kw):
-    """A compiled/graphed decode's first call (which compiles/captures it): its token, or None after a warning
-    if that failed; the caller then retries eagerly outside this frame, generator rewound."""
-    global _compiled_decode, _cuda_graphs_work
-    g = kw.get("generator")
-    state = g.get_state() if g is not None else None
-    try:
-        return decode(*args, **kw)
-    except torch.OutOfMemoryError:
-        raise  # not a compiler problem, and an eager retry needs more memory, not less
-    except Exception as e:  # noqa: BLE001 - inductor/Triton/C-compiler/capture failures take many forms
-        why = failure_reason(e)
-    if isinstance(decode, GraphedDecode):
-        msg, _cuda_graphs_work = f"CUDA graph capture failed ({why}): decoding without CUDA graphs", False
-    else:
-        msg, _compiled_decode = f"torch.compile failed ({why}): decoding without compilation", decode_one_token
-    # later generations skip the compiler/capture too (warned once); stacklevel: past _generate and
-    # inference_mode's generator wrapper, to whoever asked for the token
-    warnings.warn(msg, RuntimeWarning, stacklevel=4)
-    if g is not None:
-        g.set_state(state)
-    return None
+    return ENGINE.tokens(model, idx.long(), max_new_tokens, use_kv_cache, decode, kw)
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,

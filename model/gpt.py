@@ -96,8 +96,9 @@ class GPT(nn.Module):
             raise ValueError(f"sequence length {T} exceeds block_size={self.config.block_size}: "
                              f"crop the input to its last {self.config.block_size} tokens or use a larger block_size")
 
-    def forward(self, idx, targets=None, *, cache=None, input_pos=None):
-        """idx (B, T) -> (logits (B, T, V), loss or None); targets (B, T): next ids, -1 = ignored.
+    def forward(self, idx, targets=None, *, cache=None, input_pos=None, last_only=False):
+        """idx (B, T) -> (logits (B, T, V), loss or None); targets (B, T): next ids, -1 = ignored. last_only: logits
+        (B, 1, V) of the last position, all that sampling reads (the head is the largest matmul of a prefill).
         With a KVCache, k/v are written at `input_pos` (T,), default 0..T-1; queries see cached positions <= theirs."""
         B, T = idx.size()
         self._check_length(T)
@@ -112,10 +113,11 @@ class GPT(nn.Module):
         for block in self.transformer.h:
             x, _ = block(x, cache=cache, input_pos=input_pos, mask=mask)
         x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)  # (B, T, V)
+        logits = self.lm_head(x[:, -1:] if last_only else x)  # (B, 1 or T, V)
 
         loss = None
         if targets is not None:
+            assert not last_only, "a loss needs every position's logits"
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 

@@ -1,8 +1,8 @@
 """KVCache: per-layer key/value buffers allocated once and written in place at explicit positions (gpt-fast).
 
-A static cache hands attention all max_len slots (stale ones masked): fixed shapes and addresses, what CUDA
-graphs and torch.compile need. A dynamic one hands over only the filled prefix: on CPU decoding reads memory,
-and the empty slots are bytes for nothing. One tensor per layer: torch.compile copies views of a stacked one.
+A static cache hands attention all max_len slots (stale ones masked): fixed shapes and addresses, for CUDA
+graphs and torch.compile. A dynamic one hands over only the filled prefix (CPU decoding reads memory).
+One tensor per layer: torch.compile copies views of a stacked one.
 """
 from __future__ import annotations
 
@@ -20,11 +20,13 @@ class KVCache:
     @classmethod
     def for_model(cls, model, batch_size: int, *, max_len: int | None = None, device=None,
                   dtype: torch.dtype | None = None, static: bool = True) -> "KVCache":
-        """A cache sized for `model` (max_len defaults to its block_size, the largest position it knows)."""
-        c = model.config
-        p = next(model.parameters())
+        """A cache sized for `model` (max_len defaults to its block_size, the largest position it knows), storing
+        k/v in the dtype attention computes in (dtype defaults to autocast's if on, else the weights')."""
+        c, p = model.config, next(model.parameters())
+        kind = torch.device(device or p.device).type
+        dtype = dtype or (torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else p.dtype)
         return cls(c.n_layer, batch_size, c.n_head, max_len or c.block_size, c.head_dim,
-                   device=device or p.device, dtype=dtype or p.dtype, static=static)
+                   device=device or p.device, dtype=dtype, static=static)
 
     def width(self, input_pos: torch.Tensor) -> int:
         """How many key slots queries at input_pos (T,) see: all max_len of a static cache, else the filled

@@ -249,6 +249,11 @@ def test_compile_on_cpu_falls_back_with_a_warning(tiny_gpt_config):
     assert torch.equal(out, model.generate(idx, 20, temperature=0))
 
 
+def _compiled(engine):
+    """The engine's compiled decode step, as compile=True on a CUDA device picks it (nothing runs on CUDA)."""
+    return engine.pick(torch.device("cuda"), compile=True, cuda_graphs=True, use_kv_cache=True)
+
+
 def _failing_compiled_decode(calls, exc):
     """Stands in for a compiled decode that fails after drawing random numbers and writing its cache slot
     (as a half-run graph could): the eager retry must undo both."""
@@ -263,45 +268,46 @@ def _failing_compiled_decode(calls, exc):
 
 
 @pytest.mark.parametrize("temperature, seed", [(0, None), (0.8, 5)])
-def test_failed_compile_warns_once_and_decodes_eagerly(tiny_gpt_config, monkeypatch, temperature, seed):
+def test_failed_compile_warns_once_and_decodes_eagerly(tiny_gpt_config, temperature, seed):
     """compile=True's fallback, on CPU: the compiled decode's first call fails -> one warning, that token and
     the rest decode eagerly (same tokens, same generator draws), and later generations skip the compiler."""
     from model import generate as gen
 
-    calls = []
-    monkeypatch.setattr(gen, "_compiled_decode", _failing_compiled_decode(calls, RuntimeError("no Triton\ndetails")))
+    calls, engine = [], gen.DecodeEngine()
+    engine.compiled = _failing_compiled_decode(calls, RuntimeError("no Triton\ndetails"))
     model = spiky_model(tiny_gpt_config)
     idx = torch.tensor([[1, 2, 3]])
     n = 2 * tiny_gpt_config.block_size  # the window slides: decoding resumes after re-prefills
 
-    def run(decode, static):
+    def run(decode):
         g = None if seed is None else torch.Generator().manual_seed(seed)
         kw = dict(temperature=temperature, top_k=10, top_p=0.9, generator=g)
-        return torch.cat([idx, *gen._generate(model, idx, n, True, decode, static, kw)], dim=1)
+        return torch.cat([idx, *engine.tokens(model, idx, n, True, decode, kw)], dim=1)
 
-    eager = run(gen.decode_one_token, False)
+    eager = run(gen.decode_one_token)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert torch.equal(run(gen._get_compiled_decode(), True), eager)
-        assert torch.equal(run(gen._get_compiled_decode(), True), eager)  # a later generation: no compile
+        assert torch.equal(run(_compiled(engine)), eager)
+        assert torch.equal(run(_compiled(engine)), eager)  # a later generation: no compile
     assert calls == [3]  # one try: the first decode step (position 3) of the first generation
     assert [str(w.message) for w in caught] == [
         "torch.compile failed (RuntimeError: no Triton): decoding without compilation"]
     assert caught[0].category is RuntimeWarning and caught[0].filename == __file__  # points at the caller
-    assert gen._get_compiled_decode() is gen.decode_one_token
+    assert engine.compiled is gen.decode_one_token and engine.cuda_graphs_work  # capture's state is its own
 
 
-def test_out_of_memory_in_compiled_decode_is_not_a_compile_failure(tiny_gpt_config, monkeypatch):
+def test_out_of_memory_in_compiled_decode_is_not_a_compile_failure(tiny_gpt_config):
     from model import generate as gen
 
-    monkeypatch.setattr(gen, "_compiled_decode", _failing_compiled_decode([], torch.OutOfMemoryError("OOM")))
+    engine = gen.DecodeEngine()
+    engine.compiled = _failing_compiled_decode([], torch.OutOfMemoryError("OOM"))
     model = spiky_model(tiny_gpt_config)
     kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "torch.compile failed" warning either
         with pytest.raises(torch.OutOfMemoryError):
-            list(gen._generate(model, torch.tensor([[1]]), 5, True, gen._get_compiled_decode(), True, kw))
-    assert gen._get_compiled_decode() is not gen.decode_one_token
+            list(engine.tokens(model, torch.tensor([[1]]), 5, True, _compiled(engine), kw))
+    assert engine.compiled is not gen.decode_one_token
 
 
 @pytest.mark.slow
@@ -318,41 +324,42 @@ def test_compiled_static_cache_decode_traces_once_and_matches_eager(tiny_gpt_con
     idx = torch.tensor([[1, 2, 3]])
     n = 2 * tiny_gpt_config.block_size  # long enough for the window to slide (re-prefill) twice
     kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
-    eager = torch.cat([idx, *gen._generate(model, idx, n, True, gen.decode_one_token, False, kw)], dim=1)
+    engine = gen.DecodeEngine()
+    eager = torch.cat([idx, *engine.tokens(model, idx, n, True, gen.decode_one_token, kw)], dim=1)
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
-    compiled = torch.cat([idx, *gen._generate(model, idx, n, True, gen._get_compiled_decode(), True, kw)], dim=1)
+    compiled = torch.cat([idx, *engine.tokens(model, idx, n, True, _compiled(engine), kw)], dim=1)
     assert torch.equal(compiled, eager)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
     assert not torch._dynamo.utils.counters["graph_break"]
     # with a user's Generator the draw stays eager (the one graph break, by design): same tokens as eager
     kw = dict(temperature=0.8, top_k=10, top_p=0.9)
-    eager = torch.cat([idx, *gen._generate(model, idx, n, True, gen.decode_one_token, False,
+    eager = torch.cat([idx, *engine.tokens(model, idx, n, True, gen.decode_one_token,
                                            dict(kw, generator=torch.Generator().manual_seed(5)))], dim=1)
-    compiled = torch.cat([idx, *gen._generate(model, idx, n, True, gen._get_compiled_decode(), True,
+    compiled = torch.cat([idx, *engine.tokens(model, idx, n, True, _compiled(engine),
                                               dict(kw, generator=torch.Generator().manual_seed(5)))], dim=1)
     assert torch.equal(compiled, eager)
     assert sum(torch._dynamo.utils.counters["graph_break"].values()) >= 1
-    assert gen._get_compiled_decode() is not gen.decode_one_token  # compiled for real, no silent fallback
+    assert engine.compiled is not gen.decode_one_token  # compiled for real, no silent fallback
 
 
 @pytest.mark.slow
-def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config, monkeypatch):
+def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config):
     """As on a GPU image without a C compiler: inductor really fails -> one warning and eager tokens."""
     import torch._dynamo
     import torch._inductor.config
 
     from model import generate as gen
 
-    monkeypatch.setattr(gen, "_compiled_decode", None)  # a fresh torch.compile'd decode
+    engine = gen.DecodeEngine()  # a fresh torch.compile'd decode
     model = spiky_model(tiny_gpt_config)
     idx = torch.tensor([[1, 2, 3]])
 
-    def run(decode, static):
+    def run(decode):
         kw = dict(temperature=0.8, top_k=10, top_p=None, generator=torch.Generator().manual_seed(3))
-        return torch.cat([idx, *gen._generate(model, idx, 20, True, decode, static, kw)], dim=1)
+        return torch.cat([idx, *engine.tokens(model, idx, 20, True, decode, kw)], dim=1)
 
-    eager = run(gen.decode_one_token, False)
+    eager = run(gen.decode_one_token)
     torch._dynamo.reset()
     # config.patch restores the options on exit; monkeypatch's undo deletes options that torch defines
     # lazily, which made every later compile in the session fail (an order-dependent suite)
@@ -361,10 +368,10 @@ def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config, monkeypa
             # torch 2.13 wraps the reason in InductorError, 2.7 raises it bare: the warning names it either way
             reason = r"^torch.compile failed \((InductorError: )?InvalidCxxCompiler: No working C\+\+ compiler"
             with pytest.warns(RuntimeWarning, match=reason):
-                assert torch.equal(run(gen._get_compiled_decode(), True), eager)
+                assert torch.equal(run(_compiled(engine)), eager)
     finally:
         torch._dynamo.reset()
-    assert gen._get_compiled_decode() is gen.decode_one_token
+    assert engine.compiled is gen.decode_one_token
 
 
 # ---- failure reasons (the one warning that says why compiling or capturing failed) ----------------
@@ -397,25 +404,26 @@ def test_failure_reason_finds_the_line_that_says_something():
     assert failure_reason(RuntimeError("  \n")) == "RuntimeError"
 
 
-def test_compile_fallback_warning_carries_the_reason_of_a_wrapped_failure(tiny_gpt_config, monkeypatch):
+def test_compile_fallback_warning_carries_the_reason_of_a_wrapped_failure(tiny_gpt_config):
     """As torch 2.6 reports inductor failures: the first line is only "backend='inductor' raised:"."""
     from model import generate as gen
 
     exc = BackendCompilerFailed(inductor, InductorError("InvalidCxxCompiler: No working C++ compiler found"))
-    monkeypatch.setattr(gen, "_compiled_decode", _failing_compiled_decode([], exc))
+    engine = gen.DecodeEngine()
+    engine.compiled = _failing_compiled_decode([], exc)
     model = spiky_model(tiny_gpt_config)
     kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
     with pytest.warns(RuntimeWarning, match=r"^torch.compile failed \(InductorError: .*C\+\+ compiler") as caught:
-        list(gen._generate(model, torch.tensor([[1]]), 5, True, gen._get_compiled_decode(), True, kw))
+        list(engine.tokens(model, torch.tensor([[1]]), 5, True, _compiled(engine), kw))
     assert len(caught) == 1
 
 
 # ---- CUDA graphs: the captured step, checked where it can be without a GPU -------------------------
 
-def _run(model, idx, n, decode, kw, seed=None):
+def _run(model, idx, n, decode, kw, seed=None, engine=None):
     from model import generate as gen
     kw = dict(kw, generator=None if seed is None else torch.Generator().manual_seed(seed))
-    return torch.cat([idx, *gen._generate(model, idx, n, True, decode, False, kw)], dim=1)
+    return torch.cat([idx, *(engine or gen.DecodeEngine()).tokens(model, idx, n, True, decode, kw)], dim=1)
 
 
 SAMPLINGS = [dict(temperature=0, top_k=None, top_p=None), dict(temperature=1.5, top_k=20, top_p=0.95)]
@@ -532,21 +540,21 @@ def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_
         self.fn(*self.inputs)  # as a warm-up would: writes the cache slot, draws nothing
         raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors ...")
     monkeypatch.setattr(GraphedStep, "_capture", fail)
-    monkeypatch.setattr(gen, "_cuda_graphs_work", True)
+    engine = gen.DecodeEngine()
     model = spiky_model(tiny_gpt_config)
     idx = torch.tensor([[1, 2, 3]])
     n = 2 * tiny_gpt_config.block_size
     eager = _run(model, idx, n, gen.decode_one_token, kw, seed=4)
-    compiled = gen._compiled_decode
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert torch.equal(_run(model, idx, n, gen.GraphedDecode(), kw, seed=4), eager)
+        assert torch.equal(_run(model, idx, n, gen.GraphedDecode(), kw, seed=4, engine=engine), eager)
     assert [str(w.message) for w in caught] == [
         "CUDA graph capture failed (RuntimeError: CUDA error: operation not permitted when stream is capturing): "
         "decoding without CUDA graphs"]
     assert caught[0].category is RuntimeWarning and caught[0].filename == __file__
-    assert gen._cuda_graphs_work is False  # later generations decode eagerly, without a second warning
-    assert gen._compiled_decode is compiled  # the compiler's state is its own
+    assert engine.cuda_graphs_work is False  # later generations decode eagerly, without a second warning
+    assert engine.pick(torch.device("cuda"), False, True, True) is gen.decode_one_token
+    assert engine.compiled is None  # the compiler's state is its own
 
 
 def test_cuda_graphs_are_off_the_cpu_and_optional(tiny_gpt_config):
@@ -588,4 +596,4 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
             (graphed, graphed_rate), (eager, eager_rate) = run(True, **kw), run(False, **kw)
             assert graphed == eager, kw
             assert graphed_rate > eager_rate, (graphed_rate, eager_rate)
-    assert gen._cuda_graphs_work
+    assert gen.ENGINE.cuda_graphs_work

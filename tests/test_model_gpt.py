@@ -31,6 +31,20 @@ def test_forward_shapes_and_loss(tiny_gpt_config):
                                                                          targets[:, 5:].reshape(-1)))
 
 
+def test_last_only_computes_the_head_for_the_last_position(tiny_gpt_config):
+    """What sampling reads (nanoGPT's inference forward): the last row of the full logits, nothing else."""
+    model = GPT(tiny_gpt_config).eval()
+    idx = torch.randint(0, 32, (3, 10))
+    calls = []
+    handle = model.lm_head.register_forward_hook(lambda m, inputs, out: calls.append(inputs[0].shape))
+    last, _ = model(idx, last_only=True)
+    handle.remove()
+    assert calls == [(3, 1, tiny_gpt_config.n_embd)] and last.shape == (3, 1, 32)
+    assert torch.allclose(last, model(idx)[0][:, -1:], atol=1e-6, rtol=0)
+    with pytest.raises(AssertionError, match="every position"):
+        model(idx, torch.randint(0, 32, (3, 10)), last_only=True)
+
+
 def test_sequence_longer_than_block_size_raises(tiny_gpt_config):
     model = GPT(tiny_gpt_config)
     model(torch.zeros(1, tiny_gpt_config.block_size, dtype=torch.long))  # exactly block_size is fine
