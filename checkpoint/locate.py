@@ -1,10 +1,7 @@
-"""Which checkpoint the user means, and reading it: the one reader of checkpoints (files, sharded directories'
-metadata, run directories), for the inference CLIs (sample.py, eval.py, export.py), fine-tuning and resumes.
-
-One home for the run-directory rules (inference: best.pt, else last.pt; resume: the freshest of last.pt and
-last_dcp/), the newest-run lookup under Hydra's output dirs, and loading a model for inference. Imports torch,
-model/ and checkpoint.file lazily (sample.py checks its arguments first); the caller rebuilds the tokenizer
-(data.tokenizer.tokenizer_from_dict) and checks it with `check_vocab`.
+"""Which checkpoint the user means, read by the one reader: for the inference CLIs (sample.py, eval.py, export.py),
+fine-tuning and resumes. One home for the run-directory rules (inference: best.pt, else last.pt; resume: the
+freshest of last.pt and last_dcp/) and the newest-run lookup. torch, model/ and checkpoint.file are imported
+lazily: sample.py checks its arguments first.
 """
 from __future__ import annotations
 
