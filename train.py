@@ -27,6 +27,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
+from checkpoint.locate import overwrite_refusal
 from common import run_lock
 from common.text import one_line
 from training import distributed, init_from, memory
@@ -110,10 +111,8 @@ def claim(given: str, key: str, resume: object = None) -> str | None:
         if who := run_lock.holder(up):
             return (f"{key}={given} is in use by another training run ({who}): {busy}" if up == path.resolve() else
                     f"{key}={given} is inside {up}, which another training run is using ({who}): {busy}")
-    overwrite = (f"{path} already holds last.pt from an earlier run: continue it with train.resume=true, or "
-                 f"choose another hydra.run.dir (nothing was overwritten)")
-    if resume is False and (path / "last.pt").exists():
-        return overwrite
+    if resume is False and (refusal := overwrite_refusal(path)):
+        return refusal
     parent = next(d for d in (path, *path.parents) if d.exists())
     if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
         return f"{key}={path} cannot be created: {parent} is " + (
@@ -127,7 +126,7 @@ def claim(given: str, key: str, resume: object = None) -> str | None:
         return f"{key}={given} is in use by another training run ({e}): {busy}"
     except OSError as e:
         return f"{key}={path} cannot be created: {e.strerror or e}: choose another {key}"
-    return overwrite if resume is False and (path / "last.pt").exists() else None  # one that ended meanwhile
+    return overwrite_refusal(path) if resume is False else None  # one that ended meanwhile
 
 
 class Checks(Callback):

@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import errno
 import os
-import random
 import re
 import shutil
 import warnings
 from pathlib import Path
 from pickle import UnpicklingError  # what torch.load(weights_only=True) raises on a refused object
-from typing import Any
 
-import numpy as np
 import torch
 
 from common.files import atomic_write, fsync_dir, remove_quietly, temp_path
@@ -107,8 +104,9 @@ def _not_a_checkpoint(p: Path) -> CheckpointError:
                            f"written by train.py")
 
 
-def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
-    """Load and check a tinygpt checkpoint with torch.load(weights_only=True); CheckpointError if unusable."""
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
+    """Load (onto the CPU; `mmap`: tensors paged in on use) and check a tinygpt checkpoint file with
+    torch.load(weights_only=True); CheckpointError if unusable. checkpoint.locate.read_checkpoint calls it."""
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} does not exist: check the path (a run directory holds last.pt "
@@ -121,7 +119,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     try:
         with warnings.catch_warnings():  # torch warns about pickle protocols of files it is about to refuse
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            ckpt = torch.load(p, map_location=map_location, weights_only=True)
+            ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
     except UnpicklingError as e:
         msg = str(e)
         m = re.search(r"GLOBAL ([\w.]+)", msg)
@@ -167,98 +165,9 @@ def load_checkpoint(path: str | os.PathLike, map_location: Any = "cpu") -> dict:
     return ckpt
 
 
-def clean_state_dict(sd: dict) -> dict:
-    """Strip the `_orig_mod.` / `module.` prefixes wrappers add to parameter names."""
-    out = {}
-    for k, v in sd.items():
-        while k.startswith(("_orig_mod.", "module.")):
-            k = k.split(".", 1)[1]
-        out[k] = v
-    return out
-
-
-def check_model_weights(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> dict:
-    """`state_dict` without wrapper prefixes; a one-line ValueError when its names or shapes differ from `model`'s."""
-    own = model.state_dict()
-    sd = clean_state_dict(state_dict)
-    missing = [k for k in own if k not in sd]
-    unexpected = [k for k in sd if k not in own]
-    if missing or unexpected:
-        parts = [f"missing {len(missing)} (e.g. {missing[0]})"] if missing else []
-        parts += [f"unexpected {len(unexpected)} (e.g. {unexpected[0]})"] if unexpected else []
-        raise ValueError(f"the weights in {source} do not match the model ({'; '.join(parts)}): use the model "
-                         f"settings the checkpoint was trained with")
-    for k, v in own.items():
-        if tuple(sd[k].shape) != tuple(v.shape):
-            raise ValueError(f"the weights in {source} do not match the model: {k} has shape {tuple(sd[k].shape)} "
-                             f"there but {tuple(v.shape)} here: use the model settings the checkpoint was trained with")
-    return sd
-
-
 def tokenizer_name(tok: dict) -> str:
-    """A checkpoint's "tokenizer" entry in words, for error lines: "gpt2 BPE" or "char (65 characters)"."""
+    """Format 1's "tokenizer" entry (data.tokenizer's to_dict()) in words, for the error lines of a resume and a
+    fine-tune: "gpt2 BPE" or "char (65 characters)". Here, not in data/, because checkpoint/ must not import data/."""
     if tok.get("type") == "char":
         return f"char ({len(tok.get('chars', ''))} characters)"
     return "gpt2 BPE" if tok.get("type") == "gpt2" else str(tok.get("type", "unknown"))
-
-
-def load_model_weights(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> None:
-    """load_state_dict(strict) with a one-line ValueError when names or shapes differ."""
-    model.load_state_dict(check_model_weights(model, state_dict, source), strict=True)
-
-
-def model_from_checkpoint(ckpt: dict):
-    """Rebuild the GPT a checkpoint describes (on CPU, in eval mode); ValueError if the weights do not fit."""
-    from model import GPT, GPTConfig
-    model = GPT(GPTConfig.from_dict(dict(ckpt["model_config"])))
-    load_model_weights(model, ckpt["model"])
-    return model.eval()
-
-
-def capture_rng_state() -> dict:
-    """Every RNG that can influence training, as plain containers (weights_only-loadable)."""
-    version, internal, gauss = random.getstate()
-    np_state = np.random.get_state()
-    return {
-        "python": {"version": version, "state": list(internal), "gauss": gauss},
-        "numpy": {"bit_generator": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
-                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
-    }
-
-
-def restore_rng_state(state: dict) -> None:
-    py = state["python"]
-    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
-    n = state["numpy"]
-    np.random.set_state((n["bit_generator"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
-                         n["cached_gaussian"]))
-    torch.set_rng_state(state["torch"].cpu())
-    cuda = state.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        # a different GPU count restores what lines up (exactness is only promised on the same setup)
-        for i, s in enumerate(cuda[:torch.cuda.device_count()]):
-            torch.cuda.set_rng_state(s.cpu(), i)
-
-
-_PLAIN = (torch.Tensor, int, float, str, bool, type(None))
-
-
-def find_non_plain(obj: Any, where: str = "checkpoint") -> str | None:
-    """Path of the first value that is not a plain container (None when all are plain). For tests/asserts."""
-    if isinstance(obj, _PLAIN):
-        return None
-    if isinstance(obj, dict):
-        items = obj.items()
-    elif isinstance(obj, (list, tuple)):
-        items = enumerate(obj)
-    else:
-        return f"{where} (a {type(obj).__name__})"
-    for k, v in items:
-        if not isinstance(k, (str, int)):
-            return f"{where}[{k!r}] (key of type {type(k).__name__})"
-        bad = find_non_plain(v, f"{where}[{k!r}]")
-        if bad:
-            return bad
-    return None

@@ -1,16 +1,45 @@
-"""Which checkpoint the user means, and the model in it, for the inference CLIs (sample.py, eval.py, export.py).
-
-One home for the run-directory rule (best.pt, else last.pt), the newest-run lookup under Hydra's output
-dirs, and loading a model for inference from the checkpoint alone. Imports model/ and common/ only: the
-caller rebuilds the tokenizer (data.tokenizer.tokenizer_from_dict) and checks it with `check_vocab`.
+"""Which checkpoint the user means, read by the one reader: for the inference CLIs (sample.py, eval.py, export.py),
+fine-tuning and resumes. One home for the run-directory rules (inference: best.pt, else last.pt; resume: the
+freshest of last.pt and last_dcp/) and the newest-run lookup. torch, model/ and checkpoint.file are imported
+lazily: sample.py checks its arguments first.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
+from typing import Any, Optional
 
 RUN_ROOTS = ("outputs", "multirun")          # Hydra's default output dirs, relative to the cwd
 CHECKPOINT_NAMES = ("best.pt", "last.pt")     # in order of preference
+DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
+LAST_DCP = "last_dcp"
+BEST_DCP = "best_dcp"
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / ".metadata").is_file() and (p / DCP_META).is_file()
+
+
+def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bool = False,
+                    mmap: bool = False) -> tuple[Path, dict]:
+    """(its path, the checkpoint) that `path` names, loaded with weights_only and checked (one-line
+    CheckpointError): a checkpoint file, or a sharded directory (its metadata: no weights) unless `model`;
+    with `run_dir`, a run directory's best.pt, else last.pt (FileNotFoundError when it has neither). `model`:
+    it must hold model weights and a tokenizer (inference, fine-tuning). `mmap`: tensors paged in on use."""
+    from checkpoint.file import CheckpointError, load_checkpoint
+    p = Path(os.path.expanduser(str(path)))
+    if run_dir and p.is_dir():
+        p = checkpoint_in_run(p)
+    ckpt = load_checkpoint(p / DCP_META if not model and is_sharded_checkpoint(p) else p, mmap=mmap)
+    if model and ckpt.get("model") is None:
+        raise CheckpointError(f"checkpoint {p} holds no model weights (a sharded checkpoint's metadata?): use the "
+                              "run's last.pt or best.pt")
+    if model and not isinstance(ckpt.get("tokenizer"), dict):
+        raise CheckpointError(f"checkpoint {p} has no tokenizer: it was not written by train.py; use a last.pt or "
+                              "best.pt from a training run")
+    return p, ckpt
 
 
 def add_checkpoint_options(parser, required: bool = False):
@@ -56,22 +85,71 @@ def resolve_checkpoint(run=None, checkpoint=None, other: str = "--init HF_DIR") 
     return path
 
 
+def model_from_checkpoint(ckpt: dict, source: Any = "the checkpoint"):
+    """The GPT a checkpoint describes (on CPU, float32, in eval mode); ValueError if the weights do not fit."""
+    from model import GPT, GPTConfig
+    from model.weights import model_with_weights
+    return model_with_weights(GPT, GPTConfig.from_dict(dict(ckpt["model_config"])), ckpt["model"], source).eval()
+
+
 def load_for_inference(path, device="cpu"):
     """(float32 model in eval mode on `device`, tokenizer dict, checkpoint dict) from a tinygpt checkpoint
     (weights_only). Works for FSDP runs too: their last.pt/best.pt hold the complete weights."""
-    from checkpoint.file import load_checkpoint, model_from_checkpoint
-    ckpt = load_checkpoint(path, map_location="cpu")
-    if ckpt.get("model") is None:
-        raise ValueError(f"checkpoint {path} holds no model weights (a sharded checkpoint's metadata?): use the "
-                         "run's last.pt or best.pt")
+    _, ckpt = read_checkpoint(path, model=True)
     try:
         model = model_from_checkpoint(ckpt)
     except ValueError as e:  # bad model_config, or weights that do not fit it: say which file
         raise ValueError(f"checkpoint {path}: {e}") from None
-    if "tokenizer" not in ckpt:
-        raise ValueError(f"checkpoint {path} has no tokenizer: it was not written by train.py; "
-                         "use a last.pt or best.pt from a training run")
-    return model.to(device).eval(), ckpt["tokenizer"], ckpt
+    return model.to(device), ckpt["tokenizer"], ckpt
+
+
+def resume_checkpoint(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[Path, dict]]:
+    """What `train.resume` names, read: (last.pt or a sharded directory, the checkpoint; a sharded one's metadata),
+    or None (no resume). true: the run dir's freshest resumable checkpoint (last.pt with optimizer state vs
+    last_dcp/, by step; an FSDP run's last.pt is a weights-only export, so last_dcp/ wins there). A path: a
+    file, a sharded directory, or a run directory."""
+    from checkpoint.file import CheckpointError
+    if spec is False or spec is None:
+        return None
+    d = Path(run_dir) if spec is True else Path(os.path.expanduser(str(spec)))
+    last, shard = d / "last.pt", d / LAST_DCP
+    if (spec is not True and not d.is_dir()) or is_sharded_checkpoint(d):
+        path = d
+    elif is_sharded_checkpoint(shard):
+        file_step = _step(last, resumable=True) if last.is_file() else -1
+        path = last if file_step >= 0 and file_step >= _step(shard) else shard
+    elif last.is_file():
+        path = last
+    elif spec is True:
+        raise ValueError(f"train.resume=true but {d} has no last.pt (every run gets a new directory): pass the "
+                         f"earlier run's directory with hydra.run.dir=<run dir> train.resume=true, or give "
+                         f"train.resume=<path to last.pt>")
+    else:
+        raise CheckpointError(f"{d} is a directory without last.pt or last_dcp/: point at a run directory that "
+                              f"has one, or at a checkpoint file")
+    path, ckpt = read_checkpoint(path)
+    if ckpt.get("optimizer") is None and ckpt.get("sharded") and not is_sharded_checkpoint(path):
+        raise ValueError(f"{path} is the weights-only export of an FSDP run: resume from its sharded "
+                         f"checkpoint with train.resume={path.parent / LAST_DCP}")
+    return path, ckpt
+
+
+def _step(path: Path, resumable: bool = False) -> int:
+    """A checkpoint's step; -1 when unreadable, or not `resumable` for want of optimizer state (mmap: the weights
+    stay on disk)."""
+    try:
+        ckpt = read_checkpoint(path, mmap=True)[1]
+        return -1 if resumable and ckpt.get("optimizer") is None else int(ckpt.get("step", -1))
+    except (ValueError, TypeError, OSError):
+        return -1
+
+
+def overwrite_refusal(run_dir: str | os.PathLike) -> Optional[str]:
+    """Why a new run (train.resume=false) must not start in `run_dir`: it holds an earlier run's last.pt."""
+    if (Path(run_dir) / "last.pt").exists():
+        return (f"{run_dir} already holds last.pt from an earlier run: continue it with train.resume=true, or "
+                f"choose another hydra.run.dir (nothing was overwritten)")
+    return None
 
 
 def check_vocab(tokenizer_vocab_size: int, model) -> None:

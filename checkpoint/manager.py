@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint import sharded
-from checkpoint.file import FORMAT, VERSION, clean_state_dict, link_checkpoint, load_checkpoint, load_model_weights, \
-    remove_stale_temp_files, save_checkpoint, tokenizer_name
+from checkpoint.file import FORMAT, VERSION, link_checkpoint, remove_stale_temp_files, save_checkpoint, tokenizer_name
+from checkpoint.locate import BEST_DCP, LAST_DCP, is_sharded_checkpoint, overwrite_refusal, resume_checkpoint
+from model.weights import check_weights, clean_state_dict
 
 TOP_LEVEL = ("train_state", "rng")  # parts whose state_dicts are spread over the top level (format 1 has them there)
 _DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile", "train.parallel", "logger.")
@@ -37,10 +38,9 @@ class CheckpointManager:
     def resume(self, spec: Any) -> Optional[int]:
         """Load what `train.resume` names (False; True: this run dir; a file, sharded dir or run dir) into
         the states. Returns the checkpoint's step, or None when the run starts afresh."""
-        last, fresh = self.run_dir / "last.pt", spec is False or spec is None
-        if fresh and last.exists():
-            raise ValueError(f"{self.run_dir} already holds last.pt from an earlier run: continue it with "
-                             f"train.resume=true, or choose another hydra.run.dir (nothing was overwritten)")
+        fresh = spec is False or spec is None
+        if fresh and (refusal := overwrite_refusal(self.run_dir)):
+            raise ValueError(refusal)
         if sharded.is_main_rank() and self.run_dir.is_dir():
             remove_stale_temp_files(self.run_dir)  # of saves a kill cut short
             if not fresh:
@@ -48,17 +48,9 @@ class CheckpointManager:
         if fresh:
             return None
         sharded.barrier(self.group)
-        kind, path = sharded.resume_source(spec, self.run_dir)  # last.pt or last_dcp/, whichever is newer
-        if spec is True and kind == "file" and not last.is_file():
-            raise ValueError(f"train.resume=true but {self.run_dir} has no last.pt (every run gets a new "
-                             f"directory): pass the earlier run's directory with hydra.run.dir=<run dir> "
-                             f"train.resume=true, or give train.resume=<path to last.pt>")
-        ckpt = sharded.read_sharded_meta(path) if kind == "sharded" else load_checkpoint(path)
-        if kind == "file" and ckpt.get("optimizer") is None and ckpt.get("sharded"):
-            raise ValueError(f"{path} is the weights-only export of an FSDP run: resume from its sharded "
-                             f"checkpoint with train.resume={path.parent / sharded.LAST_DCP}")
+        path, ckpt = resume_checkpoint(spec, self.run_dir)  # last.pt or last_dcp/, whichever is newer
         self._check_fits(ckpt, path)
-        if kind == "sharded":  # DCP: weights + optimizer, resharded onto this world size
+        if is_sharded_checkpoint(path):  # DCP: weights + optimizer, resharded onto this world size
             sharded.load_sharded(path, self.states["model"], self.states["optimizer"])
         else:
             self._load_file_weights(ckpt, path)
@@ -95,7 +87,10 @@ class CheckpointManager:
         model, optimizer = self.states["model"], self.states["optimizer"]
         if ckpt.get("optimizer") is None:
             raise ValueError(f"checkpoint {path} has no optimizer state, so it cannot be resumed: start a new run")
-        (sharded.load_full_model_state if self.sharded else load_model_weights)(model, ckpt["model"], str(path))
+        if self.sharded:
+            sharded.load_full_model_state(model, ckpt["model"], str(path))
+        else:
+            model.load_state_dict(check_weights(model, ckpt["model"], str(path)))
         try:
             if self.sharded:
                 sharded.load_full_optimizer_state(model, optimizer, ckpt["optimizer"])
@@ -119,8 +114,8 @@ class CheckpointManager:
         last = self.run_dir / "last.pt"
         if self.sharded:  # the resumable checkpoint is the DCP one; last.pt holds the weights for sample.py
             state["sharded"] = True
-            sharded.save_sharded(self.run_dir / sharded.LAST_DCP, model, optimizer, state, group=self.group,
-                                 best_path=self.run_dir / sharded.BEST_DCP if best else None)
+            sharded.save_sharded(self.run_dir / LAST_DCP, model, optimizer, state, group=self.group,
+                                 best_path=self.run_dir / BEST_DCP if best else None)
             state["model"] = sharded.full_model_state_dict(model)  # gathered on rank 0's CPU
         elif sharded.is_main_rank():
             state["model"] = clean_state_dict(model.state_dict())

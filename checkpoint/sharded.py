@@ -17,14 +17,12 @@ from typing import Any, Callable, Optional
 import torch
 import torch.distributed as dist
 
-from checkpoint.file import (CheckpointError, _save_error, check_model_weights, clean_state_dict, load_checkpoint,
-                             save_checkpoint)
+from checkpoint.file import CheckpointError, _save_error, save_checkpoint
+from checkpoint.locate import BEST_DCP, DCP_META, LAST_DCP, is_sharded_checkpoint, read_checkpoint
 from common.files import replace_dir
 from common.text import one_line
+from model.weights import check_weights, clean_state_dict
 
-DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
-LAST_DCP = "last_dcp"
-BEST_DCP = "best_dcp"
 _GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dcp/ or best_dcp/"
 
 
@@ -40,11 +38,6 @@ def barrier(group: Any = None) -> None:
     """All ranks meet (a no-op without a process group); `group`: the run's CPU control group."""
     if _distributed():
         dist.barrier(group=group)
-
-
-def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
-    p = Path(path)
-    return p.is_dir() and (p / ".metadata").is_file() and (p / DCP_META).is_file()
 
 
 @contextlib.contextmanager
@@ -117,14 +110,6 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
     return path
 
 
-def read_sharded_meta(path: str | os.PathLike) -> dict:
-    """The plain metadata of a sharded checkpoint directory (a tinygpt checkpoint dict without tensors)."""
-    p = Path(path)
-    if not is_sharded_checkpoint(p):
-        raise CheckpointError(f"{p} is not a sharded tinygpt checkpoint (no .metadata and {DCP_META}): {_GIVE_SHARDED}")
-    return load_checkpoint(p / DCP_META)
-
-
 def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer) -> None:
     """Load a DCP checkpoint into `model` and `optimizer` in their current layout (FSDP shards of any
     world size, DDP or a plain module: DCP reshards). Collective when distributed."""
@@ -152,7 +137,7 @@ def full_model_state_dict(model: torch.nn.Module) -> dict:
 def load_full_model_state(model: torch.nn.Module, state_dict: dict, source: str = "the checkpoint") -> None:
     """Complete (single-file) weights into an FSDP-sharded model: each rank keeps its shards."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    sd = check_model_weights(model, state_dict, source)
+    sd = check_weights(model, state_dict, source)
     set_model_state_dict(model, sd, options=StateDictOptions(full_state_dict=True))
 
 
@@ -166,40 +151,6 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict) ->
     set_optimizer_state_dict(model, optimizer, fqn_state, options=StateDictOptions(full_state_dict=True))
 
 
-def resume_source(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[str, Path]]:
-    """`train.resume` -> ("file", last.pt) | ("sharded", dir) | None (no resume). true: the run dir's freshest
-    resumable checkpoint (last.pt with optimizer state vs last_dcp/, by step; an FSDP run's last.pt is a
-    weights-only export, so last_dcp/ wins there). A path: a file, a sharded directory, or a run directory."""
-    if spec is False or spec is None:
-        return None
-    d = Path(run_dir) if spec is True else Path(os.path.expanduser(str(spec)))
-    if spec is not True and not d.is_dir():
-        return ("file", d)
-    if is_sharded_checkpoint(d):
-        return ("sharded", d)
-    last, shard = d / "last.pt", d / LAST_DCP
-    has_shard = is_sharded_checkpoint(shard)
-    if not last.is_file() and not has_shard:
-        if spec is True:
-            return ("file", last)  # the manager explains what to do
-        raise CheckpointError(f"{d} is a directory without last.pt or last_dcp/: point at a run directory that "
-                              f"has one, or at a checkpoint file")
-    if not has_shard:
-        return ("file", last)
-    if not last.is_file():
-        return ("sharded", shard)
-    try:
-        file_meta = torch.load(last, map_location="cpu", weights_only=True, mmap=True)
-        file_ok, file_step = file_meta.get("optimizer") is not None, int(file_meta.get("step", -1))
-    except Exception:  # noqa: BLE001 - an unreadable last.pt: the sharded one is the way on
-        return ("sharded", shard)
-    try:
-        shard_step = int(read_sharded_meta(shard).get("step", -1))
-    except (ValueError, OSError):
-        return ("file", last)
-    return ("file", last) if file_ok and file_step >= shard_step else ("sharded", shard)
-
-
 def _export_source(src: Path) -> Path:
     """The sharded directory `export SRC` reads: SRC itself or SRC/last_dcp; else a one-line CheckpointError
     saying what SRC is (missing, a file, a run without sharded checkpoints) and what to give instead."""
@@ -211,12 +162,15 @@ def _export_source(src: Path) -> Path:
     if is_sharded_checkpoint(src):
         return src
     if (src / LAST_DCP).exists():
-        return src / LAST_DCP  # read_sharded_meta says so if it is incomplete
-    if (src / "last.pt").is_file():
+        src = src / LAST_DCP  # said below if incomplete
+    elif (src / "last.pt").is_file():
         raise CheckpointError(f"{src} has no {LAST_DCP}/, so there is nothing to export: only FSDP runs "
                               f"(train.parallel=fsdp) write sharded checkpoints; its last.pt is already a "
                               f"single-file checkpoint (use it as it is)")
-    return src  # not a checkpoint of any kind: read_sharded_meta says so
+    if not is_sharded_checkpoint(src):
+        raise CheckpointError(f"{src} is not a sharded tinygpt checkpoint (no .metadata and {DCP_META}): "
+                              f"{_GIVE_SHARDED}")
+    return src
 
 
 def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None,
@@ -225,7 +179,7 @@ def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None,
     `make_optimizer(model, optim_config)` builds the run's optimizer, so the state has the layout a resume expects."""
     from model import GPT, GPTConfig
     shard = _export_source(Path(src))
-    meta = read_sharded_meta(shard)
+    meta = read_checkpoint(shard)[1]
     out = Path(out) if out is not None else shard.parent / f"{shard.name.removesuffix('_dcp')}_full.pt"
     model = GPT(GPTConfig.from_dict(dict(meta["model_config"])))
     optimizer = make_optimizer(model, (meta.get("config") or {}).get("optim") or {})

@@ -16,6 +16,7 @@ from model import generate as _gen
 from model import hf
 from model.attention import CausalSelfAttention
 from model.config import GPTConfig
+from model.weights import model_with_weights
 
 
 class MLP(nn.Module):
@@ -147,10 +148,4 @@ class GPT(nn.Module):
     def from_pretrained(cls, path) -> "GPT":
         """A local Hugging Face GPT-2 directory (config.json + weights, 124M to 1.5B) as a GPT in eval mode."""
         config, sd = hf.read_pretrained(path)
-        with torch.device("meta"):  # shapes only: the checkpoint provides every value
-            model = cls(config)
-        hf.check_weights(sd, model.state_dict(), path)
-        model.load_state_dict(sd, assign=True)
-        if config.tie_weights:  # assign=True replaced the shared Parameter with two tensors: tie them again
-            model.lm_head.weight = model.transformer.wte.weight
-        return model.eval()
+        return model_with_weights(cls, config, sd, path).eval()

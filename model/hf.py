@@ -14,6 +14,7 @@ from model.config import GPTConfig
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # names HF uses for the same tanh formula
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def config_from_hf(hf: dict) -> GPTConfig:
@@ -57,13 +58,12 @@ def _load_file(path: Path) -> dict:
 
 def load_hf_state_dict(path: Path) -> dict:
     """The raw tensors of a HF checkpoint dir: safetensors first, then pytorch_model.bin, sharded or not."""
-    for name in ("model.safetensors", "pytorch_model.bin"):
+    for name in WEIGHT_FILES:  # in order of preference
+        if (path / name).is_file() and name.endswith(".index.json"):
+            shards = sorted(set(json.loads((path / name).read_text())["weight_map"].values()))
+            return {k: t for shard in shards for k, t in _load_file(path / shard).items()}
         if (path / name).is_file():
             return _load_file(path / name)
-        index = path / f"{name}.index.json"
-        if index.is_file():
-            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-            return {k: t for shard in shards for k, t in _load_file(path / shard).items()}
     raise FileNotFoundError(f"no weights in {path}: expected model.safetensors or pytorch_model.bin "
                             "(e.g. `hf download gpt2 --local-dir <dir>`)")
 
@@ -84,8 +84,9 @@ def convert_hf_state_dict(sd: dict, config: GPTConfig) -> dict:
     return out
 
 
-def read_pretrained(path) -> tuple[GPTConfig, dict]:
-    """(our config, the weights in our names and layouts) of a local Hugging Face GPT-2 directory."""
+def read_config(path) -> GPTConfig:
+    """Our config for a local Hugging Face GPT-2 directory: FileNotFoundError without config.json (or without
+    weights), ValueError (one line) for one tinygpt cannot load."""
     path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}/config.json not found: point from_pretrained at a local HF GPT-2 "
@@ -94,18 +95,15 @@ def read_pretrained(path) -> tuple[GPTConfig, dict]:
         hf_config = json.loads((path / "config.json").read_text())
     except json.JSONDecodeError as e:
         raise ValueError(f"{path}/config.json is not valid JSON ({e.msg} at line {e.lineno}): re-download it") from None
-    config = config_from_hf(hf_config)
-    return config, convert_hf_state_dict(load_hf_state_dict(path), config)
+    if not isinstance(hf_config, dict):
+        raise ValueError(f"{path}/config.json holds no JSON object: re-download it")
+    return config_from_hf(hf_config)
 
 
-def check_weights(sd: dict, expected: dict, path) -> None:
-    """ValueError unless `sd` has exactly the tensors `expected` (a model's state_dict) has, in its shapes."""
-    missing = sorted(k for k in expected if sd.get(k) is None)
-    unexpected = sorted(set(sd) - set(expected))
-    wrong = sorted(k for k in expected if sd.get(k) is not None and sd[k].shape != expected[k].shape)
-    if missing or unexpected or wrong:
-        raise ValueError(f"weights in {path} do not match config.json: missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]}, wrong shape {wrong[:3]}")
+def read_pretrained(path) -> tuple[GPTConfig, dict]:
+    """(our config, the weights in our names and layouts) of a local Hugging Face GPT-2 directory."""
+    config = read_config(path)
+    return config, convert_hf_state_dict(load_hf_state_dict(Path(path).expanduser()), config)
 
 
 def hf_config(config: GPTConfig, vocab_size: int) -> dict:

@@ -1,4 +1,4 @@
-"""Small helpers shared by the tests: the repo path and a subprocess runner for the CLIs."""
+"""Small helpers shared by the tests: the repo path, a subprocess runner for the CLIs, tiny models, plainness."""
 from __future__ import annotations
 
 import os
@@ -56,3 +56,23 @@ def train_steps(m, opt, n, seed=2):
         opt.zero_grad(set_to_none=True)
         out.append(loss.item())
     return out
+
+
+def find_non_plain(obj, where: str = "checkpoint") -> str | None:
+    """Path of the first value in a checkpoint that is not a plain container (None when all are plain)."""
+    import torch
+    if isinstance(obj, (torch.Tensor, int, float, str, bool, type(None))):
+        return None
+    if isinstance(obj, dict):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    else:
+        return f"{where} (a {type(obj).__name__})"
+    for k, v in items:
+        if not isinstance(k, (str, int)):
+            return f"{where}[{k!r}] (key of type {type(k).__name__})"
+        bad = find_non_plain(v, f"{where}[{k!r}]")
+        if bad:
+            return bad
+    return None

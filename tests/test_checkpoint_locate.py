@@ -1,4 +1,5 @@
-"""checkpoint.locate: which checkpoint a run directory or the newest run means, and loading it for inference.
+"""checkpoint.locate: which checkpoint a path, a run directory, the newest run or train.resume means, reading it,
+and loading it for inference.
 
 `save_run` (a tinygpt checkpoint in the real format, as train.py writes it), `tiny_model` and
 `assert_one_error` (a CLI's one-line error) are shared with test_export and test_eval.
@@ -12,9 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from checkpoint.file import save_checkpoint
+from checkpoint import sharded as S
+from checkpoint.file import CheckpointError, save_checkpoint
 from checkpoint.locate import (check_vocab, checkpoint_in_run, find_newest_checkpoint, load_for_inference,
-                               resolve_checkpoint)
+                               model_from_checkpoint, overwrite_refusal, read_checkpoint, resolve_checkpoint,
+                               resume_checkpoint)
+from tests.helpers import tiny_model_and_opt, train_steps
 
 
 def randomize(model, seed: int = 0):
@@ -126,3 +130,65 @@ def test_load_for_inference_errors(tmp_path):
             load_for_inference(tmp_path / "bad.pt")
     with pytest.raises(ValueError, match="does not exist"):
         load_for_inference(tmp_path / "missing.pt")
+
+
+def test_model_from_checkpoint_fits_or_says_why_in_one_line():
+    model = tiny_model(8)
+    ckpt = {"model": {f"_orig_mod.{k}": v for k, v in model.state_dict().items()},  # torch.compile's prefixes
+            "model_config": model.config.to_dict()}
+    rebuilt = model_from_checkpoint(ckpt)
+    assert not rebuilt.training and torch.equal(rebuilt.lm_head.weight, model.lm_head.weight)
+    ckpt["model_config"]["n_embd"] = 32
+    with pytest.raises(ValueError, match="the weights in the checkpoint do not match the model") as info:
+        model_from_checkpoint(ckpt)
+    assert "\n" not in str(info.value)
+
+
+def test_read_checkpoint_run_dir_rule_and_model(tmp_path):
+    from data.tokenizer import CharTokenizer
+    model, tok = tiny_model(8), CharTokenizer("abcdefgh")
+    last = save_run(tmp_path, model, tok, name="last.pt")
+    assert read_checkpoint(tmp_path, run_dir=True, model=True)[0] == last
+    best = save_run(tmp_path, model, tok, name="best.pt")
+    assert read_checkpoint(tmp_path, run_dir=True, model=True)[0] == best
+    with pytest.raises(CheckpointError, match="is a directory, not a checkpoint file"):
+        read_checkpoint(tmp_path, model=True)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no best.pt or last.pt"):
+        read_checkpoint(tmp_path / "sub", run_dir=True, model=True)
+
+
+def test_resume_checkpoint_picks_the_freshest_resumable_one(tmp_path):
+    """true: last.pt with optimizer state vs last_dcp/, by step (an FSDP export, no optimizer, loses)."""
+    m, opt = tiny_model_and_opt()
+    train_steps(m, opt, 2, seed=1)
+    meta = {"format": "tinygpt", "version": 1, "model": None, "optimizer": None, "step": 2,
+            "model_config": m.config.to_dict(), "config": {}, "sharded": True}
+    run = tmp_path / "run"
+    S.save_sharded(run / S.LAST_DCP, m, opt, meta)
+    assert resume_checkpoint(True, run) == (run / S.LAST_DCP, meta)
+    save_checkpoint({**meta, "model": m.state_dict(), "optimizer": None}, run / "last.pt")
+    assert resume_checkpoint(True, run)[0] == run / S.LAST_DCP
+    with pytest.raises(ValueError, match=r"last.pt is the weights-only export of an FSDP run: resume from its "
+                                         r"sharded checkpoint with train.resume=.*last_dcp$"):
+        resume_checkpoint(str(run / "last.pt"), tmp_path)
+    (run / "last.pt").write_bytes(b"torn")  # unreadable: the sharded one is the way on
+    assert resume_checkpoint(True, run)[0] == run / S.LAST_DCP
+    save_checkpoint({**meta, "model": m.state_dict(), "optimizer": opt.state_dict(), "step": 4}, run / "last.pt")
+    assert resume_checkpoint(True, run)[0] == run / "last.pt"  # a later, complete single file wins
+    assert resume_checkpoint(str(run), tmp_path)[0] == run / "last.pt"
+    assert resume_checkpoint(str(run / S.LAST_DCP), tmp_path)[0] == run / S.LAST_DCP
+    assert resume_checkpoint(False, run) is None and resume_checkpoint(None, run) is None
+    with pytest.raises(ValueError, match=r"train.resume=true but .*empty has no last.pt"):
+        resume_checkpoint(True, tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="is a directory without last.pt or last_dcp/"):
+        resume_checkpoint(str(tmp_path / "empty"), run)
+
+
+def test_overwrite_refusal(tmp_path):
+    assert overwrite_refusal(tmp_path) is None
+    (tmp_path / "last.pt").write_bytes(b"x")
+    assert overwrite_refusal(tmp_path) == (f"{tmp_path} already holds last.pt from an earlier run: continue it with "
+                                           f"train.resume=true, or choose another hydra.run.dir (nothing was "
+                                           f"overwritten)")

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from checkpoint import file as ck
 from checkpoint import sharded as S
 from checkpoint.manager import CheckpointManager
-from tests.helpers import REPO, train_steps
+from tests.helpers import REPO, find_non_plain, train_steps
 from training import distributed as D
 from training import loop as loop_mod
 from training.config import register_configs
@@ -71,7 +71,7 @@ def test_a_checkpoint_in_the_old_layout_resumes_exactly(tmp_path, tiny_corpus, m
     assert new["loss_window"]["first_step"] == 2 and len(new["loss_window"]["losses"]) == 1
     assert set(new["rng"]) == {"python", "numpy", "torch", "cuda"} and set(new["optimizer"]) == {"state",
                                                                                                 "param_groups"}
-    assert ck.find_non_plain(new) is None
+    assert find_non_plain(new) is None
 
     old = tmp_path / "old"  # the same state, laid out by hand as the old writer did, read with no manager
     old.mkdir()

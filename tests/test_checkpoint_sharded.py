@@ -1,17 +1,18 @@
-"""checkpoint/sharded.py: DCP save/load without a process group, the resume-source rule, recovery of an
-interrupted directory swap, and the offline export (`python -m training.distributed export`)."""
+"""checkpoint/sharded.py: DCP save/load without a process group, recovery of an interrupted directory swap,
+and the offline export (`python -m training.distributed export`)."""
 from __future__ import annotations
 
 import os
 
 from checkpoint import file as ck
 from checkpoint import sharded as S
-from tests.helpers import tiny_model_and_opt, train_steps
+from checkpoint.locate import model_from_checkpoint, read_checkpoint
+from tests.helpers import find_non_plain, tiny_model_and_opt, train_steps
 from training import distributed as D
 
 
 def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
-    """DCP save/load without a process group, the resume-source rule, and the offline export CLI."""
+    """DCP save/load without a process group, and the offline export CLI."""
     m, opt = tiny_model_and_opt()
     train_steps(m, opt, 2, seed=1)
     meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "optimizer": None, "step": 2,
@@ -19,28 +20,18 @@ def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     run = tmp_path / "run"
     S.save_sharded(run / S.LAST_DCP, m, opt, meta, best_path=run / S.BEST_DCP)
     assert S.is_sharded_checkpoint(run / S.LAST_DCP) and S.is_sharded_checkpoint(run / S.BEST_DCP)
-    assert S.read_sharded_meta(run / S.LAST_DCP)["step"] == 2
+    assert read_checkpoint(run / S.LAST_DCP) == (run / S.LAST_DCP, meta)
     expected = train_steps(m, opt, 2, seed=2)
 
     m2, opt2 = tiny_model_and_opt(seed=9)
     S.load_sharded(run / S.LAST_DCP, m2, opt2)
     assert train_steps(m2, opt2, 2, seed=2) == expected  # model and optimizer state: bitwise
 
-    # resume=true picks the freshest resumable checkpoint: an FSDP export (no optimizer) loses to last_dcp
-    assert S.resume_source(True, run) == ("sharded", run / S.LAST_DCP)
-    ck.save_checkpoint({**meta, "model": m.state_dict(), "optimizer": None}, run / "last.pt")
-    assert S.resume_source(True, run) == ("sharded", run / S.LAST_DCP)
-    ck.save_checkpoint({**meta, "model": m.state_dict(), "optimizer": opt.state_dict(), "step": 4},
-                       run / "last.pt")
-    assert S.resume_source(True, run) == ("file", run / "last.pt")  # a later, complete single file wins
-    assert S.resume_source(str(run / S.LAST_DCP), tmp_path) == ("sharded", run / S.LAST_DCP)
-    assert S.resume_source(False, run) is None
-
     # python -m training.distributed export
     assert D.main(["export", str(run / S.BEST_DCP), "-o", str(tmp_path / "f.pt")]) == 0
     full = ck.load_checkpoint(tmp_path / "f.pt")
-    assert full["step"] == 2 and full["optimizer"] is not None and ck.find_non_plain(full) is None
-    m3 = ck.model_from_checkpoint(full).train()  # what sample.py does
+    assert full["step"] == 2 and full["optimizer"] is not None and find_non_plain(full) is None
+    m3 = model_from_checkpoint(full).train()  # what sample.py does
     from training.optim import build_optimizer
     opt3 = build_optimizer(m3, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     opt3.load_state_dict(full["optimizer"])
@@ -48,7 +39,7 @@ def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     capsys.readouterr()
     ddp_run = tmp_path / "ddp"  # a run without sharded checkpoints: its last.pt is already one file
     ddp_run.mkdir()
-    (ddp_run / "last.pt").write_bytes((run / "last.pt").read_bytes())
+    (ddp_run / "last.pt").write_bytes((tmp_path / "f.pt").read_bytes())
     for src, why in ((tmp_path, "is not a sharded tinygpt checkpoint"), (tmp_path / "nope", "does not exist"),
                      (ddp_run, "has no last_dcp/, so there is nothing to export"),
                      (ddp_run / "last.pt", "is a file, but export reads a sharded checkpoint directory")):

@@ -28,8 +28,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO, run_cli, tiny_model_and_opt, train_steps
+from tests.helpers import REPO, find_non_plain, run_cli, tiny_model_and_opt, train_steps
 from checkpoint import file as ck
+from checkpoint import locate as L
 from checkpoint import sharded as S
 from training import distributed as D
 from training import state as TS
@@ -248,7 +249,7 @@ def test_ddp_two_processes_match_one_process_with_accumulation(dist_runs):
     _assert_close_losses(_evals(ref), _evals(ddp), [4])  # eval split over ranks == one process
     a, b = ck.load_checkpoint(ref / "last.pt"), ck.load_checkpoint(ddp / "last.pt")
     _assert_close_weights(a["model"], b["model"])
-    assert ck.find_non_plain(b) is None and len(b["rng_ranks"]) == 2
+    assert find_non_plain(b) is None and len(b["rng_ranks"]) == 2
     assert b["loader"] == {"step": 4, "micro": 0}
     assert len(dist_runs["ddp_dirs"]) == 1, dist_runs["ddp_dirs"]  # one run dir (rank 0's), none per rank
     assert {p.name for p in ddp.iterdir()} >= {"last.pt", "best.pt", "metrics.jsonl", "loss.png", "train.log",
@@ -275,8 +276,8 @@ def test_fsdp_matches_ddp(dist_runs):
     assert S.is_sharded_checkpoint(fsdp / S.LAST_DCP) and S.is_sharded_checkpoint(fsdp / S.BEST_DCP)
     export = ck.load_checkpoint(fsdp / "last.pt")  # the single-file export sample.py reads
     assert export["optimizer"] is None and export["step"] == 4
-    assert S.read_sharded_meta(fsdp / S.LAST_DCP)["tokens"] == export["tokens"] == 4 * 128  # 4 x 2 ranks x 16
-    model = ck.model_from_checkpoint(export)
+    assert L.read_checkpoint(fsdp / S.LAST_DCP)[1]["tokens"] == export["tokens"] == 4 * 128  # 4 x 2 ranks x 16
+    model = L.model_from_checkpoint(export)
     _assert_close_weights(ck.load_checkpoint(base / "ref4" / "last.pt")["model"], model.state_dict())
 
 

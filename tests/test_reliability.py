@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import REPO
+from tests.helpers import REPO, find_non_plain
 from checkpoint import file as ck
+from checkpoint.locate import model_from_checkpoint
 
 TINY = ["experiment=cpu", "train.device=cpu", "train.eval_at_start=true", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
         "train.batch_size=8", "train.eval_iters=2", "optim.warmup_iters=2"]
@@ -110,7 +111,7 @@ def test_kill_9_at_random_moments_never_leaves_an_unreadable_checkpoint(tmp_path
         assert proc.returncode == -signal.SIGKILL
         mid_save += bool(_tmp_files(run))  # the kill landed while a checkpoint was being written
         ckpt = ck.load_checkpoint(last)  # weights_only; raises on a torn file
-        ck.model_from_checkpoint(ckpt)
+        model_from_checkpoint(ckpt)
         assert ckpt["step"] > prev_step, f"seed {seed}: kill {i}: step {ckpt['step']} after {prev_step}"
         if (run / "best.pt").exists():
             assert ck.load_checkpoint(run / "best.pt")["step"] <= ckpt["step"]
@@ -189,7 +190,7 @@ def test_ctrl_c_saves_exits_130_and_the_resume_is_bitwise_exact(tmp_path, tiny_c
     stopped = int(re.search(r"stopped by SIGINT after step (\d+)", out).group(1))
     assert stop_after <= stopped < n
     ckpt = ck.load_checkpoint(tmp_path / "split" / "last.pt")
-    assert ckpt["step"] == stopped and ck.find_non_plain(ckpt) is None
+    assert ckpt["step"] == stopped and find_non_plain(ckpt) is None
     assert _records(tmp_path / "split")[-1]["status"] == "interrupted"
 
     # resume with exactly the command the interrupted run printed

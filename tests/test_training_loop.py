@@ -11,8 +11,9 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from tests.helpers import REPO
+from tests.helpers import REPO, find_non_plain
 from checkpoint import file as ck
+from checkpoint.locate import model_from_checkpoint
 from training import loop as loop_mod
 from training.config import register_configs
 from training.loop import TrainingDiverged, train
@@ -45,13 +46,13 @@ def test_short_run_writes_checkpoints_metrics_and_plot(tmp_path, tiny_corpus, ca
     assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png"} <= {p.name for p in run.iterdir()}
     last = ck.load_checkpoint(run / "last.pt")
     assert last["step"] == 6 and last["format"] == "tinygpt" and last["version"] == 1
-    assert ck.find_non_plain(last) is None
+    assert find_non_plain(last) is None
     assert torch.load(run / "last.pt", weights_only=True)["loader"] == {"step": 6, "micro": 0}
     assert not any(k.startswith("_orig_mod.") for k in last["model"])
     assert last["tokenizer"]["type"] == "char" and last["model_config"]["n_layer"] == 2
     assert last["config"]["train"]["max_iters"] == 6 and last["wandb_run_id"] is None
     assert set(last["rng"]) == {"python", "numpy", "torch", "cuda"}
-    assert ck.model_from_checkpoint(last).config.vocab_size == last["model_config"]["vocab_size"]
+    assert model_from_checkpoint(last).config.vocab_size == last["model_config"]["vocab_size"]
 
     recs = records(run)
     evals = [r for r in recs if r["type"] == "eval"]

@@ -10,7 +10,7 @@ from training.distributed import DistInfo
 
 
 def test_rank_rng_state():
-    from checkpoint.file import capture_rng_state
+    from common.rng import capture_rng_state
     base = capture_rng_state()
     torch.manual_seed(5)
     other = capture_rng_state()

@@ -5,22 +5,20 @@ position embeddings (as nanoGPT does). Optimizer, schedule and step count start 
 """
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional
 
 import torch
 
-from checkpoint.file import CheckpointError, check_model_weights, clean_state_dict, tokenizer_name, \
-    load_checkpoint
-from checkpoint.locate import checkpoint_in_run
+from checkpoint.file import CheckpointError, tokenizer_name
+from checkpoint.locate import read_checkpoint
 from data.sources import GPT2_VOCAB_SIZE
 from model import hf
 from model.config import GPTConfig, pad_vocab
+from model.weights import clean_state_dict, model_with_weights
 
 SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights")  # the source's, always
-HF_WEIGHTS = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 WHAT = "a local Hugging Face GPT-2 directory (config.json + model.safetensors), a tinygpt run directory or a .pt file"
 
 
@@ -50,27 +48,20 @@ def open_source(spec: str) -> Source:
         raise ValueError(f"{key} does not exist: give {WHAT}{hint}")
     if path.is_dir() and (path / "config.json").is_file():
         try:
-            hf_config = json.loads((path / "config.json").read_text())
-            if not isinstance(hf_config, dict):
-                raise ValueError("config.json holds no JSON object")
-            config = hf.config_from_hf(hf_config)
-        except (ValueError, OSError) as e:  # JSONDecodeError is a ValueError
+            config = hf.read_config(path)
+        except (ValueError, OSError) as e:
             raise ValueError(f"{key} is not a GPT-2 directory tinygpt can load: {str(e).splitlines()[0]}") from None
-        if not any((path / name).is_file() for name in HF_WEIGHTS):
+        if not any((path / name).is_file() for name in hf.WEIGHT_FILES):
             raise ValueError(f"{key} has a config.json but no weights (model.safetensors or pytorch_model.bin): "
                              f"download the whole model directory")
         return Source(key, path, config, {"type": "gpt2"}, hf_dir=True)
     try:
-        file = checkpoint_in_run(path) if path.is_dir() else path
+        file, ckpt = read_checkpoint(path, model=True, run_dir=True)
     except FileNotFoundError:
         raise ValueError(f"{key} is neither a Hugging Face GPT-2 directory (no config.json) nor a tinygpt run "
                          f"directory (no best.pt or last.pt): give {WHAT}") from None
-    try:
-        ckpt = load_checkpoint(file)
     except CheckpointError as e:
         raise ValueError(f"{key}: {e}") from None
-    if ckpt.get("model") is None or not isinstance(ckpt.get("tokenizer"), dict):
-        raise ValueError(f"{key}: {file} holds no model weights or no tokenizer: use a run's best.pt or last.pt")
     try:
         config = GPTConfig.from_dict(dict(ckpt["model_config"]))
     except (ValueError, TypeError) as e:
@@ -135,12 +126,7 @@ def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.
             src.ckpt = None
         return model_cls(config)
     sd = hf.read_pretrained(src.path)[1] if src.hf_dir else clean_state_dict(src.ckpt["model"])
-    if "transformer.wpe.weight" in sd:  # (its absence: check_model_weights says so)
+    if "transformer.wpe.weight" in sd:  # (its absence: check_weights says so)
         sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][: config.block_size].clone()
-    with torch.device("meta"):
-        model = model_cls(config)
-    model.load_state_dict(check_model_weights(model, sd, src.key), assign=True)
-    if config.tie_weights:  # assign=True replaced the shared Parameter with two: tie them again
-        model.lm_head.weight = model.transformer.wte.weight
     src.ckpt = None  # the weights live in the model now
-    return model
+    return model_with_weights(model_cls, config, sd, src.key)

@@ -5,17 +5,14 @@ Their state_dicts are format 1's keys, so checkpoints of every version resume ex
 from __future__ import annotations
 
 import math
-import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
-from checkpoint.file import capture_rng_state, restore_rng_state
-from common.rng import seed_for
+from common.rng import capture_rng_state, restore_rng_state, seed_for
 from training.distributed import DistInfo, all_reduce_mean
 
 
@@ -101,13 +98,6 @@ class LossWindow:
             self.buf[: len(losses)] = torch.tensor(losses, dtype=self.buf.dtype)
             self.n = self.restored = len(losses)
             self.first_step = first
-
-
-def seed_all(seed: int) -> None:
-    """Python's, numpy's and torch's generators from one seed: where every run starts."""
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def gather_rng_states(info: DistInfo) -> Optional[list]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, ContextManager, Iterable, Optional
 
 import torch
 
-from checkpoint.file import capture_rng_state, restore_rng_state
+from common.rng import capture_rng_state, restore_rng_state
 from common.text import failure_reason
 
 log = logging.getLogger(__name__)
