@@ -37,10 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.hf is not None and not (args.run or args.checkpoint):
         p.error("one of the arguments --run --checkpoint is required")
-    if args.pt is not None and (args.run or args.checkpoint or args.force):
-        p.error("--pt SRC takes no --run, --checkpoint or --force: SRC is the run or sharded checkpoint directory")
-    if args.out is not None and args.pt is None:
-        p.error("-o/--out goes with --pt (--hf OUT_DIR names its directory itself)")
+    if args.pt is not None and (args.run or args.checkpoint or args.force) or args.out and args.pt is None:
+        p.error("--run, --checkpoint and --force go with --hf OUT_DIR, -o/--out with --pt SRC")
     return args
 
 

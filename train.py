@@ -38,7 +38,7 @@ CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's C
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
 _auto_cpu = _told = _raise_hydra_errors = None  # set by the command line
 _config = _source = _rt = None  # Checks' work, done once: the Config, its fine-tune source, this process's DistInfo
-_stopped_cleanly = False  # a signal stop every rank agreed on (main sets it)
+_clean = False  # main's run ended, or stopped on a signal every rank agreed on: ranks leave together
 register_configs()
 
 
@@ -67,7 +67,7 @@ def _say_cpu_preset() -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    global _stopped_cleanly
+    global _clean
     if _raise_hydra_errors:  # the job's own errors get Hydra's usual report
         os.environ.pop("HYDRA_FULL_ERROR", None)
     from training.loop import train
@@ -83,7 +83,7 @@ def main(cfg: DictConfig) -> None:
         result = train(_config or cfg, out, cli_overrides=list(HydraConfig.get().overrides.task), source=_source,
                        rt=_rt)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
-        _stopped_cleanly = result.clean
+        _clean = result.clean
     except torch.OutOfMemoryError:
         _fail("out of memory on the GPU " + oom)
     except (MemoryError, RuntimeError) as e:  # numpy's _ArrayMemoryError is a MemoryError; torch's CPU one is not
@@ -221,12 +221,10 @@ if __name__ == "__main__":
         _say_cpu_preset()
     _raise_hydra_errors = "HYDRA_FULL_ERROR" not in os.environ  # so that a composition error the checks did
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # not foresee is raised to the except below (main() undoes it)
-    ended_well = False
     try:
         main()
-        ended_well = True
     except (HydraException, OmegaConfBaseException) as e:
         _fail(e)
     finally:
         # after an error, leave at once; else together: a rank that left first would have torchrun kill the rest
-        distributed.destroy(_rt, together=ended_well or _stopped_cleanly)
+        distributed.destroy(_rt, together=_clean)

@@ -264,10 +264,9 @@ class Trainer:
 def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None,
           source: Optional[init_from.Source] = None, rt: Optional[dist_lib.DistInfo] = None) -> TrainResult:
     """Train per `cfg` (a DictConfig, dict or Config) into `run_dir`; exit_code 130/143 when a signal stopped it.
-    `cli_overrides`: the command line's, for the resume command and model.init_from. train.py passes its
-    validated Config with the fine-tune `source` it applied and the `rt` it joined the job with (and ends the
-    process group itself); called without `rt`, train does all three and ends the group it started. User
-    mistakes raise one-line ValueError/OSError; a diverged loss raises TrainingDiverged (a ValueError)."""
+    `cli_overrides`: the command line's, for the resume command and model.init_from. train.py passes the Config,
+    fine-tune `source` and DistInfo `rt` it made (and ends the process group); without `rt`, train makes them
+    (and ends it). User mistakes raise one-line ValueError/OSError; a diverged loss raises TrainingDiverged."""
     owner = rt is None
     if owner:
         cfg = to_dataclass(cfg)

@@ -44,17 +44,14 @@ class StopRequest:
         self._previous.clear()
 
     def agreed(self) -> bool:
-        """Stop now? This process's signal or, under torchrun, any rank's: each call posts this rank's signal in
-        an async MAX all-reduce and reads the one agreed at the previous call (no sync); a signal another rank
-        got becomes this one's too."""
-        agreed = int(self.signum or 0)
+        """Stop now? This process's signal or, under torchrun, any rank's: each call reads the async MAX all-reduce
+        of the ranks' signals the previous call posted (no sync); a signal another rank got becomes this one's."""
+        agreed = mine = int(self.signum or 0)
         if self.info is not None and self.info.distributed:
-            agreed = 0
-            if self._work is not None:
-                self.finish()
-                agreed = int(self._buf.item())
+            self.finish()
+            agreed = int(self._buf.item()) if self._buf is not None else 0
             if not agreed:
-                self._buf = torch.tensor([int(self.signum or 0)], dtype=torch.int64)
+                self._buf = torch.tensor([mine], dtype=torch.int64)
                 self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.info.control_group,
                                              async_op=True)
         self.signum = self.signum or agreed or None
