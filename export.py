@@ -1,6 +1,7 @@
-"""Export a trained tinygpt model to Hugging Face: `python export.py --hf OUT_DIR --run RUN_DIR` (see --help).
+"""Export a trained tinygpt model: to Hugging Face (`python export.py --hf OUT_DIR --run RUN_DIR`), or an FSDP
+run's sharded checkpoint as one .pt file (`python export.py --pt RUN_DIR [-o OUT]`); see --help.
 
-Writes config.json + model.safetensors (transformers' GPT2LMHeadModel) and the tokenizer files into a temp
+--hf writes config.json + model.safetensors (transformers' GPT2LMHeadModel) and the tokenizer files into a temp
 directory beside OUT_DIR, then renames it into place: a failure never leaves a half-written OUT_DIR.
 Arguments and OUT_DIR are checked before torch is imported; a mistake is one `error: ...` line, exit 2.
 """
@@ -24,11 +25,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
         prog="export.py", description="Export a tinygpt checkpoint as a Hugging Face GPT-2 directory "
                         "(config.json, model.safetensors and the tokenizer files), loadable with "
-                        "transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR).")
-    p.add_argument("--hf", required=True, metavar="OUT_DIR", help="directory to write (created)")
-    add_checkpoint_options(p, required=True)
-    p.add_argument("--force", action="store_true", help="replace OUT_DIR when it is not empty")
-    return p.parse_args(argv)
+                        "transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR); or an FSDP run's sharded "
+                        "checkpoint as one complete .pt file, which resumes and samples like any last.pt.")
+    kind = p.add_mutually_exclusive_group(required=True)
+    kind.add_argument("--hf", metavar="OUT_DIR", help="directory to write (created)")
+    kind.add_argument("--pt", metavar="SRC", help="a run directory (uses its last_dcp/) or a sharded checkpoint "
+                      "directory, to write as one .pt file")
+    add_checkpoint_options(p)
+    p.add_argument("--force", action="store_true", help="with --hf: replace OUT_DIR when it is not empty")
+    p.add_argument("-o", "--out", metavar="FILE", help="with --pt: the file to write (default: <run dir>/last_full.pt)")
+    args = p.parse_args(argv)
+    if args.hf is not None and not (args.run or args.checkpoint):
+        p.error("one of the arguments --run --checkpoint is required")
+    if args.pt is not None and (args.run or args.checkpoint or args.force) or args.out and args.pt is None:
+        p.error("--run, --checkpoint and --force go with --hf OUT_DIR, -o/--out with --pt SRC")
+    return args
+
+
+def export_pt(src: str, out: str | None) -> Path:
+    """checkpoint.sharded's export, with the AdamW an FSDP run trains with (Muon needs whole matrices), so the
+    exported state resumes like any last.pt."""
+    from checkpoint.sharded import export_single_file
+    from training.optim import build_optimizer
+    return export_single_file(src, out, lambda model, o: build_optimizer(
+        model, lr=o.get("lr", 1e-3), weight_decay=o.get("weight_decay", 0.0),
+        betas=(o.get("beta1", 0.9), o.get("beta2", 0.99)), device_type="cpu"))
 
 
 def check_out_dir(out: Path, force: bool) -> None:
@@ -52,6 +73,9 @@ def write_export(model, tokenizer, out: Path) -> list[str]:
 
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.pt is not None:
+        print(f"wrote {export_pt(args.pt, args.out)}")
+        return 0
     out = Path(args.hf).expanduser()
     check_out_dir(out, args.force)
     path = resolve_checkpoint(args.run, args.checkpoint)

@@ -37,8 +37,9 @@ RANK = os.environ.get("RANK", "0").strip() or "0"
 CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
-_auto_cpu = _told = _raise_hydra_errors = _dist = None  # set by the command line; _dist: Checks' torchrun group
-_stopped_cleanly = False  # a signal stop every rank agreed on (main sets it)
+_auto_cpu = _told = _raise_hydra_errors = None  # set by the command line
+_config = _source = _rt = None  # Checks' work, done once: the Config, its fine-tune source, this process's DistInfo
+_clean = False  # main's run ended, or stopped on a signal every rank agreed on: ranks leave together
 register_configs()
 
 
@@ -67,7 +68,7 @@ def _say_cpu_preset() -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
-    global _stopped_cleanly
+    global _clean
     if _raise_hydra_errors:  # the job's own errors get Hydra's usual report
         os.environ.pop("HYDRA_FULL_ERROR", None)
     from training.loop import train
@@ -79,9 +80,11 @@ def main(cfg: DictConfig) -> None:
     oom = (f"with train.batch_size={cfg.train.batch_size}, model.block_size={cfg.model.block_size}: lower "
            f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
     try:
-        result = train(cfg, out, cli_overrides=list(HydraConfig.get().overrides.task))
+        # (a sweep's job had no on_run_start: train() then sets itself up from cfg)
+        result = train(_config or cfg, out, cli_overrides=list(HydraConfig.get().overrides.task), source=_source,
+                       rt=_rt)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
-        _stopped_cleanly = result.clean
+        _clean = result.clean
     except torch.OutOfMemoryError:
         _fail("out of memory on the GPU " + oom)
     except (MemoryError, RuntimeError) as e:  # numpy's _ArrayMemoryError is a MemoryError; torch's CPU one is not
@@ -134,26 +137,23 @@ class Checks(Callback):
     run directory and writes .hydra/ there. Hydra turns a callback's exception into a warning: hence _fail."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        global _dist
+        global _config, _source, _rt
         try:
-            c = to_dataclass(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
-            init_from.apply(c, list(config.hydra.overrides.task))  # a fine-tune's shape comes from its source
-            if distributed.launched_by_torchrun():  # rank 0's run directory for all (the default is a timestamp)
-                from model.device import resolve_device
-                _dist = distributed.init(resolve_device(c.train.device, distributed.env_info()[2]), c.train.parallel)
+            _config = c = to_dataclass(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
+            _source = init_from.apply(c, list(config.hydra.overrides.task))  # a fine-tune's shape is its source's
+            _rt = rt = distributed.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
+            if rt.distributed:  # rank 0's run directory for all (the default is a timestamp)
                 with read_write(config.hydra):
-                    config.hydra.run.dir = distributed.broadcast_object(str(config.hydra.run.dir), _dist)
-                    if not _dist.is_main:  # rank 0 alone records the config in .hydra/
+                    config.hydra.run.dir = distributed.broadcast_object(str(config.hydra.run.dir), rt)
+                    if not rt.is_main:  # rank 0 alone records the config in .hydra/
                         config.hydra.output_subdir = None
-            main_rank = _dist is None or _dist.is_main  # rank 0 checks memory and claims the directory for all
-            problem = memory.check(c, *distributed.env_info()[1::2]) if main_rank else None  # before any allocation
+            # rank 0 checks memory (before any allocation) and claims the directory for all
+            problem = memory.check(c, rt.world_size, rt.local_world_size) if rt.is_main else None
         except (ValueError, HydraException, OmegaConfBaseException) as e:
             _fail(e)
-        if main_rank and not problem:
+        if rt.is_main and not problem:
             problem = claim(str(config.hydra.run.dir), "hydra.run.dir", c.train.resume)
-        if _dist is not None:
-            problem = distributed.broadcast_object(problem, _dist)
-        if problem:
+        if problem := distributed.broadcast_object(problem, rt):
             _fail(problem)
         _say_cpu_preset()
 
@@ -220,12 +220,10 @@ if __name__ == "__main__":
         _say_cpu_preset()
     _raise_hydra_errors = "HYDRA_FULL_ERROR" not in os.environ  # so that a composition error the checks did
     os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # not foresee is raised to the except below (main() undoes it)
-    ended_well = False
     try:
         main()
-        ended_well = True
     except (HydraException, OmegaConfBaseException) as e:
         _fail(e)
     finally:
         # after an error, leave at once; else together: a rank that left first would have torchrun kill the rest
-        distributed.destroy(_dist, together=ended_well or _stopped_cleanly)
+        distributed.destroy(_rt, together=_clean)

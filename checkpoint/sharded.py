@@ -9,10 +9,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import sys
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -20,7 +19,6 @@ import torch.distributed as dist
 from checkpoint.file import CheckpointError, _save_error, save_checkpoint
 from checkpoint.locate import BEST_DCP, DCP_META, LAST_DCP, is_sharded_checkpoint, read_checkpoint
 from common.files import replace_dir
-from common.text import one_line
 from model.weights import check_weights, clean_state_dict
 
 _GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dcp/ or best_dcp/"
@@ -188,19 +186,3 @@ def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None,
     state.update(model=clean_state_dict(model.state_dict()), optimizer=optimizer.state_dict())
     return save_checkpoint(state, out)
 
-
-def main(argv: Optional[list[str]], make_optimizer: Callable, prog: str = "python -m training.distributed") -> int:
-    """The `export SRC [-o OUT]` command: a one-line `error: ...` and exit code 2 for a wrong SRC."""
-    import argparse
-    ap = argparse.ArgumentParser(prog=prog, description="Tools for distributed (torchrun) runs.")
-    ex = ap.add_subparsers(dest="cmd", required=True).add_parser(
-        "export", help="sharded checkpoint (FSDP's last_dcp/) -> one complete .pt file")
-    ex.add_argument("src", help="a run directory (uses its last_dcp/) or a sharded checkpoint directory")
-    ex.add_argument("-o", "--out", default=None, help="output file (default: <run dir>/last_full.pt)")
-    args = ap.parse_args(argv)
-    try:
-        print(f"wrote {export_single_file(args.src, args.out, make_optimizer)}")
-    except (ValueError, OSError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
-    return 0

@@ -1,14 +1,14 @@
 """checkpoint/sharded.py: DCP save/load without a process group, recovery of an interrupted directory swap,
-and the offline export (`python -m training.distributed export`)."""
+and the offline export (`python export.py --pt`)."""
 from __future__ import annotations
 
 import os
 
+import export
 from checkpoint import file as ck
 from checkpoint import sharded as S
 from checkpoint.locate import model_from_checkpoint, read_checkpoint
 from tests.helpers import find_non_plain, tiny_model_and_opt, train_steps
-from training import distributed as D
 
 
 def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
@@ -27,8 +27,8 @@ def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     S.load_sharded(run / S.LAST_DCP, m2, opt2)
     assert train_steps(m2, opt2, 2, seed=2) == expected  # model and optimizer state: bitwise
 
-    # python -m training.distributed export
-    assert D.main(["export", str(run / S.BEST_DCP), "-o", str(tmp_path / "f.pt")]) == 0
+    # python export.py --pt
+    assert export.main(["--pt", str(run / S.BEST_DCP), "-o", str(tmp_path / "f.pt")]) == 0
     full = ck.load_checkpoint(tmp_path / "f.pt")
     assert full["step"] == 2 and full["optimizer"] is not None and find_non_plain(full) is None
     m3 = model_from_checkpoint(full).train()  # what sample.py does
@@ -43,7 +43,7 @@ def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     for src, why in ((tmp_path, "is not a sharded tinygpt checkpoint"), (tmp_path / "nope", "does not exist"),
                      (ddp_run, "has no last_dcp/, so there is nothing to export"),
                      (ddp_run / "last.pt", "is a file, but export reads a sharded checkpoint directory")):
-        assert D.main(["export", str(src)]) == 2
+        assert export.main(["--pt", str(src)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {src} {why}") and err.count("\n") == 1, err
         assert "last_dcp/" in err and "or a last.pt" not in err

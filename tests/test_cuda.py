@@ -106,7 +106,7 @@ def test_torchrun_one_gpu_export_and_sample(tmp_path, cache_with_shakespeare, pa
     ckpt = run / "last.pt"
     if parallel == "fsdp":
         assert (run / "last_dcp").is_dir()
-        proc = run_cli(["-m", "training.distributed", "export", str(run)], cwd=tmp_path, timeout=300)
+        proc = run_cli(["export.py", "--pt", str(run)], cwd=tmp_path, timeout=300)
         assert proc.returncode == 0, proc.stderr[-3000:]
         ckpt = run / "last_full.pt"
         from checkpoint.file import load_checkpoint

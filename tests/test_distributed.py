@@ -34,6 +34,7 @@ from checkpoint import locate as L
 from checkpoint import sharded as S
 from training import distributed as D
 from training import state as TS
+from training.signals import StopRequest
 
 TINY = ["experiment=cpu", "train.device=cpu", "optim=adamw", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
         "model.dropout=0.0", "train.device=cpu", "train.batch_size=4", "train.eval_iters=3",
@@ -113,13 +114,15 @@ def test_resolve_parallel():
 def test_single_process_needs_no_process_group(monkeypatch):
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    info = D.init(torch.device("cpu"), "ddp")
+    info = D.init("cpu", "ddp")
     assert (info.rank, info.world_size, info.parallel, info.distributed) == (0, 1, "none", False)
     assert not torch.distributed.is_initialized()
     t = torch.tensor([3.0])
     assert D.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
-    stop = D.StopAgreement(info)
-    assert stop.poll(None) == 0 and stop.poll(15) == 15  # single process: immediate, no collective
+    stop = StopRequest(info)
+    assert not stop.agreed()
+    stop.signum = 15
+    assert stop.agreed() and stop.signum == 15  # single process: immediate, no collective
     m = torch.nn.Linear(2, 2)
     assert D.wrap_model(m, info, torch.device("cpu")) is m
     with D.grad_sync(m, info, last=False):
@@ -176,8 +179,12 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
     S.load_sharded(tmp_path / "s", g, gopt)
     assert train_steps(g, gopt, 2, seed=2) == expected
 
-    stop = D.StopAgreement(info)
-    assert [stop.poll(None), stop.poll(15), stop.poll(None)] == [0, 0, 15]  # agreed one boundary later
+    stop = StopRequest(info)
+    assert not stop.agreed()
+    stop.signum = 15
+    assert not stop.agreed()  # agreed one boundary later ...
+    stop.signum = None
+    assert stop.agreed() and stop.signum == 15  # ... and another rank's signal becomes this one's
     stop.finish()
     assert len(TS.gather_rng_states(info)) == 1
 

@@ -338,14 +338,15 @@ def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight
     run = tmp_path / "split"
     with monkeypatch.context() as mp:
         if where == "signal-mid-log-window":
-            real_step = loop_mod.Trainer._train_step
+            real_step, steps = loop_mod.train_step, []
 
-            def step(self, s):
-                out = real_step(self, s)
-                if s == 9:  # after step 10; log lines at 4, 8, 12
+            def step(*args, **kwargs):
+                out = real_step(*args, **kwargs)
+                steps.append(1)
+                if len(steps) == 10:  # after step 10; log lines at 4, 8, 12
                     os.kill(os.getpid(), signal.SIGTERM)
                 return out
-            mp.setattr(loop_mod.Trainer, "_train_step", step)
+            mp.setattr(loop_mod, "train_step", step)
         elif where == "signal-during-eval":
             real_eval = BatchLoader.eval_batch
 
@@ -375,18 +376,19 @@ DOUBLE_CTRL_C = r"""
 import os, runpy, signal, sys
 from training import loop
 
-real_step = loop.Trainer._train_step
+real_step, steps = loop.train_step, []
 
-def step(self, s):
-    out = real_step(self, s)
-    if s == 4:  # step 5: the first Ctrl-C asks for a clean stop, the second one (a moment later) aborts
+def step(*args, **kwargs):
+    out = real_step(*args, **kwargs)
+    steps.append(1)
+    if len(steps) == 5:  # step 5: the first Ctrl-C asks for a clean stop, the second one (a moment later) aborts
         os.kill(os.getpid(), signal.SIGINT)
         sum(range(1000))
         os.kill(os.getpid(), signal.SIGINT)
         sum(range(1000))
     return out
 
-loop.Trainer._train_step = step
+loop.train_step = step
 train_py = os.path.join(os.environ["PYTHONPATH"], "train.py")
 sys.argv = [train_py, *sys.argv[1:]]
 runpy.run_path(train_py, run_name="__main__")

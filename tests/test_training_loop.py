@@ -1,6 +1,7 @@
 """training/loop.py: short CPU runs through train(cfg, run_dir) with a tiny model on a tiny corpus."""
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -163,16 +164,21 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus
         train(make_cfg(tiny_corpus, "train.max_iters=40", *blowup), tmp_path / "fresh")
 
 
-def test_sigterm_finishes_the_step_and_saves(tmp_path, tiny_corpus, monkeypatch):
-    real_step = loop_mod.Trainer._train_step
+def _after_step(n, *signals):
+    """The loop's train_step, sending `signals` to this process once step n (counted from 1) has finished."""
+    real, count = loop_mod.train_step, itertools.count(1)
 
-    def step_then_signal(self, step):
-        out = real_step(self, step)
-        if step == 4:  # the signal lands mid-run, after 5 finished steps
-            os.kill(os.getpid(), signal.SIGTERM)
+    def step(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if next(count) == n:
+            for s in signals:
+                os.kill(os.getpid(), s)
         return out
+    return step
 
-    monkeypatch.setattr(loop_mod.Trainer, "_train_step", step_then_signal)
+
+def test_sigterm_finishes_the_step_and_saves(tmp_path, tiny_corpus, monkeypatch):
+    monkeypatch.setattr(loop_mod, "train_step", _after_step(5, signal.SIGTERM))  # mid-run, after 5 finished steps
     run = tmp_path / "run"
     before = signal.getsignal(signal.SIGTERM)
     res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=100"), run)
@@ -370,20 +376,9 @@ def test_patience_stops_early_and_ends_normally(tmp_path, tiny_corpus, monkeypat
     assert (res.step, res.early_stopped, res.best_val_loss) == (10, False, 1.5)
 
 
-def _sigint_twice_after(step_index):
-    real_step = loop_mod.Trainer._train_step
-
-    def step(self, s):
-        out = real_step(self, s)
-        if s == step_index:
-            os.kill(os.getpid(), signal.SIGINT)  # a clean stop, asked for ...
-            os.kill(os.getpid(), signal.SIGINT)  # ... and a second Ctrl-C: abort at once
-        return out
-    return step
-
-
 def test_a_second_ctrl_c_aborts_with_one_closing_line(tmp_path, tiny_corpus, monkeypatch, caplog):
-    monkeypatch.setattr(loop_mod.Trainer, "_train_step", _sigint_twice_after(4))
+    # step 5: a clean stop, asked for, and a second Ctrl-C: abort at once
+    monkeypatch.setattr(loop_mod, "train_step", _after_step(5, signal.SIGINT, signal.SIGINT))
     run, before = tmp_path / "run", signal.getsignal(signal.SIGINT)
     with caplog.at_level("INFO"):
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), run,
@@ -394,7 +389,7 @@ def test_a_second_ctrl_c_aborts_with_one_closing_line(tmp_path, tiny_corpus, mon
     assert not any(r.message.startswith("stopped by") for r in caplog.records)
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4 and records(run)[-1]["status"] == "interrupted"
     assert signal.getsignal(signal.SIGINT) is before
-    monkeypatch.setattr(loop_mod.Trainer, "_train_step", _sigint_twice_after(0))  # before any checkpoint
+    monkeypatch.setattr(loop_mod, "train_step", _after_step(1, signal.SIGINT, signal.SIGINT))  # no checkpoint yet
     caplog.clear()
     with caplog.at_level("INFO"):
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), tmp_path / "fresh")
@@ -405,17 +400,9 @@ def test_a_ctrl_c_while_finishing_a_stopped_run_keeps_one_true_closing_line(tmp_
                                                                            caplog):
     """The first Ctrl-C stopped the run cleanly (last.pt at step 3); the second lands while loss.png is drawn."""
     from training.metrics import RunLog
-    real_step = loop_mod.Trainer._train_step
-
-    def step(self, s):
-        out = real_step(self, s)
-        if s == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return out
-
     def finish(self, *args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(loop_mod.Trainer, "_train_step", step)
+    monkeypatch.setattr(loop_mod, "train_step", _after_step(3, signal.SIGINT))
     monkeypatch.setattr(RunLog, "finish", finish)
     with caplog.at_level("INFO"):
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), tmp_path / "run")

@@ -10,7 +10,6 @@ import contextlib
 import inspect
 import math
 import os
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Optional
@@ -18,6 +17,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from model.device import resolve_device
 from training.config import PARALLEL_MODES
 
 CONTROL_TIMEOUT = timedelta(minutes=60)  # rank 0 may prepare a large dataset while the others wait
@@ -33,7 +33,6 @@ class DistInfo:
     local_world_size: int = 1
     parallel: str = "none"  # resolved: none | ddp | fsdp
     backend: Optional[str] = None  # nccl | gloo | None (no process group)
-    owns_group: bool = False  # init() started the process group, so destroy() ends it
     control_group: Any = None  # CPU gloo group: stop flag, RNG gathering, barriers (never the GPU stream)
 
     @property
@@ -84,59 +83,39 @@ def resolve_parallel(spec: str, world_size: int, launched: bool) -> str:
     return "ddp" if world_size > 1 else "none"
 
 
-_CONTROL_GROUP = None  # reused while the default group lives
-
-
-def init(device: torch.device, parallel: str = "none") -> DistInfo:
-    """Join the torchrun job: NCCL on CUDA, gloo on the CPU, plus the CPU control group. Idempotent (train.py
-    starts the group before Hydra, training.loop.train reuses it)."""
-    global _CONTROL_GROUP
+def init(device_spec: str = "auto", parallel: str = "none") -> DistInfo:
+    """Join the torchrun job (`train.device`, `train.parallel`): NCCL on CUDA, gloo on the CPU, plus the CPU
+    control group. Once per process (train.py calls it before Hydra makes the run directory); destroy() ends it."""
     rank, ws, local_rank, local_ws = env_info()
     mode = resolve_parallel(parallel, ws, launched_by_torchrun())
     info = DistInfo(rank=rank, world_size=ws, local_rank=local_rank, local_world_size=local_ws, parallel=mode)
     if mode == "none":
         return info
+    device = resolve_device(device_spec, local_rank)
     if device.type == "mps":
         raise ValueError("multi-process training does not support Apple's MPS device: use train.device=cpu "
                          "(gloo) or CUDA GPUs (NCCL)")
     if device.type == "cuda" and device.index != local_rank % max(1, torch.cuda.device_count()):
         raise ValueError(f"train.device={device} but this process is LOCAL_RANK={local_rank}: use "
                          f"train.device=cuda (or auto) so each process takes cuda:LOCAL_RANK")
-    if not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
-                                **({"device_id": device} if device.type == "cuda" else {}))
-        info.owns_group = True
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo",
+                            **({"device_id": device} if device.type == "cuda" else {}))
     info.backend = dist.get_backend()
-    if (dist.get_rank(), dist.get_world_size()) != (rank, ws):
-        raise ValueError(f"the running process group (rank {dist.get_rank()} of {dist.get_world_size()}) does not "
-                         f"match RANK={rank} WORLD_SIZE={ws}: launch with torchrun")
-    if _CONTROL_GROUP is None:
-        _CONTROL_GROUP = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
-    info.control_group = _CONTROL_GROUP
+    info.control_group = dist.new_group(backend="gloo", timeout=CONTROL_TIMEOUT)
     return info
 
 
 def destroy(info: Optional[DistInfo], together: bool = False) -> None:
-    """End the process group if this DistInfo started it. Safe to call twice and after errors. `together`
-    (a run that ended well): first wait for every rank, since a peer gone mid-teardown aborts gloo's threads."""
-    global _CONTROL_GROUP
-    if info is None or not info.owns_group:
+    """End the process group init() started (also after errors: it never raises). `together` (a run that ended
+    well): first wait for every rank, since a peer gone mid-teardown aborts gloo's threads."""
+    if info is None or not info.distributed or not dist.is_initialized():
         return
-    info.owns_group = False
-    if dist.is_available() and dist.is_initialized():
-        with contextlib.suppress(Exception):  # shutting down after an error must not hide that error
-            if together:
-                dist.monitored_barrier(group=info.control_group, timeout=timedelta(seconds=60))
-            dist.destroy_process_group()
-    _CONTROL_GROUP = None
-
-
-def barrier(info: DistInfo) -> None:
-    """All ranks meet (on the CPU control group: no GPU work, a 60-minute timeout)."""
-    if info.distributed:
-        dist.barrier(group=info.control_group)
+    with contextlib.suppress(Exception):  # shutting down after an error must not hide that error
+        if together:
+            dist.monitored_barrier(group=info.control_group, timeout=timedelta(seconds=60))
+        dist.destroy_process_group()
 
 
 def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:  # in place; a no-op in one process
@@ -160,14 +139,15 @@ def broadcast_object(obj: Any, info: DistInfo) -> Any:
 
 @contextlib.contextmanager
 def main_first(info: DistInfo):
-    """Run the body on local rank 0 first, then on the others (e.g. preparing a shared cache)."""
-    if info.local_rank != 0:
-        barrier(info)
+    """Run the body on local rank 0 first, then on the others (e.g. preparing a shared cache). The ranks meet on
+    the CPU control group: no GPU work, a 60-minute timeout."""
+    if info.distributed and info.local_rank != 0:
+        dist.barrier(group=info.control_group)
     try:
         yield
     finally:
-        if info.local_rank == 0:
-            barrier(info)
+        if info.distributed and info.local_rank == 0:
+            dist.barrier(group=info.control_group)
 
 
 def describe(info: DistInfo) -> str:
@@ -244,45 +224,3 @@ def eval_plan(n: int, info: DistInfo) -> list[tuple[int, bool]]:
         mine += [(0, False)] * (math.ceil(n / info.world_size) - len(mine))
     return mine
 
-
-class StopAgreement:
-    """Every rank stops after the same step: `poll(signum)` posts this rank's signal in an async MAX all-reduce
-    and returns the one agreed at the previous step boundary (0 = go on), so it costs no sync."""
-
-    def __init__(self, info: DistInfo):
-        self.info, self._work, self._buf = info, None, None
-
-    def poll(self, signum: Optional[int]) -> int:
-        mine = int(signum or 0)
-        if not self.info.distributed:
-            return mine
-        if self._work is not None:
-            self.finish()
-            if agreed := int(self._buf.item()):
-                return agreed
-        self._buf = torch.tensor([mine], dtype=torch.int64)
-        self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.info.control_group,
-                                     async_op=True)
-        return 0
-
-    def finish(self) -> None:
-        """Wait for the all-reduce in flight (every rank has exactly one), so none is left behind."""
-        if self._work is not None:
-            try:
-                self._work.wait()
-            finally:
-                self._work = None
-
-
-def main(argv: Optional[list[str]] = None) -> int:
-    """`python -m training.distributed export SRC [-o OUT]`: checkpoint.sharded's export, with the AdamW an
-    FSDP run trains with (Muon needs whole matrices), so the exported state resumes like any last.pt."""
-    from checkpoint.sharded import main as export_main
-    from training.optim import build_optimizer
-    return export_main(argv, lambda model, o: build_optimizer(
-        model, lr=o.get("lr", 1e-3), weight_decay=o.get("weight_decay", 0.0),
-        betas=(o.get("beta1", 0.9), o.get("beta2", 0.99)), device_type="cpu"))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

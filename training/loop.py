@@ -25,7 +25,7 @@ from training import distributed as dist_lib
 from training import init_from
 from training.config import Config, to_dataclass
 from training.console import console_with_bar
-from training.device import resolve_compile, resolve_device, setup_device
+from training.device import resolve_compile, setup_device
 from training.metrics import RunLog
 from training.mfu import flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
@@ -54,12 +54,12 @@ class TrainResult:
 class Trainer:
     """One run: setup() builds every part, run() trains, finish() writes the summary (also after errors)."""
 
-    def __init__(self, c: Config, run_dir: Path, rt: dist_lib.DistInfo, cli_overrides: Optional[list[str]]):
-        self.source = init_from.apply(c, cli_overrides)  # first: a fine-tune source sets c.model's shape
+    def __init__(self, c: Config, run_dir: Path, rt: dist_lib.DistInfo, cli_overrides: Optional[list[str]],
+                 source: Optional[init_from.Source]):
         t, m = c.train, c.model
-        self.c, self.run_dir, self.rt, self.cli_overrides = c, run_dir, rt, cli_overrides
+        self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
         self.t_start = time.perf_counter()
-        self.stop, self.stop_agreement = StopRequest(), dist_lib.StopAgreement(rt)
+        self.stop = StopRequest(rt)
         self.report = RunLog(t.max_iters, enabled=rt.is_main)  # metrics.jsonl, wandb, log lines
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
@@ -122,7 +122,7 @@ class Trainer:
                               source=self.source, resumed_from=self.ckpt.source, config_diff=self.ckpt.config_diff)
 
     def run(self) -> TrainResult:
-        t, st = self.c.train, self.state
+        c, t, st = self.c, self.c.train, self.state
         self.rng.restore()  # last: nothing may draw random numbers after this
         st.started = self.t_mark = time.perf_counter()
         if (st.step >= t.max_iters or self._out_of_patience()) and not st.eval_pending:
@@ -140,8 +140,15 @@ class Trainer:
                     self._eval_and_save(save=st.step > 0)
                 elif not self.resumed and t.eval_at_start:
                     self._eval_and_save(save=False)
-                while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed(self.stop_agreement):
-                    self.window.add(self.guard.run("train", partial(self._train_step, st.step)))
+                grad_sync = partial(dist_lib.grad_sync, self.wrapped, self.rt)
+                while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
+                    set_lr(self.optimizer, self.lr_at(st.step))
+                    # (self.module, not bound once: after a failed compile the guard retries on the eager model)
+                    loss = self.guard.run("train", lambda: train_step(
+                        self.module, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
+                        autocast=self.dev.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
+                        grad_sync=grad_sync))
+                    self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
                     st.tokens += self.tokens_per_step
                     self.session_tokens += self.tokens_per_step
@@ -150,7 +157,7 @@ class Trainer:
                         self._log_train()
                     if st.step % t.eval_interval == 0 or st.step == t.max_iters:
                         self._eval_and_save()
-                self.stop_agreement.finish()  # the stop all-reduce still in flight (every rank has one)
+                self.stop.finish()  # the stop all-reduce still in flight (every rank has one)
                 if self.stop.signum is None and self.window.n:
                     self._log_train()
                 elif self.stop.signum is not None:  # no partial log line: the window goes into last.pt (exact metrics)
@@ -170,12 +177,6 @@ class Trainer:
         t, st = self.c.train, self.state
         return t.patience is not None and st.best_step is not None and \
             st.step - st.best_step >= t.patience * t.eval_interval
-
-    def _train_step(self, step: int) -> torch.Tensor:
-        set_lr(self.optimizer, self.lr_at(step))
-        return train_step(self.module, self.optimizer, self.loader.next_batch, accum=self.c.train.grad_accum_steps,
-                          autocast=self.dev.autocast, scaler=self.scaler, grad_clip=self.c.optim.grad_clip,
-                          grad_sync=partial(dist_lib.grad_sync, self.wrapped, self.rt))
 
     def _evaluate(self) -> dict[str, dict]:
         plan = dist_lib.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
@@ -265,18 +266,22 @@ class Trainer:
                                early_stopped=self.early_stopped)
 
 
-def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None
-          ) -> TrainResult:
+def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None,
+          source: Optional[init_from.Source] = None, rt: Optional[dist_lib.DistInfo] = None) -> TrainResult:
     """Train per `cfg` (a DictConfig, dict or Config) into `run_dir`; exit_code 130/143 when a signal stopped it.
-    `cli_overrides`: the command line's, for the resume command and model.init_from. User mistakes raise one-line
-    ValueError/OSError; a diverged loss raises TrainingDiverged (a ValueError)."""
-    c = to_dataclass(cfg)
-    # under torchrun: join the process group (train.py has usually started it already; then this reuses it)
-    rt = dist_lib.init(resolve_device(c.train.device, dist_lib.env_info()[2]), c.train.parallel)
+    `cli_overrides`: the command line's, for the resume command and model.init_from. train.py passes the Config,
+    fine-tune `source` and DistInfo `rt` it made (and ends the process group); without `rt`, train makes them
+    (and ends it). User mistakes raise one-line ValueError/OSError; a diverged loss raises TrainingDiverged."""
+    owner = rt is None
+    if owner:
+        cfg = to_dataclass(cfg)
+        source = init_from.apply(cfg, cli_overrides)  # a fine-tune source sets cfg.model's shape
+        rt = dist_lib.init(cfg.train.device, cfg.train.parallel)
     trainer, status, result = None, "failed", None
     try:
-        default = Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S")
-        trainer = Trainer(c, dist_lib.broadcast_object(Path(run_dir or default), rt), rt, cli_overrides)
+        if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
+            run_dir = dist_lib.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
+        trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source)
         trainer.setup()
         result = trainer.run()
         status, result.clean = result.status, True  # (a Ctrl-C while finishing below unsets result)
@@ -294,5 +299,6 @@ def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: 
         except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
             result = None
         finally:
-            dist_lib.destroy(rt, together=result is not None)  # if this call started it (also on errors)
+            if owner:  # also on errors
+                dist_lib.destroy(rt, together=result is not None)
     return trainer.closing(result)

@@ -11,15 +11,21 @@ import threading
 from pathlib import Path
 from typing import Optional
 
+import torch
+import torch.distributed as dist
+
+from training.distributed import DistInfo
+
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class StopRequest:
-    """SIGINT/SIGTERM -> a flag the loop polls between steps. A second SIGINT aborts immediately."""
+    """SIGINT/SIGTERM -> a flag the loop polls between steps. A second SIGINT aborts immediately. Under torchrun
+    every rank stops after the same step: `agreed()` agrees on a signal over the control group."""
 
-    def __init__(self):
+    def __init__(self, info: Optional[DistInfo] = None):
         self.signum: Optional[int] = None
-        self._previous = {}
+        self.info, self._previous, self._work, self._buf = info, {}, None, None
 
     def _handler(self, signum, frame):
         if self.signum is not None and signum == signal.SIGINT:
@@ -37,12 +43,27 @@ class StopRequest:
             signal.signal(s, h if h is not None else signal.SIG_DFL)
         self._previous.clear()
 
-    def agreed(self, agreement) -> bool:
-        """Stop now? This process's signal or, under torchrun, any rank's (`agreement`: a StopAgreement, so that
-        every rank stops after the same step); a signal another rank got becomes this one's too."""
-        agreed = agreement.poll(self.signum)
+    def agreed(self) -> bool:
+        """Stop now? This process's signal or, under torchrun, any rank's: each call reads the async MAX all-reduce
+        of the ranks' signals the previous call posted (no sync); a signal another rank got becomes this one's."""
+        agreed = mine = int(self.signum or 0)
+        if self.info is not None and self.info.distributed:
+            self.finish()
+            agreed = int(self._buf.item()) if self._buf is not None else 0
+            if not agreed:
+                self._buf = torch.tensor([mine], dtype=torch.int64)
+                self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.info.control_group,
+                                             async_op=True)
         self.signum = self.signum or agreed or None
         return bool(agreed)
+
+    def finish(self) -> None:
+        """Wait for the all-reduce in flight (every rank has exactly one), so none is left behind."""
+        if self._work is not None:
+            try:
+                self._work.wait()
+            finally:
+                self._work = None
 
     @property
     def name(self) -> str:
