@@ -14,7 +14,7 @@ from pathlib import Path
 
 from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
 from common.cli import ArgumentParser
-from common.text import error_line
+from common.text import error_line, in_keys
 
 EXIT_USAGE = 2
 
@@ -131,7 +131,8 @@ def run(argv: list[str] | None = None) -> int:
     text = read_text(args.file)
     from data.tokenizer import token_bytes, tokenizer_from_dict
     from model.device import resolve_device
-    device = resolve_device(args.device, setting="--device")
+    with in_keys({"device": "--device"}):
+        device = resolve_device(args.device)
     if args.hf is not None:
         model, tokenizer = load_hf(args.hf)
     else:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
 from common.cli import ArgumentParser
-from common.text import error_line
+from common.text import error_line, in_keys
 from common.threads import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): see common/threads.py
@@ -190,7 +190,8 @@ def run(argv: list[str] | None = None, out=None) -> int:
     ckpt_path = None if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
     import torch
     from model.device import resolve_device
-    device = resolve_device(args.device, setting="--device")
+    with in_keys({"device": "--device"}):
+        device = resolve_device(args.device)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
     model, tokenizer = load_model(args, ckpt_path, device)
     ids = encode_prompt(tokenizer, text, model.config.block_size)

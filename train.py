@@ -31,7 +31,7 @@ from checkpoint.locate import overwrite_refusal
 from common import run_lock
 from common.text import one_line
 from training import distributed, init_from, memory
-from training.config import check_override, register_configs, to_dataclass
+from training.config import check_override, register_configs, to_dataclass, train_keys
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
 CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
@@ -141,7 +141,8 @@ class Checks(Callback):
         try:
             _config = c = to_dataclass(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
             _source = init_from.apply(c, list(config.hydra.overrides.task))  # a fine-tune's shape is its source's
-            _rt = rt = distributed.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
+            with train_keys():  # a bad device is told as train.device=...
+                _rt = rt = distributed.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
             if rt.distributed:  # rank 0's run directory for all (the default is a timestamp)
                 with read_write(config.hydra):
                     config.hydra.run.dir = distributed.broadcast_object(str(config.hydra.run.dir), rt)

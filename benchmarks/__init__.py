@@ -34,8 +34,5 @@ def model_preset(name: str) -> dict:
 
 def gpt_config(name: str):
     """The GPTConfig of preset `name` with its vocabulary, padded as the preset says."""
-    from model.config import GPTConfig, pad_vocab
-    p = model_preset(name)
-    keys = ("block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_weights", "attention")
-    return GPTConfig(vocab_size=pad_vocab(VOCAB[name], int(p.get("pad_vocab_to") or 1)),
-                     **{k: p[k] for k in keys if k in p})
+    from training import config
+    return config.gpt_config(config.ModelConfig(**model_preset(name)), VOCAB[name])

@@ -45,10 +45,6 @@ class Prepared:
         return self.files
 
     @property
-    def vocab_size(self) -> int:
-        return int(self.meta["vocab_size"])
-
-    @property
     def train_tokens(self) -> int:
         return int(self.meta["train_tokens"])
 

@@ -5,8 +5,10 @@ called by `data.prepare.prepare`, not `__post_init__`, so OmegaConf can build th
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Sequence
+
+from common.text import setting_error
 
 NAMES = ("shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2")
@@ -16,61 +18,49 @@ ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 @dataclass
 class DataConfig:
     name: str = "shakespeare_char"
-    path: Any = None  # a file or directory, or a list of them (data.path=[a.txt,b.jsonl])
+    path: Any = None  # a file or directory, or a list of them
     tokenizer: str = "char"
     val_fraction: float = 0.1
     encoding_errors: str = "strict"
     text_key: str = "text"  # the field holding the text in .jsonl files
 
-    @classmethod
-    def coerce(cls, cfg: Any) -> "DataConfig":
-        """Accept a DataConfig or a mapping (dict / OmegaConf DictConfig)."""
-        if isinstance(cfg, cls):
-            return cfg
-        names = [f.name for f in fields(cls)]
-        d = {k: cfg[k] for k in cfg.keys()}
-        unknown = sorted(set(d) - set(names))
-        if unknown:
-            raise ValueError(f"unknown data option(s) {', '.join(unknown)}: the data options are {', '.join(names)}")
-        return cls(**d)
-
     def paths(self) -> list[str]:
-        """data.path as a list (empty when unset): one path, or a list of them (Hydra's ListConfig too)."""
+        """`path` as a list (empty when unset): one path, or a list of them (Hydra's ListConfig too)."""
         p = self.path
         items = [] if p is None else list(p) if isinstance(p, Sequence) and not isinstance(p, str) else [p]
         if not all(isinstance(x, (str, int, float)) and not isinstance(x, bool) and str(x) for x in items):
-            raise ValueError(f"data.path={p!r} is not a path: give a file or directory, or a list of them "
-                             f"(data.path=[a.txt,b.txt])")
+            raise setting_error("{path=}{0!r} is not a path: give a file or directory, or a list of them "
+                                "({path=}[a.txt,b.txt])", p)
         return [str(x) for x in items]
 
     def validate(self) -> str:
         """Check every field (one-line ValueError naming the option) and return the effective tokenizer."""
         if self.name not in NAMES:
-            raise ValueError(f"unknown data set {self.name!r}: choose data=shakespeare_char, data=shakespeare "
-                             f"or data=text (with data.path=<file or directory>)")
+            raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, {name=}shakespeare or "
+                                "{name=}text (with {path=}<file or directory>)", self.name)
         if self.tokenizer not in TOKENIZERS:
-            raise ValueError(f"unknown tokenizer data.tokenizer={self.tokenizer!r}: use data.tokenizer=char "
-                             f"or data.tokenizer=gpt2")
+            raise setting_error("unknown tokenizer {tokenizer=}{0!r}: use {tokenizer=}char or {tokenizer=}gpt2",
+                                self.tokenizer)
         try:
             vf = float(self.val_fraction)
         except (TypeError, ValueError):
             vf = float("nan")
         if not 0.0 < vf < 1.0:
-            raise ValueError(f"data.val_fraction={self.val_fraction!r} must be between 0 and 1 (exclusive): "
-                             f"e.g. data.val_fraction=0.1 keeps the last 10% of the text for validation")
+            raise setting_error("{val_fraction=}{0!r} must be between 0 and 1 (exclusive): e.g. {val_fraction=}0.1 "
+                                "keeps the last 10% of the text for validation", self.val_fraction)
         if self.encoding_errors not in ENCODING_ERRORS:
-            raise ValueError(f"data.encoding_errors={self.encoding_errors!r} is not supported: use one of "
-                             f"{', '.join(ENCODING_ERRORS)} (replace turns undecodable bytes into U+FFFD)")
+            raise setting_error("{encoding_errors=}{0!r} is not supported: use one of {1} (replace turns undecodable "
+                                "bytes into U+FFFD)", self.encoding_errors, ", ".join(ENCODING_ERRORS))
         if self.name == "text" and not self.path:
-            raise ValueError("data=text needs your text: add data.path=<a text file or a directory of .txt files>")
+            raise setting_error("{name=}text needs your text: add {path=}<a text file or a directory of .txt files>")
         self.paths()
         if not isinstance(self.text_key, str) or not self.text_key:
-            raise ValueError(f"data.text_key={self.text_key!r} must name the JSON field holding the text: "
-                             f"e.g. data.text_key=text")
+            raise setting_error("{text_key=}{0!r} must name the JSON field holding the text: e.g. {text_key=}text",
+                                self.text_key)
         if self.name == "shakespeare_char":
             if self.tokenizer != "char":
-                raise ValueError("data=shakespeare_char is char-level but data.tokenizer=gpt2 was given: use "
-                                 "data=shakespeare for Tiny Shakespeare with GPT-2 BPE")
+                raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}gpt2 was given: use "
+                                    "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE")
             return "char"
         if self.name == "shakespeare":
             return "gpt2"

@@ -16,6 +16,7 @@ from typing import Iterator
 
 import numpy as np
 
+from common.text import setting_error
 from data import sources
 from data.config import DataConfig
 
@@ -31,7 +32,7 @@ class Corpus:
     display: str  # as the user gave it (messages)
     abspath: str  # absolute (meta.json)
     nbytes: int
-    setting: str  # what messages name: data.path=... (or the downloaded file)
+    given: str | None  # the path setting as given, for messages ("a.txt", "[a.txt,b.txt]"); None: the download
     text_key: str  # the field of a .jsonl line that holds its text
 
     @property
@@ -45,44 +46,44 @@ class Corpus:
 
 
 def _expand(given: str) -> tuple[list[Path], list[str] | None]:
-    """One data.path entry: a file, or every .txt / .jsonl under a directory sorted by relative path."""
+    """One `path` entry: a file, or every .txt / .jsonl under a directory sorted by relative path."""
     p = Path(os.path.expanduser(given))
     if not p.exists():
-        raise FileNotFoundError(f"data.path={given} does not exist (looked at {p.absolute()}): give an "
-                                f"existing text file or a directory of .txt files")
+        raise setting_error("{path=}{0} does not exist (looked at {1}): give an existing text file or a directory "
+                            "of .txt files", given, p.absolute(), cls=FileNotFoundError)
     if not p.is_dir():
         return [p], None
     files = sorted((f for f in p.rglob("*") if f.suffix in SUFFIXES and f.is_file()),
                    key=lambda f: f.relative_to(p).as_posix())
     if not files:
-        raise ValueError(f"directory {p} has no .txt files (nor .jsonl): put your text in files ending in .txt, "
-                         f"or point data.path at a single file")
+        raise setting_error("directory {0} has no .txt files (nor .jsonl): put your text in files ending in .txt, "
+                            "or point {path} at a single file", p)
     return files, [f.relative_to(p).as_posix() for f in files]
 
 
 def resolve(cfg: DataConfig) -> Corpus:
-    """data.path (one or several files or directories), else Tiny Shakespeare (cached or downloaded)."""
+    """`path` (one or several files or directories), else Tiny Shakespeare (cached or downloaded)."""
     given = cfg.paths()
     if len(given) == 1:
         files, names = _expand(given[0])
         p = Path(os.path.expanduser(given[0]))
-        display, abspath, setting = str(p), str(p.absolute()), f"data.path={given[0]}"
+        display, abspath, shown = str(p), str(p.absolute()), given[0]
     elif given:  # several: their files in order, each name prefixed by its entry's position
         files, names = [], []
         for i, g in enumerate(given):
             f, n = _expand(g)
             files += f
             names += [f"{i}:{x}" for x in (n or [f[0].name])]
-        display, setting = ", ".join(given), f"data.path=[{','.join(given)}]"
+        display, shown = ", ".join(given), f"[{','.join(given)}]"
         abspath = ", ".join(str(Path(os.path.expanduser(g)).absolute()) for g in given)
     else:  # the Shakespeare presets without a local copy: cache / download
         p = sources.shakespeare_path()
-        files, names, display, abspath, setting = [p], None, str(p), str(p.absolute()), str(p)
+        files, names, display, abspath, shown = [p], None, str(p), str(p.absolute()), None
     nbytes = sum(f.stat().st_size for f in files)
     if nbytes == 0:
         what = f"all {len(files)} files of {display} are empty" if names else f"{display} is empty"
         raise ValueError(f"{what}: give a text file with some content")
-    return Corpus(files, names, display, abspath, nbytes, setting, cfg.text_key)
+    return Corpus(files, names, display, abspath, nbytes, shown, cfg.text_key)
 
 
 def _open(src: Corpus, path: Path):
@@ -91,8 +92,10 @@ def _open(src: Corpus, path: Path):
     except OSError as e:
         denied = isinstance(e, PermissionError)
         where = "" if str(path) == src.display else f": {path}"
-        raise type(e)(f"{src.setting} cannot be read ({'permission denied' if denied else e.strerror or e}{where}): "
-                      f"{'check its permissions' if denied else 'check the file'} or give another file") from None
+        shown = "{0}" if src.given is None else "{path=}{0}"
+        raise setting_error(shown + " cannot be read ({1}): {2} or give another file", src.given or src.display,
+                            f"{'permission denied' if denied else e.strerror or e}{where}",
+                            "check its permissions" if denied else "check the file", cls=type(e)) from None
 
 
 def _file_header(src: Corpus, i: int) -> bytes:
@@ -123,9 +126,9 @@ def _text_chunks(f, path: Path, errors: str, feed) -> Iterator[str]:
         except UnicodeDecodeError as e:
             bad = e.object[e.start:e.start + 1]
             what = f"byte 0x{bad.hex()}" if bad else "an incomplete character at the end"
-            raise ValueError(f"{path} is not valid UTF-8: {what} at byte offset {offset - pending + e.start:,} "
-                             f"({e.reason}): re-save the file as UTF-8, or set data.encoding_errors=replace to turn "
-                             f"undecodable bytes into U+FFFD") from None
+            raise setting_error("{0}: re-save the file as UTF-8, or set {encoding_errors=}replace to turn undecodable "
+                                "bytes into U+FFFD", f"{path} is not valid UTF-8: {what} at byte offset "
+                                f"{offset - pending + e.start:,} ({e.reason})") from None
         offset += len(block)
         feed(block)
         if text:
@@ -143,16 +146,16 @@ def _jsonl_documents(f, path: Path, errors: str, key: str, feed) -> Iterator[tup
         try:
             obj = json.loads(line.decode("utf-8-sig" if lineno == 1 else "utf-8", errors=errors))
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path} line {lineno} is not valid UTF-8 ({e.reason}): re-save the file as UTF-8, "
-                             f"or set data.encoding_errors=replace") from None
+            raise setting_error("{0} line {1} is not valid UTF-8 ({2}): re-save the file as UTF-8, or set "
+                                "{encoding_errors=}replace", path, lineno, e.reason) from None
         except ValueError as e:
             raise ValueError(f"{path} line {lineno} is not JSON ({e.__class__.__name__}: {str(e)[:80]}): a .jsonl "
                              f"file holds one JSON object per line") from None
         text = obj.get(key) if isinstance(obj, dict) else None
         if not isinstance(text, str):
             fields = ", ".join(list(obj)[:8]) if isinstance(obj, dict) else type(obj).__name__
-            raise ValueError(f"{path} line {lineno} has no text under {key!r} (it has: {fields}): set "
-                             f"data.text_key=<the field that holds the text>")
+            raise setting_error("{0}: set {text_key=}<the field that holds the text>",
+                                f"{path} line {lineno} has no text under {key!r} (it has: {fields})")
         if text:
             yield (text,)
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from common.rng import seed_for
+from common.text import setting_error
 
 # 32-byte little-endian header, then `count` ids of `itemsize` bytes each:
 # magic b"TGPTTOK\0" | uint32 version (1) | uint32 itemsize (2 or 4) | uint64 count | uint32 vocab_size | uint32 0
@@ -123,7 +124,7 @@ def write_token_file(path: str | os.PathLike, ids, vocab_size: int) -> Path:
 
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}={value!r} must be a positive integer")
+        raise setting_error("{" + name + "=}{0!r} must be a positive integer", value)
     return int(value)
 
 
@@ -135,13 +136,14 @@ def _too_short(files: dict, block_size: int) -> ValueError:
     short = [split for split, n in sizes.items() if n < need]
     what = " and the ".join(f"{split} split has only {sizes[split]:,} token{'s' * (sizes[split] != 1)}"
                             for split in short)
-    fixes = [f"lower model.block_size to at most {min(sizes.values()) - 1}"] if min(sizes.values()) >= 2 else []
+    fixes = ["lower {block_size} to at most {3}"] if min(sizes.values()) >= 2 else []
     if len(short) == 1 and sum(sizes.values()) >= 2 * need:
-        fixes.append("raise data.val_fraction to keep more text for validation" if short == ["val"] else
-                     "lower data.val_fraction to keep more text for training")
-    fixes.append(f"use more text ({files[short[0]].path.parent})")
+        fixes.append("raise {val_fraction} to keep more text for validation" if short == ["val"] else
+                     "lower {val_fraction} to keep more text for training")
+    fixes.append("use more text ({4})")
     fix = ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
-    return ValueError(f"the {what} but block_size={block_size} needs at least {need:,}: {fix}")
+    return setting_error("the {0} but {block_size=}{1} needs at least {2:,}: " + fix, what, block_size, need,
+                         min(sizes.values()) - 1, files[short[0]].path.parent)
 
 
 class BatchLoader:
@@ -175,8 +177,8 @@ class BatchLoader:
     def load_state_dict(self, state: dict) -> None:
         step, micro = int(state["step"]), int(state["micro"])
         if step < 0 or not 0 <= micro < self.grad_accum_steps:
-            raise ValueError(f"loader state {state!r} does not fit grad_accum_steps={self.grad_accum_steps}: "
-                             f"resume with the same grad_accum_steps")
+            raise setting_error("loader state {0!r} does not fit {grad_accum_steps=}{1}: resume with the same "
+                                "{grad_accum_steps}", state, self.grad_accum_steps)
         self.step, self.micro = step, micro
 
     def _draw(self, split: str, n: int, *key) -> np.ndarray:

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import re
 import sys
 import time
 from typing import Callable
 
 from tqdm import tqdm
 
+from common.text import error_line, in_keys, setting_error
 from data import corpus
 from data.cache import (FORMAT, FORMAT_VERSION, Prepared, cache_key, load_prepared, lookup, prepared_root, publish,
                         staging)
@@ -28,7 +28,6 @@ from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
 def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None] | None = None) -> Prepared:
     """Prepared token files for `cfg`, from the cache when possible. With `progress`: a bar on stderr and
     one-line notes, printed on stderr or handed to `log` (training passes its logger, so they land in train.log)."""
-    cfg = DataConfig.coerce(cfg)
     tok_kind = cfg.validate()
     src = corpus.resolve(cfg)
 
@@ -59,8 +58,8 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
     tok: Tokenizer | None = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
     n_chars, chars = corpus.scan(src, errors, want_vocab=tok is None)
     if n_chars == 0:
-        raise ValueError(f"{src.display} has no text left after decoding with data.encoding_errors={errors}: "
-                         f"give a text file with some content")
+        raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file with "
+                            "some content", src.display, errors)
     tok = tok if tok is not None else CharTokenizer(chars)
     n_train = int(n_chars * (1.0 - vf))
     note(f"preparing {cfg.name} ({src.nbytes / 1e6:,.1f} MB, {tok.describe()}) from {src.display} into {final}")
@@ -102,16 +101,6 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
-_CLI_NAMES = {"data.path=": "--path ", "data.tokenizer=": "--tokenizer ", "data.val_fraction=": "--val-fraction ",
-              "data.encoding_errors=": "--encoding-errors ", "data.text_key=": "--text-key ", "data=": "--data "}
-
-
-def _cli_message(msg: str) -> str:
-    """One line, with the Hydra override names (data.path=...) spelled as this CLI's flags."""
-    names = "|".join(map(re.escape, _CLI_NAMES))  # data= last: the longer names match first
-    return re.sub(rf"(?<![\w./-])({names})", lambda m: _CLI_NAMES[m.group(1)], " ".join(msg.split()))
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m data.prepare",
@@ -132,9 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = DataConfig(name=args.data, path=path, tokenizer=tokenizer, val_fraction=args.val_fraction,
                      encoding_errors=args.encoding_errors, text_key=args.text_key)
     try:
-        p = prepare(cfg, progress=not args.quiet)
+        with in_keys({"name": "--data", **{k: "--" + k.replace("_", "-") for k in vars(args)}}):  # field -> flag
+            p = prepare(cfg, progress=not args.quiet)
     except (ValueError, OSError) as e:
-        print(f"error: {_cli_message(str(e))}", file=sys.stderr)
+        print(error_line(e), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("error: interrupted (nothing half-written is kept)", file=sys.stderr)

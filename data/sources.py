@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write
-from common.text import one_line
+from common.text import one_line, setting_error
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SIZE = 1_115_394
@@ -63,18 +63,18 @@ def shakespeare_path() -> Path:
     if dest.is_file():
         size = dest.stat().st_size
         if size != SHAKESPEARE_SIZE or hashlib.sha256(dest.read_bytes()).hexdigest() != SHAKESPEARE_SHA256:
-            raise ValueError(
+            raise setting_error(
+                "{0}: delete it so it is downloaded again, or train on your own file with {name=}text {path=}<file>",
                 f"{dest} is not Tiny Shakespeare ({size:,} bytes; expected {SHAKESPEARE_SIZE:,} bytes with sha256 "
-                f"{SHAKESPEARE_SHA256[:12]}...): delete it so it is downloaded again, or train on your own file "
-                f"with data=text data.path=<file>")
+                f"{SHAKESPEARE_SHA256[:12]}...)")
         return dest
     try:
         download(SHAKESPEARE_URL, dest, size=SHAKESPEARE_SIZE, sha256=SHAKESPEARE_SHA256)
     except OSError as e:  # URLError, timeouts, refused connections, unwritable cache ...
-        raise FileNotFoundError(
-            f"Tiny Shakespeare is not at {dest} and could not be downloaded from {SHAKESPEARE_URL} "
-            f"({one_line(getattr(e, 'reason', None) or e)}): copy the file to exactly {dest} (or set TINYGPT_CACHE "
-            f"to a directory that has tinyshakespeare/input.txt), or pass data.path=<your copy>") from None
+        raise setting_error(
+            "Tiny Shakespeare is not at {0} and could not be downloaded from {1} ({2}): copy the file to exactly {0} "
+            "(or set TINYGPT_CACHE to a directory that has tinyshakespeare/input.txt), or pass {path=}<your copy>",
+            dest, SHAKESPEARE_URL, one_line(getattr(e, 'reason', None) or e), cls=FileNotFoundError) from None
     return dest
 
 

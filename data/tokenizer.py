@@ -22,12 +22,6 @@ class Tokenizer:
     vocab_size: int
     eot_id: int | None = None
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Tokenizer) and self.to_dict() == other.to_dict()
-
-    def __hash__(self) -> int:
-        return hash(repr(self.to_dict()))
-
 
 def _ids_list(ids: Iterable[int]) -> list[int]:
     if hasattr(ids, "tolist"):  # torch / numpy

@@ -1,13 +1,14 @@
 """GPTConfig, the model's shape, and `pad_vocab`, the one home of vocabulary padding.
 
 A plain dataclass (no Hydra, no OmegaConf): checkpoints store it as a dict and the model code stays
-framework-free. Construction validates every field with one-line ValueErrors; `field_prefix` lets a caller
-whose config nests these fields (training's `model.` block) get messages in its own key names.
+framework-free. Construction validates every field with one-line errors naming the field (common.text).
 """
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import InitVar, dataclass
+from dataclasses import dataclass
+
+from common.text import setting_error
 
 ATTENTION_IMPLS = ("sdpa", "manual")
 
@@ -29,31 +30,30 @@ class GPTConfig:
     bias: bool = True  # biases in Linear layers and LayerNorms, like GPT-2
     tie_weights: bool = True  # lm_head shares its weight with the token embedding
     attention: str = "sdpa"  # "sdpa" (fused kernels) or "manual" (textbook, can return weights)
-    field_prefix: InitVar[str] = ""  # names fields in messages, e.g. "model." -> model.n_embd=130 (not stored)
 
-    def __post_init__(self, field_prefix: str = ""):
-        p = field_prefix
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_embd"):
-            value = getattr(self, name)
+    def __post_init__(self):
+        for f in dataclasses.fields(self):  # the int and bool fields by their type (annotations are strings here)
+            setting, value = "{" + f.name + "=}", getattr(self, f.name)
             # bool is a subclass of int: refuse it explicitly (n_layer=True is a typo, not 1 layer)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise ValueError(f"{p}{name}={value!r} must be an integer: give a positive whole number")
-            if value < 1:
-                raise ValueError(f"{p}{name}={value} must be positive: give a value >= 1")
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+                raise setting_error(setting + "{0!r} must be an integer: give a positive whole number", value)
+            if f.type == "int" and value < 1:
+                raise setting_error(setting + "{0} must be positive: give a value >= 1", value)
+            if f.type == "bool" and not isinstance(value, bool):
+                raise setting_error(setting + "{0!r} must be a boolean: use true or false", value)
         if self.n_embd % self.n_head != 0:
             suggestion = max(self.n_head, round(self.n_embd / self.n_head) * self.n_head)
-            raise ValueError(f"{p}n_embd={self.n_embd} is not divisible by {p}n_head={self.n_head}: choose n_embd "
-                             f"as a multiple of n_head (e.g. {p}n_embd={suggestion})")
+            raise setting_error("{n_embd=}{0} is not divisible by {n_head=}{1}: choose n_embd as a multiple of n_head "
+                                "(e.g. {n_embd=}{2})", self.n_embd, self.n_head, suggestion)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise ValueError(f"{p}dropout={self.dropout!r} must be a number in [0, 1): e.g. {p}dropout=0.1")
+            raise setting_error("{dropout=}{0!r} must be a number in [0, 1): e.g. {dropout=}0.1", self.dropout)
         if not (0.0 <= self.dropout < 1.0):  # also catches NaN
-            raise ValueError(f"{p}dropout={self.dropout} is outside [0, 1): use e.g. {p}dropout=0.0 or {p}dropout=0.2")
+            raise setting_error("{dropout=}{0} is outside [0, 1): use e.g. {dropout=}0.0 or {dropout=}0.2",
+                                self.dropout)
         self.dropout = float(self.dropout)
-        for name in ("bias", "tie_weights"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{p}{name}={getattr(self, name)!r} must be a boolean: use true or false")
         if self.attention not in ATTENTION_IMPLS:
-            raise ValueError(f"{p}attention={self.attention!r} is not known: use one of {', '.join(ATTENTION_IMPLS)}")
+            raise setting_error("{attention=}{0!r} is not known: use one of {1}", self.attention,
+                                ", ".join(ATTENTION_IMPLS))
 
     @property
     def head_dim(self) -> int:

@@ -26,7 +26,7 @@ def test_second_call_is_a_cache_hit(tiny_corpus, monkeypatch):
     mtimes = {f.name: f.stat().st_mtime_ns for f in p1.dir.iterdir()}
     monkeypatch.setattr(corpus, "scan", lambda *a, **k: pytest.fail("a cache hit must not re-read the text"))
     p2 = prepare(cfg, progress=False)
-    assert p2.cached and p2.dir == p1.dir and p2.meta == p1.meta and p2.tokenizer == p1.tokenizer
+    assert p2.cached and p2.dir == p1.dir and p2.meta == p1.meta and p2.tokenizer.to_dict() == p1.tokenizer.to_dict()
     assert {f.name: f.stat().st_mtime_ns for f in p2.dir.iterdir()} == mtimes
     assert [d.name for d in p1.dir.parent.iterdir()] == [p1.dir.name]  # no temp leftovers
 

@@ -187,7 +187,7 @@ def test_split_too_short_says_how_many_and_what_to_change(tmp_path):
     msg = str(ei.value)
     assert "\n" not in msg
     assert "the val split has only 10 tokens but block_size=32 needs at least 33" in msg
-    assert "model.block_size to at most 9" in msg and "data.val_fraction" in msg
+    assert "lower block_size to at most 9" in msg and "raise val_fraction to keep more text for validation" in msg
     with pytest.raises(ValueError, match="the train split has only 100 tokens"):
         BatchLoader(tr, va, 128, 4, seed=0)
     BatchLoader(tr, va, 9, 4, seed=0).next_batch()  # exactly block_size + 1 tokens is enough
@@ -198,7 +198,7 @@ def test_split_too_short_says_how_many_and_what_to_change(tmp_path):
     with pytest.raises(ValueError) as ei:
         BatchLoader(tr, va, 64, 4, seed=0)
     assert str(ei.value).startswith("the train split has only 25 tokens and the val split has only 3 tokens but "
-                                    "block_size=64 needs at least 65: lower model.block_size to at most 2 or use "
+                                    "block_size=64 needs at least 65: lower block_size to at most 2 or use "
                                     "more text")
     BatchLoader(tr, va, 2, 4, seed=0).eval_batch("val", 0)
 
@@ -217,7 +217,7 @@ def test_loader_on_prepared_data(tiny_corpus):
     text = tiny_corpus.read_text()
     for row in x.tolist():
         assert p.tokenizer.decode(row) in text
-    assert int(x.max()) < p.vocab_size
+    assert int(x.max()) < p.tokenizer.vocab_size
 
 
 def test_header_layout_is_documented():

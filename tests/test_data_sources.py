@@ -68,7 +68,7 @@ def test_shakespeare_offline_error_names_exact_path(monkeypatch):
     msg = str(ei.value)
     assert "\n" not in msg
     assert str(sources.shakespeare_cache_path()) in msg
-    assert "data.path" in msg and "name resolution" in msg
+    assert "or pass path=<your copy>" in msg and "name resolution" in msg
     assert calls == [sources.SHAKESPEARE_URL]
     assert not sources.shakespeare_cache_path().exists()
     assert list(sources.shakespeare_cache_path().parent.iterdir()) == []  # no partial file left
@@ -108,7 +108,7 @@ def test_wrong_file_in_cache_is_refused(monkeypatch):
     dest.write_text("not shakespeare")
     with pytest.raises(ValueError) as ei:
         sources.shakespeare_path()
-    assert str(dest) in str(ei.value) and "data=text" in str(ei.value)
+    assert str(dest) in str(ei.value) and "with name=text path=<file>" in str(ei.value)
 
 
 def test_gpt2_ranks_path(cache_with_gpt2):

@@ -53,7 +53,7 @@ def test_char_dict_roundtrip_is_json():
     tok = CharTokenizer.from_text(MULTIBYTE)
     d = json.loads(json.dumps(tok.to_dict()))
     tok2 = tokenizer_from_dict(d)
-    assert isinstance(tok2, CharTokenizer) and tok2 == tok
+    assert isinstance(tok2, CharTokenizer) and tok2.to_dict() == tok.to_dict()
     assert tok2.decode(tok.encode(MULTIBYTE)) == MULTIBYTE
 
 

@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from tests.helpers import REPO
-from training.config import Config, register_configs, to_dataclass
+from training.config import Config, gpt_config, register_configs, to_dataclass, train_keys
 
 register_configs()
 
@@ -117,7 +117,9 @@ def test_unknown_preset():
     ("train.batch_size=0", "train.batch_size=0 must be >= 1"),
     ("model.dropout=1.0", "model.dropout=1.0 is outside"),
     ("logger.mode=loud", "logger.mode='loud' is not valid"),
-    ("data=text", "data=text needs your text"),
+    ("data=text", "data=text needs your text: add data.path=<"),
+    ("model.n_head=5", "model.n_embd=384 is not divisible by model.n_head=5: choose n_embd as a multiple of n_head "
+                       "(e.g. model.n_embd=385"),
     ("train.seed=-1", "train.seed=-1 must be >= 0: e.g. train.seed=1337"),
     ("train.seed=4294967296", "train.seed=4294967296 is too large: use a whole number from 0 to 4294967295"),
     ("train.seed=99999999999999999999", "train.seed=99999999999999999999 is too large"),
@@ -157,3 +159,32 @@ def test_plain_dict_round_trip():
     assert to_dataclass(d) == c
     with pytest.raises(ValueError, match="invalid config"):
         to_dataclass({"model": {"n_layer": "many"}})
+
+
+def test_library_errors_are_told_in_this_configs_keys(tmp_path):
+    """The data, model and device libraries name their own parameters; under train_keys (train() and validate run
+    under it) they read as train.py's keys."""
+    import numpy as np
+    import torch
+
+    from data.config import DataConfig
+    from data.loader import BatchLoader, write_token_file
+    from data.prepare import prepare
+    from model.device import resolve_device, resolve_dtype
+    with pytest.raises(FileNotFoundError, match=r"^data\.path=nope\.txt does not exist"), train_keys():
+        prepare(DataConfig(name="text", path="nope.txt"), progress=False)
+    tokens = write_token_file(tmp_path / "t.bin", np.arange(20) % 7, 7)
+    with pytest.raises(ValueError, match="block_size=32 needs at least 33: lower model.block_size to at most 19"), \
+            train_keys():
+        BatchLoader(tokens, tokens, 32, 4, seed=0)
+    with pytest.raises(ValueError, match=r"^train\.device='tpu' is not valid"), train_keys():
+        resolve_device("tpu")
+    with pytest.raises(ValueError, match="^train.dtype=float16 needs a GPU: use train.dtype=float32"), train_keys():
+        resolve_dtype("float16", torch.device("cpu"))
+    c = Config()
+    c.model.n_layer = 0
+    with pytest.raises(ValueError, match="^model.n_layer=0 must be positive"):
+        to_dataclass(c)
+    with pytest.raises(ValueError, match="^n_layer=0 must be positive"):  # the library's own name
+        gpt_config(c.model, 65)
+    assert gpt_config(Config().model, 65).vocab_size == 65

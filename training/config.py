@@ -7,16 +7,18 @@ type fails before any work; `validate` adds what types cannot say (ranges, choic
 from __future__ import annotations
 
 import difflib
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from common.text import in_keys
 from data.config import DataConfig
-from model.config import GPTConfig
+from model.config import GPTConfig, pad_vocab
 
 PRESETS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))  # conf/<group>/<option>.yaml, for `group=option`
            for d in (Path(__file__).resolve().parents[1] / "conf").iterdir() if d.is_dir() and d.name != "hydra"}
@@ -98,6 +100,12 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
+def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
+    """The model's GPTConfig: the `model` group's fields of that name and the vocabulary, padded per pad_vocab_to."""
+    shape = {f.name: getattr(m, f.name) for f in fields(GPTConfig) if f.name != "vocab_size"}
+    return GPTConfig(vocab_size=pad_vocab(vocab_size, m.pad_vocab_to), **shape)
+
+
 def register_configs() -> None:
     """Register the schema with Hydra's ConfigStore (idempotent). Imported lazily: Hydra is optional here."""
     from hydra.core.config_store import ConfigStore
@@ -117,6 +125,8 @@ def _dotted(d: dict, prefix: str = "") -> Iterator[str]:
 
 
 SCHEMA_KEYS = tuple(_dotted(OmegaConf.to_container(OmegaConf.structured(Config))))  # model.n_layer, ...
+KEYS = {**{k.split(".")[1]: k for k in SCHEMA_KEYS if k.startswith(("model.", "data.", "train."))}, "name": "data"}
+train_keys = functools.partial(in_keys, KEYS)  # libraries' errors in these keys (DataConfig's name: data=text)
 
 
 def _refuse_unknown(keys: Iterable[str]) -> None:
@@ -173,13 +183,12 @@ def normalize_compile(value: Any) -> Any:
     raise ValueError(f"train.compile={value!r} is not valid: use auto, true or false")
 
 
+@train_keys()
 def validate(c: Config) -> None:
     """Range and cross-field checks the schema's types cannot express; ValueError with one line."""
     m, o, t, lg = c.model, c.optim, c.train, c.logger
-    # GPTConfig holds the shape checks; the vocabulary comes from the tokenizer later (1 stands in)
-    GPTConfig(vocab_size=1, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
-              dropout=m.dropout, bias=m.bias, tie_weights=m.tie_weights, attention=m.attention, field_prefix="model.")
     _check(m.pad_vocab_to >= 1, f"model.pad_vocab_to={m.pad_vocab_to} must be >= 1: use 1 (no padding) or 64")
+    gpt_config(m, 1)  # GPTConfig holds the shape checks; the vocabulary comes from the tokenizer later (1 stands in)
     _check(m.init_from not in ("", REQUIRED), "model.init_from must be given: add model.init_from=PATH, a local "
            "Hugging Face GPT-2 directory (e.g. hf download gpt2 --local-dir gpt2) or a tinygpt run "
            "directory")

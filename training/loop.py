@@ -23,7 +23,7 @@ from checkpoint.manager import CheckpointManager
 from common.rng import seed_all
 from training import distributed as dist_lib
 from training import init_from
-from training.config import Config, to_dataclass
+from training.config import Config, gpt_config, to_dataclass, train_keys
 from training.console import console_with_bar
 from training.device import resolve_compile, setup_device
 from training.metrics import RunLog
@@ -71,8 +71,7 @@ class Trainer:
         from data.loader import BatchLoader
         from data.prepare import prepare
         from data.tokenizer import token_bytes
-        from model import GPT, GPTConfig
-        from model.config import pad_vocab
+        from model import GPT
         c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
         self.dev = setup_device(t.device, t.dtype, rt.local_rank)
         device = self.dev.device
@@ -84,9 +83,7 @@ class Trainer:
         if self.source is not None:
             init_from.check_tokenizer(self.source, self.tokenizer.to_dict())
         self.token_bytes = token_bytes(self.tokenizer).to(device)  # for bits per byte
-        self.gpt_config = GPTConfig(vocab_size=pad_vocab(self.tokenizer.vocab_size, m.pad_vocab_to),
-                                    block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head, n_embd=m.n_embd,
-                                    dropout=m.dropout, bias=m.bias, tie_weights=m.tie_weights, attention=m.attention)
+        self.gpt_config = gpt_config(m, self.tokenizer.vocab_size)
         seed_all(t.seed)
         self.model = init_from.build(GPT, self.gpt_config, self.source, t.resume).to(device)  # same on every rank
         if rt.rank:
@@ -266,6 +263,7 @@ class Trainer:
                                early_stopped=self.early_stopped)
 
 
+@train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
 def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None,
           source: Optional[init_from.Source] = None, rt: Optional[dist_lib.DistInfo] = None) -> TrainResult:
     """Train per `cfg` (a DictConfig, dict or Config) into `run_dir`; exit_code 130/143 when a signal stopped it.
