@@ -1,7 +1,5 @@
-"""One checkpoint file: a plain dict, written atomically, loaded with torch.load(weights_only=True).
-
-Plain containers only, so loading never unpickles code; every way a file can be unusable becomes one
-CheckpointError line. Format 1's keys are listed in docs/design.md (Checkpoints).
+"""One checkpoint file: a plain dict, written atomically, loaded with torch.load(weights_only=True), so loading
+never unpickles code; every way a file can be unusable is one CheckpointError line. Keys: docs/design.md.
 """
 from __future__ import annotations
 
@@ -71,8 +69,7 @@ def save_checkpoint(obj: dict, path: str | os.PathLike) -> Path:
 
 
 def link_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
-    """Atomically make `dst` hold the same bytes as `src` (hard link; copy where links are unsupported). A hard
-    link shares the inode, so when `src` is later replaced by os.replace, `dst` keeps the old bytes."""
+    """Atomically make `dst` hold the same bytes as `src` (hard link; copy where links are unsupported)."""
     src, dst = Path(src), Path(dst)
     tmp = temp_path(dst)
     try:
@@ -166,8 +163,7 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
 
 
 def tokenizer_name(tok: dict) -> str:
-    """Format 1's "tokenizer" entry (data.tokenizer's to_dict()) in words, for the error lines of a resume and a
-    fine-tune: "gpt2 BPE" or "char (65 characters)". Here, not in data/, because checkpoint/ must not import data/."""
+    """Format 1's "tokenizer" entry in words for error lines: "gpt2 BPE" or "char (65 characters)"."""
     if tok.get("type") == "char":
         return f"char ({len(tok.get('chars', ''))} characters)"
     return "gpt2 BPE" if tok.get("type") == "gpt2" else str(tok.get("type", "unknown"))

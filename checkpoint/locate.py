@@ -1,7 +1,5 @@
-"""Which checkpoint the user means, read by the one reader: for the inference CLIs (sample.py, eval.py, export.py),
-fine-tuning and resumes. One home for the run-directory rules (inference: best.pt, else last.pt; resume: the
-freshest of last.pt and last_dcp/) and the newest-run lookup. torch, model/ and checkpoint.file are imported
-lazily: sample.py checks its arguments first.
+"""Which checkpoint the user means (inference CLIs, fine-tuning, resumes), read by the one reader. torch, model/
+and checkpoint.file are imported lazily: sample.py checks its arguments first.
 """
 from __future__ import annotations
 
@@ -24,10 +22,8 @@ def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
 
 def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bool = False,
                     mmap: bool = False) -> tuple[Path, dict]:
-    """(its path, the checkpoint) that `path` names, loaded with weights_only and checked (one-line
-    CheckpointError): a checkpoint file, or a sharded directory (its metadata: no weights) unless `model`;
-    with `run_dir`, a run directory's best.pt, else last.pt (FileNotFoundError when it has neither). `model`:
-    it must hold model weights and a tokenizer (inference, fine-tuning). `mmap`: tensors paged in on use."""
+    """(its path, the checkpoint) that `path` names, checked: a file, or a sharded directory's metadata unless
+    `model` (then weights and a tokenizer are required); `run_dir`: a run directory's best.pt, else last.pt."""
     from checkpoint.file import CheckpointError, load_checkpoint
     p = Path(os.path.expanduser(str(path)))
     if run_dir and p.is_dir():
@@ -43,8 +39,7 @@ def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bo
 
 
 def add_checkpoint_options(parser, required: bool = False):
-    """--run DIR | --checkpoint FILE on an argparse parser, mutually exclusive; the group is returned so that a
-    CLI can add its other model source (--init, --hf) to it."""
+    """--run DIR | --checkpoint FILE, mutually exclusive; returns the group, for a CLI's other source (--init)."""
     src = parser.add_mutually_exclusive_group(required=required)
     src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
     src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
@@ -73,8 +68,7 @@ def find_newest_checkpoint(roots=RUN_ROOTS) -> Path | None:
 
 
 def resolve_checkpoint(run=None, checkpoint=None, other: str = "--init HF_DIR") -> Path:
-    """--checkpoint FILE, else --run DIR's checkpoint, else the newest run's (announced on stderr).
-    `other` names the CLI's remaining source option in the "nothing found" message."""
+    """--checkpoint FILE, else --run DIR's, else the newest run's (on stderr); `other`: the CLI's other source."""
     if checkpoint is not None:
         return Path(checkpoint)
     path = checkpoint_in_run(Path(run)) if run is not None else find_newest_checkpoint()
@@ -93,8 +87,7 @@ def model_from_checkpoint(ckpt: dict, source: Any = "the checkpoint"):
 
 
 def load_for_inference(path, device="cpu"):
-    """(float32 model in eval mode on `device`, tokenizer dict, checkpoint dict) from a tinygpt checkpoint
-    (weights_only). Works for FSDP runs too: their last.pt/best.pt hold the complete weights."""
+    """(float32 eval-mode model on `device`, tokenizer dict, checkpoint dict) of a checkpoint file (FSDP runs' too)."""
     _, ckpt = read_checkpoint(path, model=True)
     try:
         model = model_from_checkpoint(ckpt)
@@ -104,10 +97,8 @@ def load_for_inference(path, device="cpu"):
 
 
 def resume_checkpoint(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[Path, dict]]:
-    """What `train.resume` names, read: (last.pt or a sharded directory, the checkpoint; a sharded one's metadata),
-    or None (no resume). true: the run dir's freshest resumable checkpoint (last.pt with optimizer state vs
-    last_dcp/, by step; an FSDP run's last.pt is a weights-only export, so last_dcp/ wins there). A path: a
-    file, a sharded directory, or a run directory."""
+    """(path, checkpoint) that `train.resume` names, or None: true means the run dir's freshest resumable one
+    (last.pt with optimizer state vs last_dcp/, by step); a path is a file, a sharded dir or a run dir."""
     from checkpoint.file import CheckpointError
     if spec is False or spec is None:
         return None
@@ -135,8 +126,7 @@ def resume_checkpoint(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[P
 
 
 def _step(path: Path, resumable: bool = False) -> int:
-    """A checkpoint's step; -1 when unreadable, or not `resumable` for want of optimizer state (mmap: the weights
-    stay on disk)."""
+    """A checkpoint's step (mmap: weights stay on disk); -1 if unreadable, or `resumable` and no optimizer state."""
     try:
         ckpt = read_checkpoint(path, mmap=True)[1]
         return -1 if resumable and ckpt.get("optimizer") is None else int(ckpt.get("step", -1))

@@ -1,8 +1,5 @@
-"""Resume and save a run: the one place that knows which files a checkpoint is and what goes into them.
-
-torchtitan's pattern: the loop hands over its Stateful parts once and calls `resume(spec)` at the start
-and `save(step, best)` at evaluations. Whether a save is one file or a sharded directory (FSDP) is
-decided here, and the layout stays checkpoint.file's format 1, so files of every version load.
+"""Resume and save a run: the one place that knows which files a checkpoint is and what goes into them
+(torchtitan's pattern, docs/design.md): one file, or a sharded directory under FSDP, always format 1.
 """
 from __future__ import annotations
 
@@ -20,11 +17,9 @@ _DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile",
 
 
 class CheckpointManager:
-    """`states`: name -> Stateful (state_dict / load_state_dict), saved under its name; "model" (the plain
-    module, sharded in place under FSDP) and "optimizer" are required, a None part is saved as None.
-    `meta`: what every checkpoint also records (model_config, tokenizer, config) and a resume must match.
-    `sharded`: an FSDP run (last_dcp/ to resume from, last.pt a weights-only export). Under torchrun every
-    rank calls resume() and save() (collectives); rank 0 writes the files; `group` carries the barriers."""
+    """`states`: name -> Stateful, saved under its name ("model" and "optimizer" required; None saved as None).
+    `meta`: what every checkpoint records and a resume must match (model_config, tokenizer, config). `sharded`:
+    an FSDP run. Every rank calls resume() and save() (collectives); rank 0 writes; `group` carries barriers."""
 
     def __init__(self, run_dir: str | os.PathLike, states: dict[str, Any], meta: dict, *, sharded: bool = False,
                  group: Any = None):
@@ -107,10 +102,7 @@ class CheckpointManager:
         for name, part in self.states.items():  # on every rank: some state_dicts are collectives
             if name not in ("model", "optimizer"):
                 sd = part.state_dict() if part is not None else None
-                if name in TOP_LEVEL:
-                    state.update(sd)
-                else:
-                    state[name] = sd
+                state.update(sd if name in TOP_LEVEL else {name: sd})
         last = self.run_dir / "last.pt"
         if self.sharded:  # the resumable checkpoint is the DCP one; last.pt holds the weights for sample.py
             state["sharded"] = True

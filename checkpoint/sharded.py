@@ -1,8 +1,5 @@
 """Sharded checkpoints (FSDP runs): torch.distributed.checkpoint (DCP) directories beside the single files.
-
-Every rank writes its own shards in parallel and DCP reshards on load, so a sharded checkpoint resumes
-on any world size, in DDP or in one process. A directory cannot be replaced atomically the way a file
-can, so a save writes a temp directory and swaps it in; `recover_sharded` finishes a swap a kill cut.
+Every rank writes its shards and DCP reshards on load; a save swaps a temp directory in (docs/design.md).
 """
 from __future__ import annotations
 
@@ -46,19 +43,15 @@ def _quiet_single_process():
         yield
 
 
-def _tmp_dir(path: Path) -> Path:
-    return path.with_name(f".{path.name}.tmp")
-
-
-def _old_dir(path: Path) -> Path:
-    return path.with_name(f".{path.name}.old")
+def _beside(path: Path, kind: str) -> Path:
+    return path.with_name(f".{path.name}.{kind}")
 
 
 def recover_sharded(run_dir: str | os.PathLike) -> None:
     """Rank 0 at start: finish a directory swap a kill interrupted, drop half-written temp dirs."""
     for name in (LAST_DCP, BEST_DCP):
         path = Path(run_dir) / name
-        old, tmp = _old_dir(path), _tmp_dir(path)
+        old, tmp = _beside(path, "old"), _beside(path, "tmp")
         if not path.exists() and is_sharded_checkpoint(tmp):
             os.rename(tmp, path)  # the new checkpoint was complete: publish it
         elif not path.exists() and old.exists():
@@ -69,7 +62,7 @@ def recover_sharded(run_dir: str | os.PathLike) -> None:
 
 def _link_dir(src: Path, dst: Path) -> None:
     """`dst` holds the same files as `src` (hard links; copies where links fail), swapped in whole."""
-    tmp = _tmp_dir(dst)
+    tmp = _beside(dst, "tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
@@ -78,7 +71,7 @@ def _link_dir(src: Path, dst: Path) -> None:
             os.link(f, tmp / f.name)
         except OSError:
             shutil.copy2(f, tmp / f.name)
-    replace_dir(tmp, dst, _old_dir(dst))
+    replace_dir(tmp, dst, _beside(dst, "old"))
 
 
 def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, meta: dict, *,
@@ -88,7 +81,7 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     path = Path(path)
-    tmp = _tmp_dir(path)
+    tmp = _beside(path, "tmp")
     try:
         if is_main_rank() and tmp.exists():
             shutil.rmtree(tmp)
@@ -98,7 +91,7 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
             dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp), no_dist=not _distributed())
         if is_main_rank():
             save_checkpoint(meta, tmp / DCP_META)
-            replace_dir(tmp, path, _old_dir(path))
+            replace_dir(tmp, path, _beside(path, "old"))
             if best_path is not None:
                 _link_dir(path, Path(best_path))
     except OSError as e:
@@ -150,8 +143,7 @@ def load_full_optimizer_state(model: torch.nn.Module, optimizer, state: dict) ->
 
 
 def _export_source(src: Path) -> Path:
-    """The sharded directory `export SRC` reads: SRC itself or SRC/last_dcp; else a one-line CheckpointError
-    saying what SRC is (missing, a file, a run without sharded checkpoints) and what to give instead."""
+    """The sharded directory `export SRC` reads: SRC or SRC/last_dcp; else a CheckpointError saying what to give."""
     if not src.exists():
         raise CheckpointError(f"{src} does not exist: {_GIVE_SHARDED}")
     if src.is_file():

@@ -1,7 +1,5 @@
-"""Causal multi-head self-attention, two interchangeable paths over the same weights.
-
-"sdpa" calls F.scaled_dot_product_attention (flash / memory-efficient kernels); "manual" is the textbook
-softmax(q k^T / sqrt(hs) + causal mask) v, and can return the attention weights (attention maps, tests).
+"""Causal multi-head self-attention, two interchangeable paths over the same weights: "sdpa" (fused kernels)
+and "manual" (the textbook softmax, which can return the attention weights for maps and tests).
 """
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
 """A step function replayed as a CUDA graph: one-token decoding launches hundreds of tiny kernels, and
-launching them costs more than running them; a graph launches them all at once. Captured over the eager
-function (no compiler), so capturing costs about a few eager steps. Used by model/generate.py (GraphedDecode).
+launching them costs more than running them. Captured over the eager function, no compiler (docs/design.md).
 """
 from __future__ import annotations
 

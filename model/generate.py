@@ -1,8 +1,5 @@
 """Sampling from a GPT: a ladder of small functions, each built on the one below (as gpt-fast's generate.py).
-
-    logits_to_probs -> sample -> prefill / decode_one_token -> DecodeEngine.tokens -> generate_tokens -> generate
-The engine picks how the one-token step runs (eager, a CUDA graph, torch.compile) and owns the fallback when
-capturing or compiling fails. A full window slides by half a block, so the KV cache stays useful.
+The ladder, the sliding window and the engine's CUDA-graph/compile fallback: docs/design.md, Model and generation.
 """
 from __future__ import annotations
 
@@ -69,8 +66,7 @@ def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None, voca
 
 
 def draw(probs, generator=None) -> torch.Tensor:
-    """probs (B, V) -> tokens (B, 1), each row's drawn ~ probs: the exponential race argmax(p_i / E_i) with
-    E_i ~ Exp(1), which needs no host sync (unlike torch.multinomial)."""
+    """probs (B, V) -> tokens (B, 1) drawn ~ probs by the exponential race (no host sync; see docs/design.md)."""
     e = (torch.empty_like(probs).exponential_(1.0) if generator is None
          else _exponential(probs.shape, generator).to(probs.device))
     return (probs / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(dim=-1, keepdim=True)
@@ -104,9 +100,8 @@ def _step_before_draw(model, tok, pos, cache, temperature, top_k, top_p, vocab_l
 
 
 class GraphedDecode:
-    """decode_one_token with the step up to the draw replayed as a CUDA graph captured at the first call
-    (capture=False: uncaptured). The draw stays eager, so a user's Generator gives eager's tokens.
-    One per generation: the graph holds the first call's model and (static) cache."""
+    """decode_one_token with the step up to the (eager) draw replayed as a CUDA graph captured at the first call
+    (capture=False: uncaptured). One per generation: the graph holds the first call's model and static cache."""
 
     def __init__(self, capture: bool = True):
         self.capture, self.step, self.cache = capture, None, None
@@ -124,9 +119,8 @@ class GraphedDecode:
 
 
 class DecodeEngine:
-    """Runs generations: prefill, then the cached one-token step as picked here (eager decode_one_token, a
-    GraphedDecode, or decode_one_token torch.compile'd once per engine; CUDA graphs are re-recorded per new
-    cache). A failed capture or compile warns once, then this engine decodes eagerly (ENGINE: for the process)."""
+    """Runs generations: prefill, then the one-token step picked here (eager, a GraphedDecode, or torch.compile'd
+    once per engine). A failed capture or compile warns once, then this engine decodes eagerly."""
 
     def __init__(self):
         self.cuda_graphs_work = True  # False once a capture has failed
@@ -185,8 +179,7 @@ class DecodeEngine:
             yield tokens[:, n - 1:n]
 
     def _first_call(self, decode, args, kw):
-        """A compiled/graphed decode's first call (which compiles/captures it): its token, or None after a warning
-        if that failed; the caller then retries eagerly outside this frame, generator rewound."""
+        """A compiled/graphed decode's first call: its token, or None (warned, generator rewound) if that failed."""
         g = kw.get("generator")
         state = g.get_state() if g is not None else None
         try:
@@ -213,9 +206,7 @@ ENGINE = DecodeEngine()
 def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
                     generator=None, compile=False, vocab_limit=None, cuda_graphs=True) -> Iterator[torch.Tensor]:
     """Yield max_new_tokens (B, 1) LongTensors continuing idx (B, T), never an id >= vocab_limit; arguments are
-    checked now, not at the first token; call model.eval() first. On CUDA the cached decode step is a CUDA graph
-    (not with cuda_graphs=False or autocast) or, with compile=True, torch.compile'd (elsewhere: a warning);
-    either falls back to eager decoding, with one warning, if capturing or compiling fails."""
+    checked now, not at the first token; call model.eval() first. CUDA graphs and compile: docs/design.md."""
     _check_sampling(temperature, top_k, top_p, vocab_limit)
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.is_floating_point():
         raise ValueError("idx must be a (batch, time) tensor of token ids: e.g. torch.tensor([[0]])")
@@ -233,6 +224,5 @@ def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
              generator=None, compile=False, vocab_limit=None, cuda_graphs=True) -> torch.Tensor:
     """idx (B, T) -> (B, T + max_new_tokens): the prompt followed by the generated tokens."""
-    new = generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p, use_kv_cache, generator,
-                          compile, vocab_limit, cuda_graphs)
-    return torch.cat([idx.long(), *new], dim=1)
+    return torch.cat([idx.long(), *generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
+                                                  use_kv_cache, generator, compile, vocab_limit, cuda_graphs)], dim=1)

@@ -1,7 +1,4 @@
 """GPT: a GPT-2-style decoder-only transformer (nanoGPT's layout, GPT-2's module names so HF weights map 1:1).
-
-    idx (B, T) -> wte(idx) + wpe(pos) -> drop -> n_layer x Block -> ln_f -> lm_head -> logits (B, T, V)
-    Block (pre-LN):  x = x + attn(ln_1(x));  x = x + mlp(ln_2(x))
 Sampling lives in model/generate.py and the Hugging Face format in model/hf.py; the methods here are thin.
 """
 from __future__ import annotations
@@ -83,8 +80,7 @@ class GPT(nn.Module):
             nn.init.normal_(module.weight, mean=0.0, std=0.02)
 
     def num_params(self, non_embedding: bool = True) -> int:
-        """Parameter count, a tied matrix once (nanoGPT's convention: non_embedding subtracts the position
-        embeddings, and the token embedding only when untied, since a tied one is also the output layer)."""
+        """Parameters, a tied matrix once; non_embedding (nanoGPT's convention) drops wpe, and wte when untied."""
         n = sum(p.numel() for p in self.parameters())
         if non_embedding:
             n -= self.transformer.wpe.weight.numel()
@@ -98,9 +94,8 @@ class GPT(nn.Module):
                              f"crop the input to its last {self.config.block_size} tokens or use a larger block_size")
 
     def forward(self, idx, targets=None, *, cache=None, input_pos=None, last_only=False):
-        """idx (B, T) -> (logits (B, T, V), loss or None); targets (B, T): next ids, -1 = ignored. last_only: logits
-        (B, 1, V) of the last position, all that sampling reads (the head is the largest matmul of a prefill).
-        With a KVCache, k/v are written at `input_pos` (T,), default 0..T-1; queries see cached positions <= theirs."""
+        """idx (B, T) -> (logits (B, T, V), loss or None); targets (B, T): next ids, -1 = ignored. last_only: only the
+        last position's logits (B, 1, V). With a KVCache, k/v are written at `input_pos` (T,), default 0..T-1."""
         B, T = idx.size()
         self._check_length(T)
         if input_pos is None:

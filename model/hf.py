@@ -1,7 +1,5 @@
 """The Hugging Face GPT-2 format both ways, locally (no network, no transformers package): read for
-GPT.from_pretrained, written for export.py. Our module names are GPT-2's, so the mapping is small: HF's Conv1D
-weights are stored (in, out), nn.Linear's (out, in). Weights are read as tensors only. HF's GPT-2 always has
-biases and no padded vocabulary rows, so an export adds zero biases (bias=false) and drops the padding.
+GPT.from_pretrained, written for export.py. Our module names are GPT-2's, so the mapping is small.
 """
 from __future__ import annotations
 
@@ -14,7 +12,8 @@ from model.config import GPTConfig
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # names HF uses for the same tanh formula
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",  # in order of preference
+                "pytorch_model.bin", "pytorch_model.bin.index.json")
 
 
 def config_from_hf(hf: dict) -> GPTConfig:
@@ -58,7 +57,7 @@ def _load_file(path: Path) -> dict:
 
 def load_hf_state_dict(path: Path) -> dict:
     """The raw tensors of a HF checkpoint dir: safetensors first, then pytorch_model.bin, sharded or not."""
-    for name in WEIGHT_FILES:  # in order of preference
+    for name in WEIGHT_FILES:
         if (path / name).is_file() and name.endswith(".index.json"):
             shards = sorted(set(json.loads((path / name).read_text())["weight_map"].values()))
             return {k: t for shard in shards for k, t in _load_file(path / shard).items()}
@@ -85,8 +84,7 @@ def convert_hf_state_dict(sd: dict, config: GPTConfig) -> dict:
 
 
 def read_config(path) -> GPTConfig:
-    """Our config for a local Hugging Face GPT-2 directory: FileNotFoundError without config.json (or without
-    weights), ValueError (one line) for one tinygpt cannot load."""
+    """Our config for a local HF GPT-2 directory: FileNotFoundError without config.json, ValueError if unsupported."""
     path = Path(path).expanduser()
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}/config.json not found: point from_pretrained at a local HF GPT-2 "
@@ -119,24 +117,20 @@ def hf_config(config: GPTConfig, vocab_size: int) -> dict:
 
 
 def to_hf_state_dict(model, vocab_size: int) -> dict:
-    """`model`'s weights in GPT2LMHeadModel's names and layouts (float32, CPU): Conv1D weights transposed,
-    padded vocabulary rows dropped, zero biases where the model has none, the head stored only when untied."""
+    """`model`'s weights in GPT2LMHeadModel's names and layouts (float32, CPU; see docs/design.md)."""
     c = model.config
     assert 1 <= vocab_size <= c.vocab_size, (vocab_size, c.vocab_size)
-    out = {}
-    for key, t in model.state_dict().items():
+    out, sd = {}, model.state_dict()
+    for key, t in sd.items():
         t = t.detach().to("cpu", torch.float32)
         if key == "lm_head.weight" and c.tie_weights:
             continue  # HF ties it to wte on load
         if key in ("lm_head.weight", "transformer.wte.weight"):
             t = t[:vocab_size]
         out[key] = (t.t() if key.endswith(_CONV1D) else t).contiguous().clone()  # own storage: safetensors
-    if not c.bias:  # zeros compute the same function as no bias
-        widths = {"ln_1": c.n_embd, "ln_2": c.n_embd, "attn.c_attn": 3 * c.n_embd, "attn.c_proj": c.n_embd,
-                  "mlp.c_fc": 4 * c.n_embd, "mlp.c_proj": c.n_embd}
-        for i in range(c.n_layer):
-            out.update({f"transformer.h.{i}.{name}.bias": torch.zeros(n) for name, n in widths.items()})
-        out["transformer.ln_f.bias"] = torch.zeros(c.n_embd)
+    if not c.bias:  # HF's GPT-2 has a bias wherever a block or ln_f has a weight; zeros compute no bias
+        out.update({k.removesuffix("weight") + "bias": torch.zeros(t.size(0)) for k, t in sd.items()
+                    if k.startswith(("transformer.h.", "transformer.ln_f."))})  # (out, in): t.size(0) is out
     return out
 
 

@@ -1,8 +1,5 @@
 """KVCache: per-layer key/value buffers allocated once and written in place at explicit positions (gpt-fast).
-
-A static cache hands attention all max_len slots (stale ones masked): fixed shapes and addresses, for CUDA
-graphs and torch.compile. A dynamic one hands over only the filled prefix (CPU decoding reads memory).
-One tensor per layer: torch.compile copies views of a stacked one.
+Static: all max_len slots, fixed shapes for CUDA graphs and torch.compile; dynamic: only the filled prefix.
 """
 from __future__ import annotations
 
@@ -29,13 +26,11 @@ class KVCache:
                    device=device or p.device, dtype=dtype, static=static)
 
     def width(self, input_pos: torch.Tensor) -> int:
-        """How many key slots queries at input_pos (T,) see: all max_len of a static cache, else the filled
-        prefix 0..input_pos[-1] (a host read: free on CPU, a sync on a GPU, where caches are static)."""
+        """Key slots queries at input_pos (T,) see: all max_len if static, else the filled prefix (a host read)."""
         return self.max_len if self.static else int(input_pos[-1]) + 1
 
     def update(self, layer: int, input_pos: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Write k, v (B, nh, T, hs) at positions input_pos (T,); return this layer's (B, nh, width, hs) buffers
-        (views of the first `width(input_pos)` slots)."""
+        """Write k, v (B, nh, T, hs) at input_pos (T,); return this layer's first `width` slots (B, nh, width, hs)."""
         k_all, v_all = self.k[layer], self.v[layer]
         k_all.index_copy_(2, input_pos, k.to(k_all.dtype))  # cast: k may be bf16 under autocast
         v_all.index_copy_(2, input_pos, v.to(v_all.dtype))

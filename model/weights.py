@@ -1,6 +1,5 @@
-"""Weights into a model, in one home, whatever their source (a checkpoint, a Hugging Face directory, a fine-tune
-source): one check and one error line, and a model built on the meta device that takes the tensors as they are.
-"""
+"""Weights into a model, whatever their source (checkpoint, Hugging Face, fine-tune): one check, one error line,
+and a model built on the meta device that takes the tensors as they are."""
 from __future__ import annotations
 
 import re
