@@ -1,9 +1,7 @@
 """tinygpt's benchmark: `python bench.py [--quick] [--only train,quality,decode,prep,startup,sample] [--out PATH]`.
 
-One command measures what people choose a trainer for, prints a table and writes JSON (default
-`bench_results/<timestamp>.json`) with the hardware, torch version, git commit (flagged "uncommitted" when
-the tree differs from it), the load average and every setting used. The sections live in benchmarks/;
-docs/benchmarks.md says what each measures and how.
+Prints a table and writes JSON (hardware, torch, git commit, load average, every setting) to --out, default
+bench_results/<timestamp>.json. The sections live in benchmarks/; docs/benchmarks.md says what each measures.
 """
 from __future__ import annotations
 

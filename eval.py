@@ -1,8 +1,7 @@
 """Score a text file with a trained model: `python eval.py --file TEXT --run RUN_DIR` (see --help).
 
-Mean next-token cross-entropy, perplexity and bits per byte. A text longer than the context is scored
-with overlapping windows (Hugging Face's strided-perplexity scheme): every token once, with the context its
-window gives. The text is read and checked before torch is imported; a mistake is one `error: ...` line.
+A text longer than the context is scored with overlapping windows (Hugging Face's strided perplexity):
+every token once, with the context its window gives. The text is checked before torch is imported.
 """
 from __future__ import annotations
 
@@ -13,10 +12,8 @@ import sys
 from pathlib import Path
 
 from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
-from common.cli import ArgumentParser
-from common.text import error_line, in_keys
-
-EXIT_USAGE = 2
+from common.cli import ArgumentParser, cli_main, read_text_file
+from common.text import in_keys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,22 +38,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.batch_size < 1:
         raise ValueError(f"--batch-size {args.batch_size} is invalid: use 1 or more")
     return args
-
-
-def read_text(path: str) -> str:
-    try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise FileNotFoundError(f"--file {path} does not exist: check the path") from None
-    except IsADirectoryError:
-        raise IsADirectoryError(f"--file {path} is a directory: give a text file") from None
-    if not data:
-        raise ValueError(f"--file {path} is empty: give a text file with something to score")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"--file {path} is not UTF-8 text (invalid byte at offset {e.start}): "
-                         "save it as UTF-8") from None
 
 
 def windows(n_inputs: int, block_size: int, stride: int) -> list[tuple[int, int, int]]:
@@ -102,15 +83,6 @@ def token_losses(model, ids, *, stride: int | None = None, batch_size: int = 8, 
     return losses
 
 
-def summarize(losses, ids, byte_lengths) -> dict:
-    """The figures eval.py prints: loss, perplexity, bits_per_byte, tokens and bytes (of the scored tokens)."""
-    import torch
-    total, n_bytes = losses.sum().item(), int(byte_lengths[torch.as_tensor(ids[1:])].sum())
-    return {"loss": total / len(losses), "perplexity": math.exp(total / len(losses)),
-            "bits_per_byte": total / math.log(2) / n_bytes if n_bytes else None,
-            "tokens": len(losses), "bytes": n_bytes}
-
-
 def load_hf(path: str):
     """GPT.from_pretrained + its tokenizer: a char vocab.json (export.py's) when there is no merges.txt, else GPT-2."""
     from data.tokenizer import CharTokenizer, GPT2Tokenizer
@@ -128,7 +100,10 @@ def load_hf(path: str):
 
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    text = read_text(args.file)
+    text = read_text_file(args.file, "--file")
+    if not text:
+        raise ValueError(f"--file {args.file} is empty: give a text file with something to score")
+    import torch
     from data.tokenizer import token_bytes, tokenizer_from_dict
     from model.device import resolve_device
     with in_keys({"device": "--device"}):
@@ -152,7 +127,9 @@ def run(argv: list[str] | None = None) -> int:
                          f"skipped; use at most --stride {T}")
     losses = token_losses(model.to(device), ids, stride=args.stride, batch_size=args.batch_size,
                           vocab_limit=tokenizer.vocab_size, progress=True)
-    r = summarize(losses, ids, token_bytes(tokenizer))
+    total, n_bytes = losses.sum().item(), int(token_bytes(tokenizer)[torch.as_tensor(ids[1:])].sum())  # scored
+    r = {"loss": total / len(losses), "perplexity": math.exp(total / len(losses)),
+         "bits_per_byte": total / math.log(2) / n_bytes if n_bytes else None, "tokens": len(losses), "bytes": n_bytes}
     if args.json:
         print(json.dumps(r))
     else:
@@ -164,18 +141,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except KeyboardInterrupt:
-        return 130
-    except (ValueError, OSError) as e:
-        print(error_line(e), file=sys.stderr)
-        return EXIT_USAGE
-    except RuntimeError as e:  # running out of (GPU) memory is a resource problem, not a bug: one line
-        if "out of memory" not in str(e).lower() and "can't allocate memory" not in str(e).lower():
-            raise
-        print("error: out of memory while scoring: use a smaller --batch-size, or another --device", file=sys.stderr)
-        return 1
+    return cli_main(run, argv, "while scoring: use a smaller --batch-size, or another --device")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,6 @@
 """Export a trained tinygpt model: to Hugging Face (`python export.py --hf OUT_DIR --run RUN_DIR`), or an FSDP
 run's sharded checkpoint as one .pt file (`python export.py --pt RUN_DIR [-o OUT]`); see --help.
-
---hf writes config.json + model.safetensors (transformers' GPT2LMHeadModel) and the tokenizer files into a temp
-directory beside OUT_DIR, then renames it into place: a failure never leaves a half-written OUT_DIR.
-Arguments and OUT_DIR are checked before torch is imported; a mistake is one `error: ...` line, exit 2.
+--hf writes into a temp directory beside OUT_DIR and renames it into place: a failure never leaves half of one.
 """
 from __future__ import annotations
 
@@ -14,11 +11,8 @@ import sys
 from pathlib import Path
 
 from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
-from common.cli import ArgumentParser
+from common.cli import ArgumentParser, cli_main
 from common.files import replace_dir
-from common.text import error_line
-
-EXIT_USAGE = 2
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,13 +46,6 @@ def export_pt(src: str, out: str | None) -> Path:
         betas=(o.get("beta1", 0.9), o.get("beta2", 0.99)), device_type="cpu"))
 
 
-def check_out_dir(out: Path, force: bool) -> None:
-    if out.exists() and not out.is_dir():
-        raise FileExistsError(f"--hf {out} is a file: give a directory to write the model into")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise FileExistsError(f"--hf {out} is not empty: choose a new directory, or pass --force to replace it")
-
-
 def write_export(model, tokenizer, out: Path) -> list[str]:
     """Everything HF needs into `out` (an empty directory); the names of the files written."""
     from data.hf_tokenizer import write_char_vocab, write_hf_tokenizer
@@ -77,7 +64,10 @@ def run(argv: list[str] | None = None) -> int:
         print(f"wrote {export_pt(args.pt, args.out)}")
         return 0
     out = Path(args.hf).expanduser()
-    check_out_dir(out, args.force)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"--hf {out} is a file: give a directory to write the model into")
+    if out.is_dir() and any(out.iterdir()) and not args.force:
+        raise FileExistsError(f"--hf {out} is not empty: choose a new directory, or pass --force to replace it")
     path = resolve_checkpoint(args.run, args.checkpoint)
     if out.resolve() in Path(path).resolve().parents:  # --force would delete the checkpoint itself
         raise ValueError(f"--hf {out} holds the checkpoint {path}: export into another directory")
@@ -104,11 +94,7 @@ def run(argv: list[str] | None = None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except (ValueError, OSError) as e:
-        print(error_line(e), file=sys.stderr)
-        return EXIT_USAGE
+    return cli_main(run, argv)
 
 
 if __name__ == "__main__":

@@ -14,14 +14,13 @@ import time
 from pathlib import Path
 
 from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
-from common.cli import ArgumentParser
-from common.text import error_line, in_keys
+from common.cli import ArgumentParser, cli_main, read_text_file
+from common.text import in_keys
 from common.threads import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): see common/threads.py
 
 SEPARATOR = "\n---------------\n"
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,20 +89,9 @@ def validate_args(args: argparse.Namespace) -> None:
 
 def read_prompt(args: argparse.Namespace) -> str | None:
     """The prompt text, or None for "start from the default token"."""
-    if args.prompt_file is None:
-        text, source = args.prompt, "--prompt"
-    else:
-        source = f"prompt file {args.prompt_file}"
-        try:
-            text = (sys.stdin.buffer.read().decode("utf-8") if args.prompt_file == "-"
-                    else Path(args.prompt_file).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise FileNotFoundError(f"{source} does not exist: check the path given to --prompt-file") from None
-        except IsADirectoryError:
-            raise IsADirectoryError(f"--prompt-file {args.prompt_file} is a directory: give a text file") from None
-        except UnicodeDecodeError as e:
-            raise ValueError(f"{source} is not UTF-8 text (byte {e.start}): save it as UTF-8") from None
+    text = args.prompt if args.prompt_file is None else read_text_file(args.prompt_file, "--prompt-file")
     if text == "":
+        source = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
         raise ValueError(f"{source} is empty: give some text, or leave out the prompt to start from a newline")
     return text
 
@@ -181,9 +169,9 @@ def stream_text(tokens, tokenizer, write, stop: str | None = None) -> int:
     return n
 
 
-def run(argv: list[str] | None = None, out=None) -> int:
+def run(argv: list[str] | None = None) -> int:
     """The whole CLI; raises ValueError/OSError for user mistakes (main() turns them into one line)."""
-    out = out if out is not None else sys.stdout
+    out = sys.stdout
     args = parse_args(argv)
     validate_args(args)
     text = read_prompt(args)
@@ -231,23 +219,7 @@ def run(argv: list[str] | None = None, out=None) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    try:
-        return run(argv)
-    except KeyboardInterrupt:
-        print(flush=True)  # end the half-printed line
-        return EXIT_INTERRUPTED
-    except BrokenPipeError:  # e.g. `python sample.py | head`: the reader left; exit quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    except (ValueError, OSError) as e:
-        print(error_line(e), file=sys.stderr)
-        return EXIT_USAGE
-    except RuntimeError as e:  # running out of (GPU) memory is a resource problem, not a bug: one line
-        if not re.search(r"out of memory|can't allocate memory", str(e), re.IGNORECASE):
-            raise
-        print("error: out of memory while generating: use a smaller --max-new-tokens or --num-samples, "
-              "or another --device", file=sys.stderr)
-        return 1
+    return cli_main(run, argv, "while generating: use a smaller --max-new-tokens or --num-samples, or another --device")
 
 
 if __name__ == "__main__":

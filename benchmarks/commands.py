@@ -136,8 +136,7 @@ def section_sample(args, dev) -> dict:
     tok = GPT2Tokenizer() if shape == "gpt2" else CharTokenizer(SHAKESPEARE_CHARS)
     torch.manual_seed(0)
     ckpt = {"format": FORMAT, "version": VERSION, "model": GPT(cfg).state_dict(), "model_config": cfg.to_dict(),
-            "tokenizer": tok.to_dict(), "optimizer": {}, "scaler": None, "step": 0, "best_val_loss": None,
-            "config": {}, "rng": {}, "loader": {}, "wandb_run_id": None}
+            "tokenizer": tok.to_dict(), "step": 0}  # what inference reads; a training checkpoint has more
     n = args.decode_tokens
     cmd = ["sample.py", "--checkpoint", "model.pt", "--max-new-tokens", str(n), "--seed", "0", "--no-stream",
            "--device", str(dev.device)]

@@ -11,7 +11,7 @@ from pathlib import Path
 from unittest import mock
 
 from benchmarks import PRESETS, REPO, VOCAB, gpt_config, load_avg, say
-from common.text import one_line
+from common.text import failure_reason
 
 
 def sync(device) -> None:
@@ -91,8 +91,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
         row["error"] = f"out of memory at batch_size={batch}: pass --batch {name}=N with a smaller N"
         return row
     except Exception as e:  # noqa: BLE001 - e.g. a compiler failure: record it, measure the other presets
-        first_line = (str(e).strip().splitlines() or [""])[0][:200]
-        row["error"] = f"{type(e).__name__}: {first_line}" + " (try --compile off)" * compile_model
+        row["error"] = failure_reason(e) + " (try --compile off)" * compile_model
         return row
     finally:  # CPU: no allocator statistics (see the process's RSS instead)
         cuda = device.type == "cuda"
@@ -159,7 +158,7 @@ def section_decode(args, dev) -> dict:
             best = statistics.median(timed(kw, n) for _ in range(reps))
             row = dict(warmup_s=round(first, 3), seconds=round(best, 3), runs=reps, tokens_per_s=round(n / best, 1))
         except Exception as e:  # noqa: BLE001 - one failed mode must not lose the others
-            row = {"error": f"{type(e).__name__}: {one_line(e)}"[:300]}
+            row = {"error": failure_reason(e)}
         res["rows"].append({"mode": mode, **row})
     by = {r["mode"]: r.get("tokens_per_s") for r in res["rows"]}
     if by.get("kv_cache") and by.get("no_cache"):
@@ -177,9 +176,7 @@ def section_prep(args, dev) -> dict:
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-prep-") as tmp, \
             mock.patch.dict(os.environ, TINYGPT_CACHE=str(Path(tmp) / "cache")):
         path = Path(tmp) / "corpus.txt"
-        with open(path, "wb") as f:
-            for _ in range(copies):
-                f.write(text)
+        path.write_bytes(text * copies)
         if ranks is not None:  # the GPT-2 ranks, found where the user keeps them
             (Path(tmp) / "cache" / "tokenizers").mkdir(parents=True)
             os.symlink(ranks, Path(tmp) / "cache" / "tokenizers" / "gpt2.tiktoken")

@@ -1,7 +1,16 @@
-"""The inference CLIs' argument parser: a usage mistake is one `error: ...` line, like every other mistake."""
+"""What the inference CLIs (sample.py, eval.py, export.py) share: every user mistake is one `error: ...` line
+on stderr with exit code 2, whether argparse, a file or the model found it."""
 from __future__ import annotations
 
 import argparse
+import os
+import re
+import sys
+from pathlib import Path
+
+from common.text import error_line
+
+EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -9,3 +18,37 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def error(self, message):
         raise ValueError(f"{message} (see python {self.prog} --help)")
+
+
+def read_text_file(path: str, option: str) -> str:
+    """The UTF-8 text of the file `path` (- = stdin) given with `option`; one-line errors that name the option."""
+    try:
+        return (sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()).decode("utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{option} {path} does not exist: check the path") from None
+    except IsADirectoryError:
+        raise IsADirectoryError(f"{option} {path} is a directory: give a text file") from None
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{option} {path} is not UTF-8 text (invalid byte at offset {e.start}): "
+                         "save it as UTF-8") from None
+
+
+def cli_main(run, argv: list[str] | None, oom_hint: str | None = None) -> int:
+    """run(argv) as a command: ValueError/OSError (user mistakes) as one line and exit 2, Ctrl-C as exit 130,
+    a closed pipe (`| head`) quietly; with `oom_hint`, running out of memory (a resource problem) as one line."""
+    try:
+        return run(argv)
+    except KeyboardInterrupt:
+        print(flush=True)  # end the half-printed line
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader left: exit quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, OSError) as e:
+        print(error_line(e), file=sys.stderr)
+        return EXIT_USAGE
+    except RuntimeError as e:
+        if oom_hint is None or not re.search(r"out of memory|can't allocate memory", str(e), re.IGNORECASE):
+            raise
+        print(f"error: out of memory {oom_hint}", file=sys.stderr)
+        return 1

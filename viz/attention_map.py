@@ -57,14 +57,11 @@ def token_labels(tokenizer, ids: list[int], glyphs: set[int] | None = None) -> l
             b += 1
         text = data[a:b].decode("utf-8", errors="backslashreplace")
         text = text.replace("\n", "⏎").replace(" ", "·").replace("\t", "⇥")
-        text = "".join(c if c.isprintable() and ord(c) in glyphs else _escape(c) for c in text)
+        text = "".join(c if c.isprintable() and ord(c) in glyphs  # else 世 -> \\u4e16, BEL -> \\x07
+                       else c.encode("unicode_escape").decode("ascii") for c in text)
         labels.append(("…" if a < s else "") + text + ("…" if b > e else ""))
         s = e
     return labels
-
-
-def _escape(c: str) -> str:
-    return c.encode("unicode_escape").decode("ascii")  # 世 -> \\u4e16, BEL -> \\x07
 
 
 def draw_attention_map(model, tokenizer, ids: list[int], path, title: str = "") -> None:
@@ -72,8 +69,7 @@ def draw_attention_map(model, tokenizer, ids: list[int], path, title: str = "") 
     MAX_TOKENS tokens: row i of a heatmap = how much query token i attends to each key token j <= i."""
     ids = ids[-MAX_TOKENS:]
     device = next(model.parameters()).device
-    att = model.attention_maps(torch.tensor([ids], dtype=torch.long, device=device))
-    att = att[:, 0].float().cpu().numpy()  # (n_layer, n_head, T, T)
+    att = model.attention_maps(torch.tensor([ids], device=device))[:, 0].float().cpu().numpy()  # (L, H, T, T)
     n_layer, n_head, T, _ = att.shape
     upper = np.triu(np.ones((T, T), dtype=bool), k=1)
     families, glyphs = label_fonts()
@@ -91,10 +87,8 @@ def draw_attention_map(model, tokenizer, ids: list[int], path, title: str = "") 
             im = ax.imshow(np.ma.masked_array(att[l, h], mask=upper), cmap="viridis", norm=norm,
                            interpolation="nearest")
             ax.set_facecolor("#eeeeee")  # the masked future (upper triangle)
-            ax.set_xticks(range(T))
-            ax.set_yticks(range(T))
-            ax.set_xticklabels(labels if l == n_layer - 1 else [], rotation=90, fontsize=font, family=families)
-            ax.set_yticklabels(labels if h == 0 else [], fontsize=font, family=families)
+            ax.set_xticks(range(T), labels if l == n_layer - 1 else [], rotation=90, fontsize=font, family=families)
+            ax.set_yticks(range(T), labels if h == 0 else [], fontsize=font, family=families)
             ax.tick_params(length=0, pad=1)
             if l == 0:
                 ax.set_title(f"head {h}", fontsize=11)

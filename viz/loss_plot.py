@@ -4,7 +4,6 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Optional
 
 from common.files import atomic_write
 
@@ -15,7 +14,7 @@ def _points(records: list[dict], kind: str, key: str) -> list[tuple]:
             if r.get("type") == kind and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
 
 
-def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path]:
+def plot_loss(records: list[dict], path: Path, title: str = "") -> Path | None:
     """Train (per log interval) and val/train (per eval) loss against step, as a PNG. None if nothing to plot."""
     train, ev_train, ev_val = (_points(records, *k) for k in (("train", "loss"), ("eval", "train_loss"),
                                                                ("eval", "val_loss")))
@@ -24,11 +23,9 @@ def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path
     mpl_log = logging.getLogger("matplotlib")
     if mpl_log.getEffectiveLevel() < logging.WARNING:  # its INFO lines ("generated new fontManager") are noise
         mpl_log.setLevel(logging.WARNING)
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
 
-    fig = Figure(figsize=(8, 4.5), dpi=100)
-    FigureCanvasAgg(fig)
+    fig = Figure(figsize=(8, 4.5), dpi=100, layout="tight")
     ax = fig.add_subplot(1, 1, 1)
     if train:
         ax.plot(*zip(*train), color="tab:blue", alpha=0.35, linewidth=1, label="train (log interval)")
@@ -45,7 +42,6 @@ def plot_loss(records: list[dict], path: Path, title: str = "") -> Optional[Path
         ax.set_title(title, fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
     with atomic_write(path) as f:
         fig.savefig(f, format="png")
     return Path(path)
