@@ -1,8 +1,5 @@
 """Train a tinygpt model: `python train.py [key=value ...]` (Hydra; configs in conf/, the loop in training/loop.py).
-
-Around Hydra: the CPU preset without CUDA and `experiment=`; the command line and memory checked before anything
-runs (a mistake is one `error: ...` line, exit 2, no run directory); the run (sweep) directory locked for its life,
-rank 0's for every rank under torchrun; SIGINT/SIGTERM exit 130/143.
+Around Hydra, so a mistake is one `error: ...` line before anything runs: docs/design.md ("Training loop", train.py).
 """
 from __future__ import annotations
 
@@ -80,9 +77,8 @@ def main(cfg: DictConfig) -> None:
     oom = (f"with train.batch_size={cfg.train.batch_size}, model.block_size={cfg.model.block_size}: lower "
            f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
     try:
-        # (a sweep's job had no on_run_start: train() then sets itself up from cfg)
         result = train(_config or cfg, out, cli_overrides=list(HydraConfig.get().overrides.task), source=_source,
-                       rt=_rt)
+                       rt=_rt)  # (a sweep's job had no on_run_start: train() then sets itself up from cfg)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
         _clean = result.clean
     except torch.OutOfMemoryError:
@@ -102,8 +98,7 @@ def main(cfg: DictConfig) -> None:
 
 
 def claim(given: str, key: str, resume: object = None) -> str | None:
-    """Make `given` this process's run (or sweep) directory, locked for the process's life (common/run_lock);
-    else the one-line reason why not. The checks without side effects come first: a refusal leaves no trace."""
+    """Lock `given` as this process's run (or sweep) directory for its life; else the one-line reason why not."""
     path = Path(given)
     if path.resolve() == Path.cwd().resolve():
         return (f"{key}={given or repr(given)} is the current directory, where the run's files (last.pt, "
@@ -133,8 +128,7 @@ def claim(given: str, key: str, resume: object = None) -> str | None:
 
 
 class Checks(Callback):
-    """Hydra calls this (conf/config.yaml: hydra.callbacks) with the config it composed, before it makes the
-    run directory and writes .hydra/ there. Hydra turns a callback's exception into a warning: hence _fail."""
+    """Checks the composed config before Hydra makes the run directory (it would turn an exception into a warning)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
         global _config, _source, _rt
@@ -171,8 +165,7 @@ def with_override(args: list[str], override: str) -> list[str]:
 
 
 def preflight(args: list[str]) -> None:
-    """Before Hydra runs: each override of each job against conf/'s presets and the schema; a sweep's jobs
-    also composed and validated (a single run's config is validated by Checks). Other --flags: Hydra's."""
+    """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed); other --flags are Hydra's."""
     multirun = bool({"-m", "--multirun"} & set(args))
     overrides = [a for a in args if a not in ("-m", "--multirun")]
     if multirun and distributed.launched_by_torchrun():

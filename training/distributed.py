@@ -1,8 +1,5 @@
-"""Scale-out on PyTorch's own engine: torchrun launches, DDP or FSDP2 average the gradients.
-
-This module only decides how tinygpt uses it: which process group, which wrapper, when gradients sync,
-and where ranks agree on a number (where it is read, never per step). A plain `python train.py` starts
-no process group.
+"""Scale-out on PyTorch's own engine (torchrun, DDP, FSDP2): this module only decides which process group, which
+wrapper, when gradients sync and where ranks agree on a number. A plain `python train.py` starts no process group.
 """
 from __future__ import annotations
 
@@ -53,14 +50,6 @@ def _env_int(name: str, default: int) -> int:
                          f"which sets it ({_TORCHRUN})") from None
 
 
-def env_info() -> tuple[int, int, int, int]:
-    """(rank, world_size, local_rank, local_world_size) from torchrun's environment (0, 1, 0, 1 without)."""
-    ws, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
-    if ws < 1 or not 0 <= rank < ws:
-        raise ValueError(f"RANK={rank} / WORLD_SIZE={ws} are inconsistent: launch with torchrun ({_TORCHRUN})")
-    return rank, ws, _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", ws)
-
-
 def launched_by_torchrun() -> bool:
     """True under torchrun (or any launcher that sets the env:// variables), even with one process."""
     return all(k in os.environ for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
@@ -84,9 +73,11 @@ def resolve_parallel(spec: str, world_size: int, launched: bool) -> str:
 
 
 def init(device_spec: str = "auto", parallel: str = "none") -> DistInfo:
-    """Join the torchrun job (`train.device`, `train.parallel`): NCCL on CUDA, gloo on the CPU, plus the CPU
-    control group. Once per process (train.py calls it before Hydra makes the run directory); destroy() ends it."""
-    rank, ws, local_rank, local_ws = env_info()
+    """Join the torchrun job: NCCL on CUDA, gloo on the CPU, plus the CPU control group (once; destroy() ends it)."""
+    ws, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
+    if ws < 1 or not 0 <= rank < ws:
+        raise ValueError(f"RANK={rank} / WORLD_SIZE={ws} are inconsistent: launch with torchrun ({_TORCHRUN})")
+    local_rank, local_ws = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", ws)
     mode = resolve_parallel(parallel, ws, launched_by_torchrun())
     info = DistInfo(rank=rank, world_size=ws, local_rank=local_rank, local_world_size=local_ws, parallel=mode)
     if mode == "none":
@@ -108,8 +99,7 @@ def init(device_spec: str = "auto", parallel: str = "none") -> DistInfo:
 
 
 def destroy(info: Optional[DistInfo], together: bool = False) -> None:
-    """End the process group init() started (also after errors: it never raises). `together` (a run that ended
-    well): first wait for every rank, since a peer gone mid-teardown aborts gloo's threads."""
+    """End init()'s process group, never raising; `together` (a run that ended well): first wait for every rank."""
     if info is None or not info.distributed or not dist.is_initialized():
         return
     with contextlib.suppress(Exception):  # shutting down after an error must not hide that error
@@ -139,8 +129,7 @@ def broadcast_object(obj: Any, info: DistInfo) -> Any:
 
 @contextlib.contextmanager
 def main_first(info: DistInfo):
-    """Run the body on local rank 0 first, then on the others (e.g. preparing a shared cache). The ranks meet on
-    the CPU control group: no GPU work, a 60-minute timeout."""
+    """Run the body on local rank 0 first, then on the others (e.g. to fill a shared cache): a CPU barrier."""
     if info.distributed and info.local_rank != 0:
         dist.barrier(group=info.control_group)
     try:
@@ -150,9 +139,7 @@ def main_first(info: DistInfo):
             dist.barrier(group=info.control_group)
 
 
-def describe(info: DistInfo) -> str:
-    if not info.distributed:
-        return "single process"
+def describe(info: DistInfo) -> str:  # of a process group (metrics' opening lines)
     what = {"ddp": "DDP", "fsdp": "FSDP2 (fully_shard per block)"}[info.parallel]
     return f"{what} over {info.world_size} process{'es' if info.world_size > 1 else ''} ({info.backend})"
 
@@ -165,8 +152,7 @@ def check_dtype(info: DistInfo, dtype: torch.dtype) -> None:
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """DDP(model), or `model` itself sharded in place by FSDP2 (every block, then the root). Build the
-    optimizer after this call: under FSDP the parameters become DTensor shards."""
+    """DDP(model), or `model` sharded in place by FSDP2 (build the optimizer after: parameters become shards)."""
     if info.parallel == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         kw = {"device_ids": [device.index] if device.type == "cuda" else None, "gradient_as_bucket_view": True}
@@ -188,8 +174,7 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
 
 @contextlib.contextmanager
 def grad_sync(model: torch.nn.Module, info: DistInfo, last: bool):
-    """Context for one micro-step's forward+backward: gradients are reduced across ranks only when `last`
-    (DDP's no_sync; FSDP2 accumulates unsharded gradients and reduce-scatters once)."""
+    """Context for one micro-step's forward+backward: gradients are reduced across ranks only when `last`."""
     inner = getattr(model, "_orig_mod", model)  # torch.compile(DDP(...)) -> DDP
     if info.parallel == "ddp" and not last:
         with inner.no_sync():
@@ -217,8 +202,7 @@ def weights_finite(params, info: DistInfo) -> bool:
 
 
 def eval_plan(n: int, info: DistInfo) -> list[tuple[int, bool]]:
-    """This rank's eval batches as (index, counted): i % world_size == rank; with FSDP padded with
-    uncounted repeats so every rank runs the same number of forwards (each is a collective)."""
+    """This rank's eval batches as (index, counted); FSDP pads with uncounted ones (each forward is a collective)."""
     mine = [(i, True) for i in range(info.rank, n, info.world_size)]
     if info.parallel == "fsdp":
         mine += [(0, False)] * (math.ceil(n / info.world_size) - len(mine))

@@ -1,7 +1,6 @@
-"""`model.init_from`: fine-tuning starts from the weights of a local Hugging Face GPT-2 directory or of a
-tinygpt run directory / checkpoint file. Those weights fit one shape only, so the source sets it over any
-preset (an explicit command-line value that contradicts it is refused); a smaller model.block_size crops the
-position embeddings (as nanoGPT does). Optimizer, schedule and step count start fresh.
+"""`model.init_from`: fine-tune from a local Hugging Face GPT-2 directory or a tinygpt run / checkpoint; optimizer,
+schedule and step count start fresh. The weights fit one shape, so the source sets it over any preset (why:
+docs/design.md, "Fine-tuning and early stopping"); a smaller model.block_size crops the position embeddings.
 """
 from __future__ import annotations
 
@@ -75,8 +74,7 @@ def given_keys(cli_overrides: Optional[Iterable[str]]) -> set[str]:
 
 
 def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
-    """Open `c.model.init_from` (if set) and give the Config's `c.model` its shape, context and vocabulary
-    padding; a one-line ValueError for an explicit override, context or tokenizer that does not fit."""
+    """Open `c.model.init_from` (if set) and give `c.model` its shape, context and vocabulary padding."""
     m = c.model
     if m.init_from is None:
         return None
@@ -119,8 +117,7 @@ def check_tokenizer(src: Source, tokenizer: dict) -> None:
 
 
 def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.nn.Module:
-    """`model_cls(config)` on the CPU: freshly initialised without a source or when resuming (the checkpoint
-    has the weights), else built on the meta device holding the source's weights (wpe cropped to block_size)."""
+    """`model_cls(config)` with the source's weights (wpe cropped to block_size); fresh without one or resuming."""
     if src is None or resume is not False:
         if src is not None:
             src.ckpt = None

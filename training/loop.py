@@ -1,14 +1,11 @@
 """The training loop: `train(cfg, run_dir)`, a plain function (train.py is a thin Hydra wrapper around it).
-
-The loop logs once per log interval (the only host sync), evaluates and saves at intervals and stops
-early when val loss stops improving. Why resume is exact wherever a stop lands: docs/design.md.
+Why it syncs with the host once per log interval and resumes exactly wherever a stop lands: docs/design.md.
 """
 from __future__ import annotations
 
 import dataclasses
 import logging
 import math
-import os
 import secrets
 import sys
 import time
@@ -58,14 +55,13 @@ class Trainer:
                  source: Optional[init_from.Source]):
         t, m = c.train, c.model
         self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
-        self.t_start = time.perf_counter()
         self.stop = StopRequest(rt)
         self.report = RunLog(t.max_iters, enabled=rt.is_main)  # metrics.jsonl, wandb, log lines
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)
         self.dev, self.num_params, self.resumed, self.compiled, self.early_stopped = None, 0, False, False, False
-        self.session_tokens, self.train_seconds, self.t_mark = 0, 0.0, 0.0  # throughput of this session
+        self.t_start, self.session_tokens, self.train_seconds, self.t_mark = time.perf_counter(), 0, 0.0, 0.0  # session
 
     def setup(self) -> None:
         from data.loader import BatchLoader
@@ -90,8 +86,7 @@ class Trainer:
             torch.manual_seed(t.seed + rt.rank)  # different dropout masks per process
         self.wrapped = dist_lib.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
         self.num_params = self.model.num_params()
-        self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, m.n_embd // m.n_head,
-                                               m.block_size)
+        self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, m.n_embd // m.n_head, m.block_size)
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                          device_type=device.type, name=o.name, muon_lr=o.muon_lr,
                                          muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
@@ -133,18 +128,15 @@ class Trainer:
         self.stop.install()
         try:
             with console_with_bar(show_bar), self.report.progress(t.max_iters, st.step, show_bar):
-                if self.resumed and st.eval_pending:  # the evaluation a stop cut short, as the straight run did it
-                    self._eval_and_save(save=st.step > 0)
-                elif not self.resumed and t.eval_at_start:
-                    self._eval_and_save(save=False)
-                grad_sync = partial(dist_lib.grad_sync, self.wrapped, self.rt)
+                if st.eval_pending or (t.eval_at_start and not self.resumed):  # pending: a stop cut it short
+                    self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
                     set_lr(self.optimizer, self.lr_at(st.step))
                     # (self.module, not bound once: after a failed compile the guard retries on the eager model)
                     loss = self.guard.run("train", lambda: train_step(
                         self.module, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
                         autocast=self.dev.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
-                        grad_sync=grad_sync))
+                        grad_sync=partial(dist_lib.grad_sync, self.wrapped, self.rt)))
                     self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
                     st.tokens += self.tokens_per_step
@@ -155,12 +147,8 @@ class Trainer:
                     if st.step % t.eval_interval == 0 or st.step == t.max_iters:
                         self._eval_and_save()
                 self.stop.finish()  # the stop all-reduce still in flight (every rank has one)
-                if self.stop.signum is None and self.window.n:
-                    self._log_train()
-                elif self.stop.signum is not None:  # no partial log line: the window goes into last.pt (exact metrics)
-                    self.window.read(self._diverged)  # still checked for NaN, on every rank
-                    now = time.perf_counter()
-                    self.train_seconds, self.t_mark = self.train_seconds + now - self.t_mark, now
+                if self.window.n or self.stop.signum is not None:
+                    self._log_train(write=self.stop.signum is None)
                 if self.ckpt.last_step != st.step:
                     self._save(st.step)
         finally:
@@ -177,7 +165,6 @@ class Trainer:
 
     def _evaluate(self) -> dict[str, dict]:
         plan = dist_lib.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
-        # a stop ends the evaluation early in one process; under torchrun every rank finishes its collectives
         stop = lambda: self.stop.signum is not None and not self.rt.distributed  # noqa: E731
         return {split: eval_stats(self.module, partial(self.loader.eval_batch, split), plan, stop=stop,
                                   autocast=self.dev.autocast, reduce_sum=partial(dist_lib.all_reduce_sum, info=self.rt),
@@ -213,8 +200,7 @@ class Trainer:
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
-    def _save(self, step: int, best: bool = False) -> None:
-        """Every rank calls it (collectives); never with diverged weights."""
+    def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights
         if not dist_lib.weights_finite(self.model.parameters(), self.rt):
             self._diverged(step, float("nan"))
         self.ckpt.save(step, best)
@@ -226,13 +212,15 @@ class Trainer:
                                f"stopped and {kept}: lower optim.lr (now {self.c.optim.lr:g}) or keep "
                                f"optim.grad_clip > 0, then start again or resume from the last good checkpoint")
 
-    def _log_train(self) -> None:
+    def _log_train(self, write: bool = True) -> None:
+        """Read the window (NaN check, every rank), time it; a stop's (`write` False) stays unlogged, for last.pt."""
         st, vals = self.state, self.window.read(self._diverged)
         now = time.perf_counter()
         dt, timed = now - self.t_mark, len(vals) - self.window.restored  # restored: timed before the resume
-        self.window.clear(st.step)
         self.t_mark, self.train_seconds = now, self.train_seconds + dt
-        if vals:
+        if write:
+            self.window.clear(st.step)
+        if vals and write:
             tps = timed * self.tokens_per_step / dt if dt > 0 else 0.0
             self.report.train(st.step, sum(vals) / len(vals), self.lr_at(st.step - 1), st.tokens, st.elapsed(),
                               tps, mfu(tps, self.flops_per_token, self.peak_flops))
@@ -244,8 +232,7 @@ class Trainer:
 
     def closing(self, result: Optional[TrainResult]) -> TrainResult:
         """The last line of a run a signal stopped (`result`), or that a second Ctrl-C aborted (None: exit 130)."""
-        ckpt, torchrun = getattr(self, "ckpt", None), (self.rt.world_size, self.rt.local_world_size)
-        resume = resume_command(self.run_dir, self.cli_overrides, torchrun if self.rt.distributed else None)
+        ckpt, resume = getattr(self, "ckpt", None), resume_command(self.run_dir, self.cli_overrides, self.rt)
         last, last_step = (ckpt.last, ckpt.last_step) if ckpt is not None else (None, None)
         line = f"stopped by {self.stop.name} after step {self.state.step}: saved {last}; resume with: {resume}"
         if result is None:
@@ -256,20 +243,17 @@ class Trainer:
         return result
 
     def finish(self, status: str) -> None:
-        """Summary record, loss.png, wandb.finish: also after errors (best effort)."""
-        if self.rt.is_main:
+        """Rank 0's summary record, loss.png, wandb.finish: also after errors (best effort)."""
+        if self.report.started:  # (rank 0 only)
             self.report.finish(status, self.state, wall=time.perf_counter() - self.t_start, train_s=self.train_seconds,
                                session_tokens=self.session_tokens, compiled=self.compiled,
                                early_stopped=self.early_stopped)
 
 
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
-def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: Optional[list[str]] = None,
+def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optional[list[str]] = None,
           source: Optional[init_from.Source] = None, rt: Optional[dist_lib.DistInfo] = None) -> TrainResult:
-    """Train per `cfg` (a DictConfig, dict or Config) into `run_dir`; exit_code 130/143 when a signal stopped it.
-    `cli_overrides`: the command line's, for the resume command and model.init_from. train.py passes the Config,
-    fine-tune `source` and DistInfo `rt` it made (and ends the process group); without `rt`, train makes them
-    (and ends it). User mistakes raise one-line ValueError/OSError; a diverged loss raises TrainingDiverged."""
+    """Train per `cfg` (DictConfig, dict or Config) into `run_dir`; without `rt`, set up `source` and torchrun too."""
     owner = rt is None
     if owner:
         cfg = to_dataclass(cfg)
@@ -292,7 +276,7 @@ def train(cfg: Any, run_dir: str | os.PathLike | None = None, *, cli_overrides: 
         status = "interrupted"
     finally:
         try:
-            if trainer is not None and trainer.report.started:
+            if trainer is not None:
                 trainer.finish(status)
         except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
             result = None

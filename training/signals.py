@@ -1,7 +1,5 @@
-"""Stopping a run cleanly on SIGINT/SIGTERM, and the command line that continues it.
-
-The handlers only set a flag the loop polls between steps: it finishes the step, writes last.pt and exits
-130/143. A second Ctrl-C aborts at once (the atomic saves keep every file intact).
+"""Stopping a run cleanly on SIGINT/SIGTERM, and the command line that continues it. The handlers only set a
+flag the loop polls between steps; a second Ctrl-C aborts at once (the atomic saves keep every file intact).
 """
 from __future__ import annotations
 
@@ -20,8 +18,7 @@ EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 
 
 class StopRequest:
-    """SIGINT/SIGTERM -> a flag the loop polls between steps. A second SIGINT aborts immediately. Under torchrun
-    every rank stops after the same step: `agreed()` agrees on a signal over the control group."""
+    """SIGINT/SIGTERM -> a flag the loop polls; a second SIGINT aborts; `agreed()`: every rank stops together."""
 
     def __init__(self, info: Optional[DistInfo] = None):
         self.signum: Optional[int] = None
@@ -44,8 +41,7 @@ class StopRequest:
         self._previous.clear()
 
     def agreed(self) -> bool:
-        """Stop now? This process's signal or, under torchrun, any rank's: each call reads the async MAX all-reduce
-        of the ranks' signals the previous call posted (no sync); a signal another rank got becomes this one's."""
+        """Stop now? This process's signal or any rank's, from the async all-reduce the previous call posted."""
         agreed = mine = int(self.signum or 0)
         if self.info is not None and self.info.distributed:
             self.finish()
@@ -60,25 +56,21 @@ class StopRequest:
     def finish(self) -> None:
         """Wait for the all-reduce in flight (every rank has exactly one), so none is left behind."""
         if self._work is not None:
-            try:
-                self._work.wait()
-            finally:
-                self._work = None
+            work, self._work = self._work, None
+            work.wait()
 
     @property
     def name(self) -> str:
         return signal.Signals(self.signum).name if self.signum else ""
 
 
-def resume_command(run_dir: Path, cli_overrides: Optional[list[str]],
-                   torchrun: Optional[tuple[int, int]] = None) -> str:
-    """The command that resumes this run: the user's overrides, this run dir and train.resume=true, launched
-    as it was (`torchrun`: (world_size, local_world_size) of a torchrun job)."""
+def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Optional[DistInfo] = None) -> str:
+    """The command that resumes this run, launched as it was: its overrides, run dir and train.resume=true."""
     keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
     launch = ["python"]
-    if torchrun is not None:
-        world, local = torchrun
-        nodes = max(1, world // max(1, local))
+    if info is not None and info.distributed:
+        local = info.local_world_size
+        nodes = max(1, info.world_size // max(1, local))
         launch = ["torchrun", "--standalone", f"--nproc_per_node={local}"] if nodes == 1 else \
             ["torchrun", f"--nnodes={nodes}", "--node-rank=NODE_RANK", f"--nproc_per_node={local}",
              "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
@@ -87,9 +79,7 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]],
 
 
 def interrupted_line(run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str) -> str:
-    """The closing line of a run a second Ctrl-C aborted. `last`/`last_step`: the last good checkpoint the run
-    knows of (resumed from or written)."""
-    run_dir = Path(run_dir)
+    """The closing line of a run a second Ctrl-C aborted; `last`: the last good checkpoint it knows of."""
     if last is not None and last_step is not None and Path(last).parent == run_dir:
         return f"interrupted; last.pt is from step {last_step}: resume with: {resume}"
     if (run_dir / "last.pt").exists():  # stopped before the run had read it

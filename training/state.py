@@ -1,5 +1,4 @@
 """What a run carries into its next session, as Stateful parts of the checkpoint (checkpoint.manager).
-
 Their state_dicts are format 1's keys, so checkpoints of every version resume exactly.
 """
 from __future__ import annotations
@@ -44,21 +43,18 @@ class TrainState:
         self.elapsed_before = float(ckpt.get("elapsed_s") or 0.0)
         self.wandb_run_id = ckpt.get("wandb_run_id")
         self.eval_pending = bool(ckpt.get("eval_pending"))
-        self.tokens = int(ckpt["tokens"]) if ckpt.get("tokens") is not None else self._tokens_before_the_field(ckpt)
-
-    def _tokens_before_the_field(self, ckpt: dict) -> int:
-        """A checkpoint older than `tokens`: its step times the global batch of its own config (its process
-        count is len(rng_ranks)), else times this run's."""
-        t, per_step = (ckpt.get("config") or {}).get("train") or {}, self.tokens_per_step
-        if isinstance(t.get("batch_size"), int) and isinstance(t.get("grad_accum_steps"), int):
-            world_size = len(ckpt.get("rng_ranks") or [None])
-            per_step = t["batch_size"] * t["grad_accum_steps"] * world_size * ckpt["model_config"]["block_size"]
-        return int(ckpt["step"]) * per_step
+        if ckpt.get("tokens") is not None:
+            self.tokens = int(ckpt["tokens"])
+        else:  # a checkpoint older than the field: its step times its own global batch (len(rng_ranks) processes)
+            t, per_step = (ckpt.get("config") or {}).get("train") or {}, self.tokens_per_step
+            if isinstance(t.get("batch_size"), int) and isinstance(t.get("grad_accum_steps"), int):
+                world_size = len(ckpt.get("rng_ranks") or [None])
+                per_step = t["batch_size"] * t["grad_accum_steps"] * world_size * ckpt["model_config"]["block_size"]
+            self.tokens = int(ckpt["step"]) * per_step
 
 
 class LossWindow:
-    """The per-step losses since the last log line, on the device (one host sync per log interval). Saved, so a
-    resumed run logs them where an uninterrupted run would, and metrics.jsonl comes out the same."""
+    """The per-step losses since the last log line, on the device; saved, so a resume logs them as a straight run."""
 
     def __init__(self, size: int, device: torch.device, rt: DistInfo):
         self.buf = torch.zeros(max(1, size), device=device, dtype=torch.float32)
@@ -90,8 +86,7 @@ class LossWindow:
         self._saved = sd  # start() takes it once the run's step is known
 
     def start(self, step: int) -> None:
-        """Begin at `step` with the checkpoint's unlogged losses, if they end there and still fit one window
-        (not when train.log_interval changed)."""
+        """Begin at `step` with the checkpoint's unlogged losses if they end there and fit (same log_interval)."""
         losses, first = [float(v) for v in self._saved.get("losses") or []], int(self._saved.get("first_step", -1))
         self.clear(step)
         if losses and first + len(losses) == step and first % self.buf.numel() == 0 and len(losses) < self.buf.numel():
@@ -110,23 +105,18 @@ def gather_rng_states(info: DistInfo) -> Optional[list]:
 
 
 def rank_rng_state(ckpt: dict, info: DistInfo, seed: int) -> Optional[dict]:
-    """The RNG state this rank restores when resuming from `ckpt`: its own on the same world size (bitwise
-    continuation); else rank 0 takes "rng" and rank r a torch stream seeded from (seed, rank, step)."""
+    """The RNG state this rank restores from `ckpt` (another world size: docs/design.md, "Distributed")."""
     base, ranks = ckpt.get("rng"), ckpt.get("rng_ranks")
-    if base is None:
-        return None
     if ranks and len(ranks) == info.world_size:
         return ranks[info.rank]
-    if info.rank == 0:
+    if base is None or info.rank == 0:
         return base
-    g = torch.Generator()
-    g.manual_seed(seed_for(int(seed), "dropout", info.rank, int(ckpt.get("step", 0))))
+    g = torch.Generator().manual_seed(seed_for(int(seed), "dropout", info.rank, int(ckpt.get("step", 0))))
     return {**base, "torch": g.get_state(), "cuda": None}
 
 
 class RNGState:
-    """python/numpy/torch/cuda generators: "rng" (this rank's; a file keeps rank 0's) and, under torchrun,
-    "rng_ranks" (every rank's). A load is applied by restore(), last: setting up draws random numbers."""
+    """The generators: "rng" (rank 0's in a file), "rng_ranks" under torchrun; a load waits for restore()."""
 
     def __init__(self, rt: DistInfo, seed: int):
         self.rt, self.seed, self.pending = rt, seed, None

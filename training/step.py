@@ -1,7 +1,5 @@
 """The training step and the evaluation, as plain functions: the loop calls them, and so can bench.py.
-
-Neither synchronises with the host: the step returns its loss as a device tensor, and the evaluation
-reads its sums once at the end.
+Neither synchronises with the host: the step returns its loss as a device tensor, the evaluation reads its sums once.
 """
 from __future__ import annotations
 
@@ -28,8 +26,7 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, next_ba
                accum: int = 1, autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                scaler: Optional[torch.amp.GradScaler] = None, grad_clip: float = 0.0,
                grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> torch.Tensor:
-    """One optimizer step over `accum` micro-batches from `next_batch()`; returns the mean loss (no sync).
-    `grad_sync(last)` wraps each micro-step's forward+backward (training.distributed.grad_sync)."""
+    """One optimizer step over `accum` micro-batches; the mean loss, no sync (`grad_sync`: distributed.grad_sync)."""
     total = None
     for micro in range(accum):
         x, y = next_batch()
@@ -58,8 +55,7 @@ def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iter
                autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                reduce_sum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                stop: Optional[Callable[[], bool]] = None, token_bytes: Optional[torch.Tensor] = None) -> dict:
-    """{"loss": mean loss, "bpb": bits per byte or None} over `batch(i)` for the counted (i, counted) in `plan`,
-    in eval mode. `token_bytes`: each id's UTF-8 length; `reduce_sum`: sums over ranks; `stop()`: EvalInterrupted."""
+    """{"loss", "bpb" (given each id's UTF-8 length `token_bytes`)} over the counted `batch(i)` of `plan`."""
     model.eval()
     try:
         plan = list(plan)
@@ -86,9 +82,7 @@ def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iter
 
 
 class CompileGuard:
-    """`run(kind, fn)` runs the first call of each kind ("train", "eval"), where torch.compile compiles, under
-    a guard: if it fails (not out of memory: eager needs more), one warning, the RNGs and `rewound` Statefuls
-    are put back, `to_eager()`, and fn runs again."""
+    """`run(kind, fn)`: the first call of each kind (where torch.compile compiles) is redone eagerly if it fails."""
 
     def __init__(self, enabled: bool, to_eager: Callable[[], None], rewound: Iterable = ()):
         self.enabled, self.to_eager, self.rewound, self.verified = enabled, to_eager, list(rewound), set()
