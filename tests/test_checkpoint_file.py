@@ -14,7 +14,7 @@ import torch
 
 from checkpoint import file as ck
 from checkpoint.locate import model_from_checkpoint
-from common.rng import capture_rng_state
+from training.state import capture_rng_state
 from tests.helpers import find_non_plain
 
 

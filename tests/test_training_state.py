@@ -2,18 +2,21 @@
 from __future__ import annotations
 
 import math
+import random
 
+import numpy as np
 import torch
 
+from checkpoint import file as ck
+from tests.helpers import find_non_plain
 from training import state as TS
 from training.distributed import DistInfo
 
 
 def test_rank_rng_state():
-    from common.rng import capture_rng_state
-    base = capture_rng_state()
+    base = TS.capture_rng_state()
     torch.manual_seed(5)
-    other = capture_rng_state()
+    other = TS.capture_rng_state()
     ckpt = {"rng": base, "rng_ranks": [base, other], "step": 7}
     two = [TS.rank_rng_state(ckpt, DistInfo(rank=r, world_size=2, parallel="ddp"), 1) for r in range(2)]
     assert two[0] is base and two[1] is other  # same world size: each rank its own stream
@@ -57,3 +60,25 @@ def test_loss_window_keeps_unlogged_losses_only_where_they_fit():
     bad = []
     w.add(torch.tensor(float("nan")))
     assert w.read(lambda s, v: bad.append((s, v)))[:2] == [1.0, 2.0] and bad[0][0] == 11 and math.isnan(bad[0][1])
+
+
+def test_rng_state_round_trip(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    np.random.randn()  # a cached gaussian in numpy's state
+    state = TS.capture_rng_state()
+    assert find_non_plain(state) is None
+    p = ck.save_checkpoint({"format": "tinygpt", "version": 1, "rng": state}, tmp_path / "rng.pt")
+    expect = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
+    TS.seed_all(99)
+    TS.restore_rng_state(torch.load(p, weights_only=True)["rng"])
+    got = (random.random(), np.random.rand(), np.random.randn(), torch.rand(3))
+    assert got[:3] == expect[:3] and torch.equal(got[3], expect[3])
+
+
+def test_seed_all_is_reproducible():
+    TS.seed_all(7)
+    a = (random.random(), np.random.rand(), torch.rand(2))
+    TS.seed_all(7)
+    assert (random.random(), np.random.rand()) == a[:2] and torch.equal(torch.rand(2), a[2])

@@ -17,7 +17,6 @@ from typing import Any, Optional
 import torch
 
 from checkpoint.manager import CheckpointManager
-from common.rng import seed_all
 from training import distributed as dist_lib
 from training import init_from
 from training.config import Config, gpt_config, to_dataclass, train_keys
@@ -27,7 +26,7 @@ from training.metrics import RunLog
 from training.mfu import flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
 from training.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
-from training.state import LossWindow, RNGState, TrainState
+from training.state import LossWindow, RNGState, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
 
 log = logging.getLogger(__name__)

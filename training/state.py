@@ -1,18 +1,55 @@
-"""What a run carries into its next session, as Stateful parts of the checkpoint (checkpoint.manager).
-Their state_dicts are format 1's keys, so checkpoints of every version resume exactly.
+"""What a run carries into its next session, as Stateful parts of the checkpoint (checkpoint.manager), and the
+one home of random state (seeding, capturing and restoring every generator as plain containers). Their
+state_dicts are format 1's keys, so checkpoints of every version resume exactly.
 """
 from __future__ import annotations
 
 import math
+import random
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from common.rng import capture_rng_state, restore_rng_state, seed_for
+from common.rng import seed_for
 from training.distributed import DistInfo, all_reduce_mean
+
+
+def seed_all(seed: int) -> None:
+    """Python's, numpy's and torch's generators from one seed: where every run starts."""
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def capture_rng_state() -> dict:
+    """Every RNG that can influence training, as plain containers (weights_only-loadable)."""
+    version, internal, gauss = random.getstate()
+    np_state = np.random.get_state()
+    return {
+        "python": {"version": version, "state": list(internal), "gauss": gauss},
+        "numpy": {"bit_generator": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "cached_gaussian": float(np_state[4])},
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+    }
+
+
+def restore_rng_state(state: dict) -> None:
+    py = state["python"]
+    random.setstate((py["version"], tuple(py["state"]), py["gauss"]))
+    n = state["numpy"]
+    np.random.set_state((n["bit_generator"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"].cpu())
+    cuda = state.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        # a different GPU count restores what lines up (exactness is only promised on the same setup)
+        for i, s in enumerate(cuda[:torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(s.cpu(), i)
 
 
 @dataclass

@@ -10,7 +10,7 @@ from typing import Any, Callable, ContextManager, Iterable, Optional
 
 import torch
 
-from common.rng import capture_rng_state, restore_rng_state
+from training.state import capture_rng_state, restore_rng_state
 from common.text import failure_reason
 
 log = logging.getLogger(__name__)
