@@ -1,8 +1,7 @@
 """The prepared-data cache: `cache_dir()/prepared/<name>-<tokenizer>-<key>/` holding train.bin, val.bin, meta.json.
 
-The key hashes everything the tokens depend on, so a hit needs no re-reading of the text. A directory appears
-under its final name only once complete (built in `.tmp-*`, then renamed), so a killed run never leaves one a
-later run would trust; stale `.tmp-*` directories are removed once their owner process is gone.
+The key hashes everything the tokens depend on; a directory appears under its final name only once complete
+(built in `.tmp-*`, then renamed), so a killed run never leaves one a later run would trust.
 """
 from __future__ import annotations
 
@@ -12,7 +11,7 @@ import os
 import shutil
 import socket
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
@@ -58,8 +57,7 @@ def prepared_root() -> Path:
 
 
 def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str, **more) -> str:
-    """`more`: settings that change the tokens of some sources only (a jsonl text_key, a document separator),
-    given only for those, so the keys of all other sources stay what they were."""
+    """`more`: settings given only for the sources they affect, so the keys of all others stay what they were."""
     blob = json.dumps({"format": FORMAT_VERSION, "source": source_hash, "tokenizer": tokenizer,
                        "val_fraction": float(val_fraction), "encoding_errors": encoding_errors, **more}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -115,29 +113,22 @@ def _owner_alive(tmp: Path) -> bool:
         return True  # another machine on a shared file system: not ours to judge
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
+    except OSError as e:  # PermissionError: alive, another user's
+        return not isinstance(e, ProcessLookupError)
     return True
-
-
-def _remove_stale_tmp(root: Path) -> None:
-    for tmp in root.glob(".tmp-*"):
-        try:
-            if tmp.is_dir() and not _owner_alive(tmp):
-                shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:
-            pass
 
 
 @contextmanager
 def staging(root: Path) -> Iterator[Path]:
-    """A fresh `root/.tmp-<random>/` (with an `.owner` file naming host and pid), removed on any error."""
+    """A fresh `root/.tmp-<random>/` (its `.owner` file names host and pid), removed on any error; stale ones of
+    dead owners are removed first."""
     tmp = root / f".tmp-{os.urandom(6).hex()}"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        _remove_stale_tmp(root)
+        for stale in root.glob(".tmp-*"):
+            with suppress(OSError):
+                if stale.is_dir() and not _owner_alive(stale):
+                    shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     except OSError as e:
         raise type(e)(f"the data cache {root} is not writable ({e.strerror or e}): make it writable, or set "

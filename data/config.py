@@ -57,11 +57,7 @@ class DataConfig:
         if not isinstance(self.text_key, str) or not self.text_key:
             raise setting_error("{text_key=}{0!r} must name the JSON field holding the text: e.g. {text_key=}text",
                                 self.text_key)
-        if self.name == "shakespeare_char":
-            if self.tokenizer != "char":
-                raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}gpt2 was given: use "
-                                    "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE")
-            return "char"
-        if self.name == "shakespeare":
-            return "gpt2"
-        return self.tokenizer
+        if self.name == "shakespeare_char" and self.tokenizer != "char":
+            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}gpt2 was given: use "
+                                "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE")
+        return {"shakespeare_char": "char", "shakespeare": "gpt2"}.get(self.name, self.tokenizer)

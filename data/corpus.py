@@ -1,8 +1,7 @@
 """The text to prepare: which files, their content hash (the cache key), and their documents, streamed.
 
-Each text file is one document, each line of a .jsonl file another; `read_text` yields None between two
-documents (GPT-2 puts <|endoftext|> there). Decoding is exact UTF-8 in bounded chunks (no newline
-translation), so any file size fits in memory, and a bad byte is reported with its file and position.
+Each text file is one document, each line of a .jsonl file another; `read_text` yields None between two.
+Decoding is exact UTF-8 in bounded chunks, so any file size fits in memory: docs/design.md (Data).
 """
 from __future__ import annotations
 
@@ -40,8 +39,7 @@ class Corpus:
         return any(f.suffix == ".jsonl" for f in self.files)
 
     @property
-    def documents(self) -> bool:
-        """Whether the text can hold more than one document."""
+    def documents(self) -> bool:  # whether the text can hold more than one document
         return len(self.files) > 1 or self.jsonl
 
 
@@ -114,7 +112,6 @@ def sha256(src: Corpus) -> str:
 
 
 def _text_chunks(f, path: Path, errors: str, feed) -> Iterator[str]:
-    """A text file's characters, CHUNK_BYTES at a time."""
     dec = codecs.getincrementaldecoder("utf-8")(errors=errors)
     offset = 0
     while True:

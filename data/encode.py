@@ -1,8 +1,7 @@
 """Streamed encoding of the corpus into the train/val token writers, in bounded memory.
 
-Char-level maps code points through a lookup table. GPT-2 BPE cuts the text only where GPT-2's pre-tokenizer
-always splits (`find_safe_cut`), so the ids equal encoding the whole text at once, and encodes the pieces on
-a thread pool (tiktoken releases the GIL), in order, a bounded number in flight.
+Char-level maps code points through a lookup table. GPT-2 BPE cuts the text only where its pre-tokenizer always
+splits (same ids as one whole encode) and encodes the pieces on a thread pool, in order: docs/design.md (Data).
 """
 from __future__ import annotations
 
@@ -27,9 +26,7 @@ def _ascii_alnum(ch: str) -> bool:
 
 def find_safe_cut(text: str, lo: int, hi: int) -> int:
     """Largest c in [lo, hi] such that GPT-2 encodes text[:c] + text[c:] as it encodes text; -1 if none found.
-    BPE never merges across GPT-2's pre-tokenizer pieces, so a cut where its regex always ends a piece is safe:
-    1. after "\\n" between ASCII letters/digits ("a\\n|b"); 2. before " " between them ("a| b"); 3. between
-    punctuation/symbol (not the apostrophe) and a letter ("。|你"), for text without spaces."""
+    Safe cuts: "a\\n|b" and "a| b" between ASCII letters/digits, and punctuation/symbol (not ') | letter ("。|你")."""
     n = len(text)
     lo, hi = max(lo, 1), min(hi, n - 1)
     if lo > hi:
@@ -99,10 +96,7 @@ def _split_stream(texts: Iterator[str | None], n_train: int) -> Iterator[tuple[s
 
 def threads() -> int:
     """Encoder threads: the CPUs this process may use, at most 16."""
-    try:
-        n = len(os.sched_getaffinity(0))
-    except AttributeError:
-        n = os.cpu_count() or 1
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(n, 16))
 
 
@@ -123,8 +117,7 @@ def encode_char(texts, n_train: int, tok: CharTokenizer, writers: dict, changed_
 
 
 def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, writers: dict, note: Callable[[str], None]) -> int:
-    """<|endoftext|> between documents, as nanoGPT's OpenWebText preparation. Returns the number of forced (not
-    provably safe) cuts."""
+    """<|endoftext|> between documents, as nanoGPT does. Returns the number of forced (not provably safe) cuts."""
     enc = tok.enc
     if hasattr(enc, "encode_to_numpy"):  # no Python int list; same ids as encode_ordinary (no specials)
         encode = lambda s: enc.encode_to_numpy(s, allowed_special=set(), disallowed_special=())  # noqa: E731

@@ -1,8 +1,7 @@
 """Token files and batches: the checked `.bin` format (`TokenFile`, `TokenWriter`) and `BatchLoader`.
 
-A damaged token file is a one-line ValueError, never garbage batches. Batches depend only on (seed, global step),
-not on how a step is split across ranks and accumulation steps, so a resumed or re-sharded run draws the same
-windows. torch is imported lazily: preparing data does not need it.
+A damaged token file is a one-line ValueError; batches depend only on (seed, global step): docs/design.md (Data).
+torch is imported lazily: preparing data does not need it.
 """
 from __future__ import annotations
 
@@ -66,8 +65,7 @@ class TokenFile:
             self.tokens = np.empty(0, dtype=self.dtype)
             return
         self.tokens = np.memmap(self.path, dtype=self.dtype, mode="r", offset=HEADER_SIZE, shape=(count,))
-        top = int(self.tokens.max())  # ~0.01 s per 300 MB when cached, ~0.2 s from disk: once, at open
-        if top >= vocab_size:
+        if (top := int(self.tokens.max())) >= vocab_size:  # ~0.01 s per 300 MB when cached, ~0.2 s from disk
             raise ValueError(f"{self.path} is corrupt: it holds token id {top:,} but its vocabulary has {vocab_size:,} "
                              f"ids (its bytes were overwritten): {_fix_hint(self.path)}")
 
@@ -129,8 +127,7 @@ def _positive_int(name: str, value) -> int:
 
 
 def _too_short(files: dict, block_size: int) -> ValueError:
-    """A split has fewer than block_size + 1 tokens (one window). Every fix offered satisfies both splits:
-    a block size that fits the smaller split; moving the split point only if the text holds two windows."""
+    """A split is shorter than one window; every fix offered satisfies both splits."""
     need = block_size + 1
     sizes = {split: len(tf) for split, tf in files.items()}
     short = [split for split, n in sizes.items() if n < need]

@@ -1,8 +1,7 @@
 """Text -> train.bin / val.bin / meta.json, cached by content and published atomically. Also the CLI.
 
 Three streamed passes in bounded memory: hash (the cache key; a hit returns at once), count characters (and
-collect the char vocabulary), then encode. The split is by character position, computed before encoding, and
-each part is encoded on its own, as nanoGPT does.
+collect the char vocabulary), then encode each split on its own, as nanoGPT does.
 """
 from __future__ import annotations
 

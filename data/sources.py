@@ -1,8 +1,7 @@
 """Where the raw data lives: the cache directory, Tiny Shakespeare and the GPT-2 BPE ranks.
 
-Every file the project could download has one fixed place in `$TINYGPT_CACHE` (default `~/.cache/tinygpt`),
-looked at first, so an offline machine works once the files are copied there. `python -m data.sources`
-fetches both (run it where there is internet, then copy the cache directory).
+Every downloadable file has one fixed place in `$TINYGPT_CACHE` (default `~/.cache/tinygpt`), looked at first,
+so an offline machine works once `python -m data.sources` has filled a cache elsewhere and it is copied there.
 """
 from __future__ import annotations
 
@@ -36,8 +35,7 @@ GPT2_VOCAB_SIZE = 50257
 
 def cache_dir() -> Path:
     """`$TINYGPT_CACHE` if set (and non-empty), else `~/.cache/tinygpt`. Not created here."""
-    env = os.environ.get("TINYGPT_CACHE")
-    return Path(env).expanduser() if env else Path("~/.cache/tinygpt").expanduser()
+    return Path(os.environ.get("TINYGPT_CACHE") or "~/.cache/tinygpt").expanduser()
 
 
 def shakespeare_cache_path() -> Path:
@@ -45,7 +43,7 @@ def shakespeare_cache_path() -> Path:
 
 
 def gpt2_ranks_cache_path() -> Path:
-    """Where the GPT-2 BPE ranks file (tiktoken format: base64 token, space, rank) is looked for."""
+    """Where the GPT-2 BPE ranks file (tiktoken format) is looked for."""
     return cache_dir() / "tokenizers" / "gpt2.tiktoken"
 
 
@@ -57,8 +55,7 @@ def gpt2_ranks_path() -> Path | None:
 
 # ------------------------------------------------------------------------------------------ Tiny Shakespeare
 def shakespeare_path() -> Path:
-    """Tiny Shakespeare in the cache, downloaded (and verified) the first time. FileNotFoundError (naming the
-    exact path) when absent and not downloadable; ValueError when the cached file is not Tiny Shakespeare."""
+    """Tiny Shakespeare in the cache, downloaded (and verified) the first time."""
     dest = shakespeare_cache_path()
     if dest.is_file():
         size = dest.stat().st_size
@@ -79,8 +76,7 @@ def shakespeare_path() -> Path:
 
 
 def download(url: str, dest: Path, *, size: int, sha256: str) -> Path:
-    """Download `url` to `dest`, verified, atomically: nothing is left at or beside `dest` unless it is whole.
-    Network problems raise OSError (urllib.error.URLError is one); a wrong size or checksum raises ValueError."""
+    """Download `url` to `dest`, verified, atomically; OSError for network problems, ValueError for wrong bytes."""
     h, n = hashlib.sha256(), 0
     with atomic_write(dest) as out, urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as resp:
         while block := resp.read(_READ_BLOCK):
@@ -123,8 +119,7 @@ def load_ranks(path: Path) -> dict[bytes, int]:
     return ranks
 
 
-def _save_ranks(ranks: dict[bytes, int], dest: Path) -> None:
-    """Best effort, so that later runs work offline."""
+def _save_ranks(ranks: dict[bytes, int], dest: Path) -> None:  # best effort, so that later runs work offline
     try:
         with atomic_write(dest) as f:
             for tok, rank in sorted(ranks.items(), key=lambda kv: kv[1]):

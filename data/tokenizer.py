@@ -16,8 +16,7 @@ _MAX_LISTED = 20
 
 
 class Tokenizer:
-    """What every tokenizer has: encode (prompts), encode_ordinary (corpus text: special-token text stays ordinary
-    characters), decode, decode_bytes, to_dict, describe, vocab_size, eot_id (None for char-level)."""
+    """encode (prompts), encode_ordinary (corpus), decode, decode_bytes, to_dict, describe, vocab_size, eot_id."""
 
     vocab_size: int
     eot_id: int | None = None
@@ -48,10 +47,6 @@ class CharTokenizer(Tokenizer):
         self.stoi: dict[str, int] = {c: i for i, c in enumerate(chars)}
         self.vocab_size = len(chars)
         self.eot_id = None
-
-    @classmethod
-    def from_text(cls, text: str) -> "CharTokenizer":
-        return cls(set(text))
 
     def encode(self, text: str) -> list[int]:
         try:
@@ -88,8 +83,7 @@ class CharTokenizer(Tokenizer):
 
 
 class GPT2Tokenizer(Tokenizer):
-    """tiktoken's GPT-2 BPE. `encode()` turns the text `<|endoftext|>` into id 50256 (as nanoGPT's sample.py does),
-    `encode_ordinary()` keeps it as ordinary characters."""
+    """tiktoken's GPT-2 BPE: `encode()` reads the text `<|endoftext|>` as id 50256, `encode_ordinary()` does not."""
 
     def __init__(self):
         self.enc = gpt2_encoding()
@@ -119,8 +113,7 @@ class GPT2Tokenizer(Tokenizer):
 
 
 def token_bytes(tokenizer: Tokenizer):
-    """int64 tensor, one entry per id: the UTF-8 bytes the token stands for (0 for <|endoftext|>), so that
-    bits per byte = sum of nats / ln 2 / token_bytes[targets].sum(), comparable across tokenizers."""
+    """int64 tensor, per id, of the UTF-8 bytes it stands for (0 for <|endoftext|>): the bits-per-byte divisor."""
     import torch
     enc = getattr(tokenizer, "enc", None)  # tiktoken: all tokens in one call (50K decode calls take seconds)
     ids = list(range(tokenizer.vocab_size))
@@ -143,8 +136,7 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
 
 
 class StreamDecoder:
-    """Token ids -> text, emitting only complete UTF-8 characters (one BPE token can hold half of one).
-    `flush()` returns what is left at the end, incomplete bytes as U+FFFD (no later token can complete them)."""
+    """Token ids -> text, emitting only complete UTF-8 characters; `flush()` ends with incomplete bytes as U+FFFD."""
 
     def __init__(self, tokenizer: Tokenizer):
         self.tokenizer = tokenizer

@@ -39,7 +39,7 @@ def test_gpt2_files_encode_like_tinygpt(cache_with_gpt2, shared_data_dir, tmp_pa
 
 
 def test_char_vocab(tmp_path):
-    tok = CharTokenizer.from_text("hello wörld 你\n")
+    tok = CharTokenizer("hello wörld 你\n")
     path = write_char_vocab(tok, tmp_path / "out")
     vocab = json.loads(path.read_text(encoding="utf-8"))
     assert path.name == "vocab.json" and vocab == tok.stoi and vocab["ö"] == tok.encode("ö")[0]

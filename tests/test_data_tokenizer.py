@@ -22,7 +22,7 @@ def _no_tiktoken_download(monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ char
 def test_char_roundtrip_and_sorted_vocab():
-    tok = CharTokenizer.from_text("hello world\n")
+    tok = CharTokenizer("hello world\n")
     assert tok.chars == sorted(set("hello world\n"))
     assert tok.vocab_size == 9 and tok.eot_id is None
     ids = tok.encode("hello\nworld")
@@ -32,7 +32,7 @@ def test_char_roundtrip_and_sorted_vocab():
 
 
 def test_char_unknown_characters_listed_in_one_line():
-    tok = CharTokenizer.from_text("abc ")
+    tok = CharTokenizer("abc ")
     with pytest.raises(ValueError) as ei:
         tok.encode("abc ßé\nx")
     msg = str(ei.value)
@@ -50,7 +50,7 @@ def test_char_decode_out_of_range():
 
 
 def test_char_dict_roundtrip_is_json():
-    tok = CharTokenizer.from_text(MULTIBYTE)
+    tok = CharTokenizer(MULTIBYTE)
     d = json.loads(json.dumps(tok.to_dict()))
     tok2 = tokenizer_from_dict(d)
     assert isinstance(tok2, CharTokenizer) and tok2.to_dict() == tok.to_dict()
@@ -131,7 +131,7 @@ def test_stream_decoder_gpt2_holds_back_partial_utf8(cache_with_gpt2):
 
 
 def test_stream_decoder_char_and_batches(cache_with_gpt2):
-    tok = CharTokenizer.from_text(MULTIBYTE)
+    tok = CharTokenizer(MULTIBYTE)
     assert "".join(_stream(tok, tok.encode(MULTIBYTE))) == MULTIBYTE
     g = GPT2Tokenizer()
     dec = StreamDecoder(g)

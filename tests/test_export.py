@@ -16,7 +16,7 @@ from tests.test_model_hf import load_hf, transformers
 @pytest.fixture
 def char_tok(tiny_corpus):
     from data.tokenizer import CharTokenizer
-    return CharTokenizer.from_text(tiny_corpus.read_text())
+    return CharTokenizer(tiny_corpus.read_text())
 
 
 def export_ok(capsys, *args) -> str:

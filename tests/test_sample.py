@@ -45,7 +45,7 @@ def _train_tiny(steps: int = 200):
     from model import GPT, GPTConfig
 
     text = _corpus()
-    tok = CharTokenizer.from_text(text)
+    tok = CharTokenizer(text)
     data = torch.tensor(tok.encode(text), dtype=torch.long)
     cfg = GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=2, n_head=2, n_embd=32)
     torch.manual_seed(0)

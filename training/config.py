@@ -1,8 +1,7 @@
 """The run configuration: one dataclass per config group (model, data, optim, train, logger) under `Config`.
 
-Registered with Hydra as the schema every preset and override is merged onto, so an unknown key or a wrong
-type fails before any work; `validate` adds what types cannot say (ranges, choices, cross-field rules).
-`to_dataclass` is the edge: past it the loop sees plain dataclasses, never OmegaConf.
+The Hydra schema every preset and override is merged onto (a wrong key or type fails before any work);
+`validate` adds ranges and cross-field rules. Past `to_dataclass` the loop sees plain dataclasses, never OmegaConf.
 """
 from __future__ import annotations
 
@@ -111,8 +110,7 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
-    # train.py's Checks callback: validates the composed config and locks the run directory before Hydra
-    # writes there. Registered here, in code, so that no YAML preset ever names code for Hydra to import.
+    # train.py's Checks callback, registered in code so that no YAML preset ever names code for Hydra to import
     cs.store(name="train_checks", node={"hydra": {"callbacks": {"checks": {"_target_": "__main__.Checks"}}}})
 
 
@@ -175,12 +173,8 @@ def _finite(x: float) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def normalize_compile(value: Any) -> Any:
-    """`train.compile` -> "auto" | True | False (accepts the strings true/false/on/off/yes/no/1/0 too)."""
-    v = value.strip().lower() if isinstance(value, str) else value
-    if isinstance(v, bool) or v in ("auto", "true", "on", "yes", "1", "false", "off", "no", "0"):
-        return v if isinstance(v, bool) or v == "auto" else v in ("true", "on", "yes", "1")
-    raise ValueError(f"train.compile={value!r} is not valid: use auto, true or false")
+COMPILE = {"auto": "auto", **dict.fromkeys(("true", "on", "yes", "1"), True),
+           **dict.fromkeys(("false", "off", "no", "0"), False)}  # accepted spellings of train.compile
 
 
 @train_keys()
@@ -216,7 +210,10 @@ def validate(c: Config) -> None:
            f"train.device={t.device!r} is not valid: use auto, cpu, cuda, cuda:N or mps")
     _check(t.dtype in DTYPES, f"train.dtype={t.dtype!r} is not valid: use auto, float32, bfloat16 or float16")
     t.dtype = DTYPES[t.dtype]
-    t.compile = normalize_compile(t.compile)
+    comp = COMPILE.get(t.compile.strip().lower()) if isinstance(t.compile, str) else t.compile
+    _check(isinstance(comp, bool) or comp == "auto",
+           f"train.compile={t.compile!r} is not valid: use auto, true or false")
+    t.compile = comp
     for name in ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"):
         _check(getattr(t, name) >= 1, f"train.{name}={getattr(t, name)} must be >= 1: give a positive whole number")
     _check(t.patience is None or t.patience >= 1,

@@ -1,7 +1,5 @@
-"""Console output while training: log lines above a tqdm progress bar, never through it.
-
-While the bar is shown, console handlers write with `tqdm.write` and hide the per-interval train lines
-(`extra={"progress": True}`: the bar's postfix shows them; train.log still gets them).
+"""Console output while training: log lines above a tqdm progress bar, never through it; the per-interval train
+lines (`extra={"progress": True}`) go to the bar's postfix instead (train.log still gets them).
 """
 from __future__ import annotations
 
@@ -11,8 +9,6 @@ import sys
 
 
 class TqdmHandler(logging.StreamHandler):
-    """Writes records with tqdm.write so they appear above the progress bar instead of through it."""
-
     def emit(self, record):
         try:
             from tqdm import tqdm

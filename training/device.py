@@ -1,8 +1,7 @@
 """Where and in what precision training runs, and how fast the hardware could go.
 
-Device and dtype choice live in model.device (inference needs them too); this adds autocast, TF32 on
-CUDA (CPU numerics untouched: CPU runs stay bitwise reproducible) and the datasheet peak FLOP/s that
-MFU is measured against. MFU is shown only for a GPU in the table and 16-bit training, never a wrong one.
+Device and dtype choice live in model.device (inference needs them too); this adds autocast, TF32 on CUDA
+and the datasheet peak FLOP/s for MFU (shown only for a GPU in the table and 16-bit training, never a wrong one).
 """
 from __future__ import annotations
 

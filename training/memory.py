@@ -1,8 +1,7 @@
 """Will one training step fit in memory? Asked before anything is allocated.
 
-Otherwise too large a batch or model ends in an allocator traceback, or in Linux's OOM killer minutes in
-with no message. `check` compares an estimate of one optimizer step's peak with what the device has free
-and returns a one-line refusal. How the terms are counted: docs/design.md (Memory).
+Otherwise too large a batch ends in an allocator traceback, or silently in Linux's OOM killer minutes in.
+How the estimate's terms are counted: docs/design.md (Memory).
 """
 from __future__ import annotations
 
@@ -55,13 +54,10 @@ def estimate(c: Config, device_type: str = "cpu", half: bool = False, world_size
         static //= world_size
     static += RUNTIME.get(device_type, 0)
     cpu, dropout = device_type == "cpu", m.dropout > 0
-    # saved for backward, per token and layer: ln_1/ln_2 inputs and outputs, q k v, attention output and its
-    # contiguous copy, c_fc output, GELU output (17 C values; 16-bit autocast keeps the residual and the
-    # LayerNorms in fp32); dropout keeps a mask per element: fp32 noise on the CPU, a byte elsewhere
+    # saved for backward per token and layer (17 C values), and dropout's mask (fp32 noise on the CPU, else a byte)
     drop = (4 if cpu else 1) * dropout
     layer = (68 if not half else 40) * C + 2 * drop * C
-    # the T x T attention matrix is stored by the manual path (softmax output; with dropout its mask and
-    # output) and by sdpa on the CPU with dropout (no fused kernel there); fused kernels keep only logsumexp
+    # the T x T attention matrix, where no fused kernel avoids it (fused kernels keep only logsumexp)
     manual = m.attention == "manual" or (cpu and dropout)
     attn = H * T * (4 + 2 * half + (8 if cpu else 5) * dropout) * manual + 4 * H
     workspace = 48 * C + 24 * H * T * manual  # one layer's temporaries, forward and backward

@@ -1,8 +1,7 @@
 """What rank 0 reports as a run goes: metrics.jsonl records, wandb, the log lines and the closing summary.
 
-Records are appended and flushed as they happen, so a killed run keeps everything up to its last line;
-a resumed run first rewrites the file to the records up to its checkpoint's step, so it ends with the
-same records as an uninterrupted run.
+Records are flushed as they happen (a killed run keeps them all); a resumed run first cuts the file back to
+its checkpoint's step, so it ends with the same records as an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -29,14 +28,12 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _clean(value):
-    """JSON has no NaN/inf: write them as strings so the file stays valid JSON."""
+def _clean(value):  # JSON has no NaN/inf: they are written as strings
     return str(value) if isinstance(value, float) and not math.isfinite(value) else value
 
 
 class MetricsWriter:
-    """Appends JSON records to metrics.jsonl at `path` (flushed per record): a file started afresh, or (resuming)
-    one holding the records of `source` up to `step`."""
+    """Appends records to `path`: a file started afresh, or (resuming) one holding `source`'s up to `step`."""
 
     def __init__(self, path: Path, source: Optional[Path] = None, step: int = 0):
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,8 +77,7 @@ def format_count(n: float) -> str:
 
 
 def format_duration(s: float) -> str:
-    s = int(round(s))
-    h, rem = divmod(s, 3600)
+    h, rem = divmod(int(round(s)), 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
@@ -98,8 +94,7 @@ class RunLog:
     def start(self, c: "Config", run_dir: Path, st: "TrainState", *, data: "Prepared", num_params: int,
               vocab_size: int, dev: "DeviceSetup", compiled: bool, rt: "DistInfo", source: Optional["Source"],
               resumed_from: Optional[Path], config_diff: list[str]) -> None:
-        """wandb first (a missing API key must not leave files behind), then metrics.jsonl (afresh, or the records
-        of the `resumed_from` checkpoint's run up to its step), then the lines that open the run."""
+        """wandb first (a missing API key must not leave files behind), then metrics.jsonl, then the opening lines."""
         self.model, self.num_params, self.dev = c.model, num_params, dev  # for the summary
         if c.logger.name == "wandb":
             self.wandb.start(c, run_dir, st.wandb_run_id)
@@ -130,7 +125,6 @@ class RunLog:
 
     @contextlib.contextmanager
     def progress(self, total: int, initial: int, show: bool):
-        """A tqdm bar of the steps (on a terminal, rank 0), closed when the block ends."""
         from tqdm import tqdm
         self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not show,
                         file=sys.stderr, smoothing=0.05, leave=True)

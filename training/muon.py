@@ -1,8 +1,7 @@
 """Muon for the hidden matrices, AdamW for everything else, in ONE torch.optim.Optimizer (`optim=muon`).
 
-Muon (Keller Jordan et al., modded-nanogpt) replaces each block matrix's Nesterov-momentum update by the
-nearest semi-orthogonal matrix (quintic Newton-Schulz); embeddings, gains and biases keep AdamW. One
-optimizer keeps the loop unchanged: one state_dict, GradScaler works, and `set_lr` drives both rates.
+Muon (Keller Jordan et al., modded-nanogpt) orthogonalises each block matrix's Nesterov-momentum update.
+One optimizer keeps the loop unchanged: one state_dict, GradScaler works, and `set_lr` drives both rates.
 """
 from __future__ import annotations
 
@@ -31,26 +30,19 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 def muon_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     """[muon: >=2-D weights inside transformer.h], [adamw decay: other >=2-D], [adamw no decay: <2-D]."""
-    muon, decay, no_decay = [], [], []
+    muon, other = [], []
     for name, p in model.named_parameters():  # a tied Parameter is yielded once
-        if not p.requires_grad:
-            continue
-        if p.dim() >= 2 and name.startswith("transformer.h."):
-            muon.append(p)
-        elif p.dim() >= 2:
-            decay.append(p)
-        else:
-            no_decay.append(p)
+        if p.requires_grad:
+            (muon if p.dim() >= 2 and name.startswith("transformer.h.") else other).append(p)
     return [{"params": muon, "muon": True},
-            {"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
+            {"params": [p for p in other if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in other if p.dim() < 2], "weight_decay": 0.0}]
 
 
 class MuonAdamW(torch.optim.Optimizer):
     def __init__(self, params, *, lr: float, muon_lr: float = 0.02, betas=(0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, momentum: float = 0.95, ns_steps: int = 5):
-        # foreach/fused are unused here, but torch's checkpoint state-dict helpers add them on load;
-        # declaring them keeps a resumed optimizer's param_groups identical to the original's.
+        # foreach/fused: unused, but torch's state-dict helpers add them on load (a resumed run's groups must match)
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, muon=False, lr_scale=1.0,
                         momentum=momentum, ns_steps=ns_steps, foreach=None, fused=None)
         super().__init__(params, defaults)

@@ -13,7 +13,6 @@ import torch
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """[{params: >=2-D, weight_decay}, {params: <2-D, weight_decay: 0}] over the trainable parameters."""
     params = [p for p in model.parameters() if p.requires_grad]  # a shared (tied) Parameter comes once
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
@@ -72,11 +71,8 @@ IMPL_FLAGS = ("fused", "foreach", "capturable")
 
 def keep_impl_flags(optimizer: torch.optim.Optimizer, state: dict) -> dict:
     """load_state_dict pre-hook: the saved param groups get `optimizer`'s fused/foreach/capturable flags.
-
-    Why: load_state_dict places each `step` by the SAVED flags (fused or capturable -> on the parameter's
-    device, else the CPU) and keeps them. A CPU run's checkpoint (foreach) resumed on CUDA (fused) would
-    leave `step` on the CPU under the fused CUDA kernel, which reads it through a device pointer.
-    """
+    load_state_dict places each `step` by the SAVED flags: a CPU (foreach) checkpoint resumed on CUDA (fused)
+    would leave `step` on the CPU, where the fused kernel reads it through a device pointer."""
     groups = state["param_groups"]
     if len(groups) != len(optimizer.param_groups):
         return state  # not this optimizer's state: the load itself says so

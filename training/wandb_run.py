@@ -1,8 +1,7 @@
 """Weights & Biases logging, only when asked for (logger=wandb, rank 0); `import wandb` is slow, so it is lazy.
 
-WANDB_MODE in the environment overrides logger.mode (wandb's convention). A missing API key or any error
-while starting is one ValueError line saying what to do. The run id is kept in the checkpoint, so a
-resumed run continues the same wandb run.
+WANDB_MODE overrides logger.mode (wandb's convention); a failure to start is one ValueError line. The run id
+is kept in the checkpoint, so a resumed run continues the same wandb run.
 """
 from __future__ import annotations
 
