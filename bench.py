@@ -6,9 +6,7 @@ bench_results/<timestamp>.json. The sections live in benchmarks/; docs/benchmark
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -18,6 +16,7 @@ from pathlib import Path
 
 from benchmarks import PRESETS, REPO, load_avg
 from common.files import write_text_atomic
+from common.platform import cpu_flags, cpu_model, usable_cores
 from common.threads import configure_threads
 from common.text import one_line
 
@@ -37,16 +36,13 @@ def git_info() -> dict:
 
 def hardware(device) -> dict:
     import torch
-    text = ""
-    with contextlib.suppress(OSError):
-        text = Path("/proc/cpuinfo").read_text()
-    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
-    flags = set(fields.get("flags", "").split())
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    info = {"cpu": {"model": fields.get("model name") or platform.processor() or platform.machine(), "cores": cores,
-                    "torch_threads": torch.get_num_threads(), "capability": torch.backends.cpu.get_cpu_capability(),
-                    "avx2": "avx2" in flags, "avx512": "avx512f" in flags,
-                    "bf16": bool(flags & {"avx512_bf16", "amx_bf16"})},
+    flags = cpu_flags()  # None where the OS does not list them: the JSON says null, not "no"
+
+    def has(*names):
+        return None if flags is None else bool(flags & set(names))
+    info = {"cpu": {"model": cpu_model(), "cores": usable_cores(), "torch_threads": torch.get_num_threads(),
+                    "capability": torch.backends.cpu.get_cpu_capability(), "avx2": has("avx2"),
+                    "avx512": has("avx512f"), "bf16": has("avx512_bf16", "amx_bf16")},
             "python": platform.python_version(), "torch": torch.__version__, "platform": platform.platform(),
             "device": str(device)}
     if device.type == "cuda":

@@ -2,16 +2,23 @@
 
 The pattern (temp file beside the target, fsync, os.replace, fsync the directory) lives here once; the
 checkpoint, data-cache, metrics, plot and download code all call it. `replace_dir` is the same for a
-directory (an HF export, a sharded checkpoint).
+directory (an HF export, a sharded checkpoint). On Windows a rename fails while another program has the
+target open (sample.py reading last.pt): `replace` waits a few seconds for it, then says so in one line.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import time
 import uuid
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Iterator
+
+from common.platform import is_windows
+
+REPLACE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0)  # seconds between tries: ~4.5 s in all
 
 
 def fsync_dir(path: str | os.PathLike) -> None:
@@ -39,6 +46,24 @@ def remove_quietly(path: str | os.PathLike) -> None:
         os.unlink(path)
 
 
+def replace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
+    """os.replace, retried on Windows while another process has `dst` (or `src`) open; a rename that still
+    fails there is a PermissionError naming the file and what to do."""
+    waits = REPLACE_WAITS if is_windows() else ()
+    for wait in waits:
+        try:
+            return os.replace(src, dst)
+        except PermissionError:
+            time.sleep(wait)
+    try:
+        os.replace(src, dst)
+    except PermissionError:
+        if not waits:
+            raise
+        raise PermissionError(errno.EACCES, f"{dst} stayed open in another program for {sum(waits):.0f} s "
+                              f"(a viewer, an editor, a virus scanner?): close it and run again") from None
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kw) -> Iterator[IO]:
     """`with atomic_write(p) as f: f.write(...)`: `p` appears whole when the block ends, or not at all; on any
@@ -51,7 +76,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kw) -> Iterat
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        replace(tmp, path)
     except BaseException:
         remove_quietly(tmp)
         raise
@@ -72,12 +97,12 @@ def replace_dir(tmp: str | os.PathLike, path: str | os.PathLike, old: str | os.P
     if old.exists():
         shutil.rmtree(old)
     if path.exists():
-        os.replace(path, old)
+        replace(path, old)
     try:
-        os.replace(tmp, path)
+        replace(tmp, path)
     except OSError:
         if old.exists():
-            os.replace(old, path)
+            replace(old, path)
         raise
     fsync_dir(path.parent)
     shutil.rmtree(old, ignore_errors=True)

@@ -1,13 +1,14 @@
-"""One run per directory: an exclusive `flock` on `<dir>/.lock`, held until the process exits.
+"""One run per directory: an exclusive lock on `<dir>/.lock`, held until the process exits.
 
-The kernel drops the lock when its holder dies (kill -9 too), so a dead run's lock is taken over with no
-clean-up. The file records who holds it (pid, host, start, command) for the refusal to name, and stays
-after the run: removing it could let two runs lock two different files of the same name.
+POSIX: `flock` on the file. Windows: msvcrt's lock on one byte far past the record, since Windows locks are
+mandatory and the record must stay readable. Either way the OS drops the lock when its holder dies (kill -9
+too), so a dead run's lock is taken over with no clean-up. The file records who holds it (pid, host, start,
+command) for the refusal to name, and stays after the run: removing it could let two runs lock two
+different files of the same name.
 """
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import socket
@@ -15,7 +16,18 @@ import sys
 import time
 from pathlib import Path
 
+try:
+    import fcntl
+    msvcrt = None
+    BUSY = (errno.EWOULDBLOCK, errno.EAGAIN)
+except ImportError:  # Windows
+    import msvcrt
+    fcntl = None
+    BUSY = (errno.EACCES, errno.EDEADLOCK)  # what msvcrt.locking raises while another process holds the byte
+
 LOCK_NAME = ".lock"
+WINDOWS_LOCK_AT = 1 << 30  # the byte msvcrt locks: far past any record, so readers never touch it
+_BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 _held: dict[str, int] = {}  # resolved directory -> the open, locked file descriptor
 
 
@@ -32,6 +44,28 @@ def _describe(raw: bytes) -> str | None:
         return None
 
 
+def _lock(fd: int, shared: bool = False) -> None:
+    """Lock `fd` without waiting; OSError with an errno in BUSY while another process holds it."""
+    if fcntl is not None:
+        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+    else:  # no shared locks on Windows: a probe takes the byte for a moment
+        os.lseek(fd, WINDOWS_LOCK_AT, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+
+
+def _close(fd: int, locked: bool) -> None:
+    """Close `fd`, dropping its lock (Windows unlocks first: a closed handle's lock may linger a moment)."""
+    if locked and msvcrt is not None:
+        os.lseek(fd, WINDOWS_LOCK_AT, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+    os.close(fd)
+
+
+def _record(fd: int) -> bytes:
+    os.lseek(fd, 0, os.SEEK_SET)
+    return os.read(fd, 4096)
+
+
 def acquire(directory: str | os.PathLike) -> bool:
     """Create `directory` and lock it for this process (again in the same process: no-op). False where the
     filesystem has no locks; DirectoryInUse naming the holder where another process has it; OSError else."""
@@ -40,21 +74,21 @@ def acquire(directory: str | os.PathLike) -> bool:
     key = os.path.realpath(d)
     if key in _held:
         return True
-    try:
-        fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:  # os.open's descriptors are not inherited by child processes (PEP 446)
+        fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT | _BINARY, 0o644)
     except PermissionError:  # someone else's lock file: it can still be locked, not written
-        fd = os.open(d / LOCK_NAME, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(d / LOCK_NAME, os.O_RDONLY | _BINARY)
     for attempt in range(3):  # a few tries: holder() may be probing the lock for a moment
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock(fd)
             break
         except OSError as e:
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) and attempt < 2:
+            if e.errno in BUSY and attempt < 2:
                 time.sleep(0.05)
                 continue
-            raw = os.pread(fd, 4096, 0)
+            raw = _record(fd)
             os.close(fd)
-            if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            if e.errno in BUSY:
                 raise DirectoryInUse(_describe(raw) or "details not yet written") from None
             if e.errno in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
                 return False
@@ -64,7 +98,8 @@ def acquire(directory: str | os.PathLike) -> bool:
           "command": " ".join([os.path.basename(sys.executable), *sys.argv])}
     try:
         os.ftruncate(fd, 0)
-        os.pwrite(fd, (json.dumps(me) + "\n").encode(), 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, (json.dumps(me) + "\n").encode())
     except OSError:  # read-only lock file: the lock holds all the same
         pass
     return True
@@ -76,20 +111,22 @@ def holder(directory: str | os.PathLike) -> str | None:
     if os.path.realpath(directory) in _held or not lock.is_file():
         return None
     try:
-        fd = os.open(lock, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(lock, os.O_RDONLY | _BINARY)
     except OSError:
         return None
+    locked = False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        _lock(fd, shared=True)
+        locked = True
         return None
     except OSError as e:
-        return _describe(os.pread(fd, 4096, 0)) if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN) else None
+        return _describe(_record(fd)) if e.errno in BUSY else None
     finally:
-        os.close(fd)
+        _close(fd, locked)
 
 
 def release(directory: str | os.PathLike) -> None:
     """Unlock now (tests); exiting the process does the same."""
     fd = _held.pop(os.path.realpath(directory), None)
     if fd is not None:
-        os.close(fd)
+        _close(fd, locked=True)

@@ -8,28 +8,10 @@ reads the policy once); OMP_WAIT_POLICY or OMP_NUM_THREADS set by the user wins.
 from __future__ import annotations
 
 import os
-import time
+
+from common.platform import busy_cores
 
 BUSY_CORES = 0.5  # other processes using at least half a core: threads must not spin
-
-
-def busy_cores(interval: float = 0.05) -> float | None:
-    """How many cores other processes keep busy right now (this one sleeps while it measures); None where
-    /proc/stat is missing (not Linux)."""
-    def snapshot():
-        with open("/proc/stat") as f:
-            fields = [int(x) for x in f.readline().split()[1:]]
-        return fields[3] + fields[4], sum(fields)  # idle + iowait, total (jiffies, all CPUs)
-
-    try:
-        idle0, total0 = snapshot()
-        time.sleep(interval)
-        idle1, total1 = snapshot()
-    except (OSError, ValueError, IndexError):
-        return None
-    if total1 <= total0:
-        return None
-    return (1 - (idle1 - idle0) / (total1 - total0)) * (os.cpu_count() or 1)
 
 
 def configure_threads() -> None:

@@ -1,8 +1,10 @@
-"""common.files: a file or directory is replaced whole or not at all."""
+"""common.files: a file or directory is replaced whole or not at all; on Windows also while another program
+briefly has the target open (simulated: os.replace raising PermissionError, as Windows does then)."""
 import os
 
 import pytest
 
+from common import files
 from common.files import atomic_write, replace_dir
 
 
@@ -39,6 +41,55 @@ def test_replace_dir_swaps_in_whole_and_puts_the_old_one_back_on_failure(tmp_pat
     with pytest.raises(OSError, match="disk full"):
         replace_dir(_dir(tmp, "c"), out)
     assert [p.name for p in out.iterdir()] == ["b"]  # the old directory is back in place
+
+
+@pytest.fixture
+def windows(monkeypatch):
+    """is_windows() true, and os.replace failing with PermissionError `fail[0]` more times (a reader that holds
+    the file open for a while); returns (fail, waits slept)."""
+    fail, waits, real = [0], [], os.replace
+
+    def replace(src, dst):
+        if fail[0]:
+            fail[0] -= 1
+            raise PermissionError(13, "Access is denied")
+        real(src, dst)
+    monkeypatch.setattr(files, "is_windows", lambda: True)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(files.time, "sleep", waits.append)
+    return fail, waits
+
+
+def test_a_file_open_elsewhere_on_windows_is_replaced_once_it_is_closed(tmp_path, windows):
+    fail, waits = windows
+    p = tmp_path / "last.pt"
+    fail[0] = 3
+    with atomic_write(p, "w") as f:
+        f.write("new")
+    assert p.read_text() == "new" and waits == list(files.REPLACE_WAITS[:3])
+    fail[0] = 2  # directories too (an HF export another program is reading)
+    replace_dir(_dir(tmp_path / ".out.tmp", "a"), tmp_path / "out")
+    assert (tmp_path / "out" / "a").is_file()
+
+
+def test_a_file_that_stays_open_on_windows_is_one_clear_line_after_a_bounded_wait(tmp_path, windows):
+    fail, waits = windows
+    fail[0] = 10 ** 6
+    target = r"C:\Users\me\runs\my run\last.pt"  # printed as the user wrote it: no doubled backslashes
+    with pytest.raises(PermissionError) as info:
+        files.replace(tmp_path / "x", target)
+    assert str(info.value) == (f"[Errno 13] {target} stayed open in another program for 5 s (a viewer, an editor, "
+                               f"a virus scanner?): close it and run again")
+    assert waits == list(files.REPLACE_WAITS) and sum(waits) < 6
+
+
+def test_posix_reports_a_refused_rename_at_once(tmp_path, windows, monkeypatch):
+    fail, waits = windows
+    monkeypatch.setattr(files, "is_windows", lambda: False)
+    fail[0] = 1
+    with pytest.raises(PermissionError, match="Access is denied"):
+        files.replace(tmp_path / "x", tmp_path / "y")
+    assert waits == []
 
 
 def _dir(path, name):
