@@ -13,7 +13,7 @@ from pickle import UnpicklingError  # what torch.load(weights_only=True) raises 
 
 import torch
 
-from common.files import atomic_write, fsync_dir, remove_quietly, temp_path
+from common.files import atomic_write, fsync_dir, remove_quietly, replace, temp_path
 
 FORMAT = "tinygpt"
 VERSION = 1
@@ -79,7 +79,7 @@ def link_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
             with open(src, "rb") as fi, atomic_write(dst) as fo:
                 shutil.copyfileobj(fi, fo, 1 << 20)
             return dst
-        os.replace(tmp, dst)
+        replace(tmp, dst)
     except OSError as e:
         raise _save_error(dst, e) from None
     finally:

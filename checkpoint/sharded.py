@@ -15,7 +15,7 @@ import torch.distributed as dist
 
 from checkpoint.file import CheckpointError, _save_error, save_checkpoint
 from checkpoint.locate import BEST_DCP, DCP_META, LAST_DCP, is_sharded_checkpoint, read_checkpoint
-from common.files import replace_dir
+from common.files import replace, replace_dir
 from model.weights import check_weights, clean_state_dict
 
 _GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dcp/ or best_dcp/"
@@ -53,9 +53,9 @@ def recover_sharded(run_dir: str | os.PathLike) -> None:
         path = Path(run_dir) / name
         old, tmp = _beside(path, "old"), _beside(path, "tmp")
         if not path.exists() and is_sharded_checkpoint(tmp):
-            os.rename(tmp, path)  # the new checkpoint was complete: publish it
+            replace(tmp, path)  # the new checkpoint was complete: publish it
         elif not path.exists() and old.exists():
-            os.rename(old, path)
+            replace(old, path)
         for d in (old, tmp):
             shutil.rmtree(d, ignore_errors=True)
 

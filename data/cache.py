@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from common.files import fsync_dir, write_text_atomic
+from common.platform import pid_alive
 from data import sources
 from data.loader import TokenFile
 from data.tokenizer import Tokenizer, tokenizer_from_dict
@@ -111,11 +112,7 @@ def _owner_alive(tmp: Path) -> bool:
         return time.time() - tmp.stat().st_mtime < 24 * 3600  # unknown owner: keep for a day
     if host != socket.gethostname():
         return True  # another machine on a shared file system: not ours to judge
-    try:
-        os.kill(pid, 0)
-    except OSError as e:  # PermissionError: alive, another user's
-        return not isinstance(e, ProcessLookupError)
-    return True
+    return pid_alive(pid)
 
 
 @contextmanager

@@ -6,13 +6,13 @@ splits (same ids as one whole encode) and encodes the pieces on a thread pool, i
 from __future__ import annotations
 
 import collections
-import os
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
 import numpy as np
 
+from common.platform import usable_cores
 from data.corpus import blocks
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 
@@ -96,8 +96,7 @@ def _split_stream(texts: Iterator[str | None], n_train: int) -> Iterator[tuple[s
 
 def threads() -> int:
     """Encoder threads: the CPUs this process may use, at most 16."""
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, min(n, 16))
+    return max(1, min(usable_cores(), 16))
 
 
 def encode_char(texts, n_train: int, tok: CharTokenizer, writers: dict, changed_error: Callable[[], Exception]):

@@ -143,6 +143,7 @@ def test_compile_unsupported_names_what_stands_in_the_way(monkeypatch, device, t
     assert platform.compile_unsupported(device) == reason
 
 
+@pytest.mark.slow
 def test_pid_alive_never_signals_on_windows(monkeypatch):
     assert platform.pid_alive(os.getpid())
     p = subprocess.Popen([sys.executable, "-c", "pass"])
@@ -182,7 +183,7 @@ def test_command_line_quotes_for_this_systems_shell(monkeypatch):
 
 POSIX_ONLY = {"fcntl", "termios", "pwd", "grp", "resource", "posix"}
 PROC_HOME = "common/platform.py"  # the one module that reads /proc
-PENDING = {"training/memory.py"}  # still reads /proc/meminfo until its call-site edit (platform.available_memory)
+PENDING: set[str] = set()  # files still reading /proc until their call-site edit (none now)
 
 
 def _guarded(tree: ast.AST) -> set[int]:

@@ -69,6 +69,7 @@ def test_requirements_name_every_third_party_module_the_commands_import():
     assert "huggingface-hub" not in required  # `hf download` is the user's tool: tinygpt never imports it
 
 
+@pytest.mark.slow
 def test_the_commands_import_without_posix_only_modules():
     """Windows has no fcntl, termios, pwd, grp or resource: every documented command must still load."""
     code = ("import sys, types, subprocess, getpass\n"  # stdlib modules that probe for msvcrt load first

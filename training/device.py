@@ -6,12 +6,14 @@ and the datasheet peak FLOP/s for MFU (shown only for a GPU in the table and 16-
 from __future__ import annotations
 
 import contextlib
+import logging
 import re
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
+from common.platform import compile_unsupported
 from model.device import resolve_device, resolve_dtype  # noqa: F401 - re-exported: training's device choice
 
 # (regex on the device name, readable name, dense bf16 FLOP/s from the datasheet). First match wins,
@@ -85,5 +87,11 @@ def setup_device(device_spec: str = "auto", dtype_spec: str = "auto", local_rank
 
 
 def resolve_compile(setting, device: torch.device) -> bool:
-    """`train.compile` (auto/True/False) -> whether to torch.compile. auto = on for CUDA only."""
-    return device.type == "cuda" if setting == "auto" else bool(setting)
+    """`train.compile` (auto/True/False) -> whether to torch.compile. auto = on for CUDA only, and only where
+    Triton is installed (said in one line)."""
+    if setting != "auto":
+        return bool(setting)
+    why = compile_unsupported(device.type)
+    if why and device.type == "cuda":
+        logging.getLogger(__name__).warning(f"train.compile=auto: compiling off: {why}")
+    return device.type == "cuda" and why is None

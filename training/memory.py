@@ -6,9 +6,9 @@ How the estimate's terms are counted: docs/design.md (Memory).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Optional
 
+from common.platform import available_memory, uses_host_memory
 from model.config import pad_vocab
 from training.config import Config
 from training.metrics import format_count
@@ -68,29 +68,15 @@ def estimate(c: Config, device_type: str = "cpu", half: bool = False, world_size
 
 
 def available(device) -> Optional[int]:
-    """Bytes free on `device` (a torch.device): CUDA's free memory; on Linux CPUs MemAvailable, within a
-    cgroup's limit; None elsewhere (no check)."""
+    """Bytes free on `device` (a torch.device): CUDA's free memory; for the CPU and Apple's MPS (unified memory)
+    the machine's available RAM (common.platform); None where it cannot be read (no check)."""
     import torch
     if device.type == "cuda":
         try:
             return torch.cuda.mem_get_info(device)[0]
         except RuntimeError:  # a GPU that cannot answer: the loop will report it
             return None
-    if device.type != "cpu":
-        return None
-    try:
-        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
-        free = int(info["MemAvailable"].split()[0]) * 1024
-    except (OSError, KeyError, ValueError):
-        return None
-    for limit, usage in (("memory.max", "memory.current"),  # cgroup v2, v1
-                         ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
-        try:
-            room = int(Path("/sys/fs/cgroup", limit).read_text()) - int(Path("/sys/fs/cgroup", usage).read_text())
-        except (OSError, ValueError):  # no such cgroup file, or "max"
-            continue
-        free = min(free, max(room, 0))
-    return free
+    return available_memory() if uses_host_memory(device.type) else None
 
 
 def gib(n: float) -> str:
