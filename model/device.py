@@ -1,7 +1,9 @@
 """Where a model runs: the device (CUDA > MPS > CPU) and the precision the hardware does well.
 
 Shared by training and inference (sample.py never imports training/). An explicit device that is not
-there is a one-line ValueError, never a silent fallback; "auto" bf16 needs bf16 in hardware.
+there is a one-line ValueError, never a silent fallback; "auto" bf16 needs bf16 in hardware. MPS: auto is
+float32 (fp16 would need a GradScaler, bf16 saves memory but not time there); bfloat16 needs macOS 14
+(torch's own rule; docs/platforms.md).
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ def cuda_bf16_native() -> bool:
 
 
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """A dtype name -> the autocast dtype (float32 = no autocast)."""
+    """A dtype name -> the autocast dtype (float32 = no autocast). auto: CUDA's fastest 16-bit, else float32."""
     if dtype == "auto":
         if device.type == "cuda":
             return torch.bfloat16 if cuda_bf16_native() else torch.float16
@@ -57,6 +59,9 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     if chosen == torch.bfloat16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise setting_error("{dtype=}bfloat16 but {0} does not support it: use {dtype=}float16 (or auto)",
                             torch.cuda.get_device_name(device))
+    if chosen == torch.bfloat16 and device.type == "mps" and not torch.backends.mps.is_macos_or_newer(14, 0):
+        raise setting_error("{dtype=}bfloat16 on Apple's MPS needs macOS 14 or newer: use {dtype=}float32 "
+                            "(or auto), or {dtype=}float16")
     if chosen == torch.float16 and device.type == "cpu":
         raise setting_error("{dtype=}float16 needs a GPU: use {dtype=}float32 (or bfloat16) on CPU")
     return chosen

@@ -124,6 +124,26 @@ def test_available_memory_on_linux():
     assert memory.available(torch.device("meta")) is None
 
 
+def test_mps_is_checked_against_the_macs_unified_memory(monkeypatch):
+    """A Mac, mocked: MPS tensors live in the machine's RAM, so the check reads what macOS has available (never
+    CUDA's free memory) and says "memory", not "GPU memory"; 16-bit autocast shrinks the estimate as on a GPU."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: pytest.fail("CUDA memory was asked on a Mac"))
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: True)
+    monkeypatch.setattr(memory, "available_memory", lambda: 2 * GiB)
+    assert memory.available(torch.device("mps")) == 2 * GiB
+    c = _config(n_layer=4, n_head=4, n_embd=128, block_size=64)
+    c.train.device, c.train.batch_size = "auto", 200_000
+    line = memory.check(c)
+    assert "GiB of memory for one training step" in line and "but 2.0 GiB is available: lower" in line, line
+    fits = int(line.split("at most ")[1].split()[0])
+    assert memory.estimate(c, "mps").total > memory.estimate(c, "mps", half=True).total
+    c.train.dtype = "bfloat16"  # macOS 14+: fewer bytes per activation, a larger batch fits
+    assert int(memory.check(c).split("at most ")[1].split()[0]) > fits
+    monkeypatch.setattr(memory, "available_memory", lambda: None)  # macOS did not answer: no check
+    assert memory.check(c) is None
+
 @pytest.mark.slow
 @pytest.mark.parametrize("alloc, words", [
     ("numpy.empty(1 << 45, dtype=numpy.uint8)", "out of memory on the CPU (allocating 32.0 TiB failed) with "),

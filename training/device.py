@@ -2,6 +2,7 @@
 
 Device and dtype choice live in model.device (inference needs them too); this adds autocast, TF32 on CUDA
 and the datasheet peak FLOP/s for MFU (shown only for a GPU in the table and 16-bit training, never a wrong one).
+float16 trains with a GradScaler, which runs on Apple's MPS from torch 2.8 (docs/platforms.md).
 """
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+from torch.torch_version import TorchVersion
 
 from common.platform import compile_unsupported
+from common.text import setting_error
 from model.device import resolve_device, resolve_dtype  # noqa: F401 - re-exported: training's device choice
 
 # (regex on the device name, readable name, dense bf16 FLOP/s from the datasheet). First match wins,
@@ -74,6 +77,9 @@ class DeviceSetup:
 def setup_device(device_spec: str = "auto", dtype_spec: str = "auto", local_rank: int = 0) -> DeviceSetup:
     device = resolve_device(device_spec, local_rank)
     dtype = resolve_dtype(dtype_spec, device)
+    if device.type == "mps" and dtype == torch.float16 and TorchVersion(torch.__version__) < (2, 8):
+        raise setting_error("{dtype=}float16 on Apple's MPS needs torch 2.8 or newer (its GradScaler): upgrade "
+                            "torch, or use {dtype=}bfloat16 (macOS 14+) or {dtype=}float32")
     if device.type == "cuda":  # TF32 matmuls; nothing on the CPU (its runs stay bitwise reproducible)
         torch.set_float32_matmul_precision("high")
         torch.backends.cudnn.allow_tf32 = True
@@ -88,10 +94,10 @@ def setup_device(device_spec: str = "auto", dtype_spec: str = "auto", local_rank
 
 def resolve_compile(setting, device: torch.device) -> bool:
     """`train.compile` (auto/True/False) -> whether to torch.compile. auto = on for CUDA only, and only where
-    Triton is installed (said in one line)."""
+    Triton is installed; off on MPS (both said in one line, with the reason); silently off on the CPU."""
     if setting != "auto":
         return bool(setting)
     why = compile_unsupported(device.type)
-    if why and device.type == "cuda":
+    if why:
         logging.getLogger(__name__).warning(f"train.compile=auto: compiling off: {why}")
     return device.type == "cuda" and why is None
