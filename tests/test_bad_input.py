@@ -58,6 +58,7 @@ def project(tmp_path_factory) -> Path:
     (inputs / "garbage.pt").write_bytes(random.Random(3).randbytes(50_000))
     (inputs / "no_wandb" / "wandb").mkdir(parents=True)  # first on PYTHONPATH: wandb "not installed"
     (inputs / "no_wandb" / "wandb" / "__init__.py").write_text("raise ImportError(\"No module named 'wandb'\")\n")
+    _columnar_inputs(inputs)
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
@@ -187,7 +188,46 @@ ROWS = [
     ("sample-zero-samples", [*SAMPLE, "--num-samples", "0"], ["--num-samples 0 is invalid", "use 1 or more"], {}, []),
     ("sample-no-run", ["sample.py", "--prompt", "KING:"],
      ["no trained model found under ./outputs or ./multirun", "train one with `python train.py`"], {}, []),
+    # --- columnar and jsonl sources (issue 22): inputs made by _columnar_inputs
+    ("prepare-parquet-missing-column", [*PREPARE, "--path", "{inputs}/columns.parquet"],
+     ["columns.parquet has no column 'text' (it has: body, n)", "set --text-key <the column that holds the text>"],
+     {}, []),
+    ("prepare-parquet-column-not-strings", [*PREPARE, "--path", "{inputs}/columns.parquet", "--text-key", "n"],
+     ["columns.parquet: its column 'n' holds int64, not strings", "set --text-key <a column of strings>"], {}, []),
+    ("prepare-corrupt-parquet", [*PREPARE, "--path", "{inputs}/shards"],
+     ["{inputs}/shards/001.parquet is not a readable parquet file", "download or write it again"], {}, []),
+    ("prepare-empty-parquet", [*PREPARE, "--path", "{inputs}/empty.parquet"],
+     ["{inputs}/empty.parquet is empty (no rows)", "give a text file with some content"], {}, []),
+    ("prepare-jsonl-text-not-a-string", [*PREPARE, "--path", "{inputs}/number.jsonl"],
+     ["number.jsonl line 2: its 'text' is a number (int), not a string", "set --text-key <the field"], {}, []),
+    ("prepare-directory-of-unknown-files", [*PREPARE, "--path", "{inputs}/csv"],
+     ["has no .txt files (nor .jsonl, .parquet or a datasets save_to_disk directory; it has 2 .csv)",
+      "convert your text to one of these"], {}, []),
+    ("prepare-pyarrow-not-installed", [*PREPARE, "--path", "{inputs}/good.parquet"],
+     ["good.parquet is a parquet file: reading it needs pyarrow, which is not installed: pip install pyarrow"],
+     {"PYTHONPATH": "{inputs}/no_pyarrow" + os.pathsep + str(REPO)}, []),
+    ("train-parquet-missing-column", ["train.py", *TINY, "data=text", "data.path={inputs}/columns.parquet"],
+     ["columns.parquet has no column 'text' (it has: body, n)", "set data.text_key=<the column"], {}, []),
 ]
+
+
+def _columnar_inputs(inputs: Path) -> None:
+    """Parquet files with a wrong column, a cut-short shard, no rows; a jsonl with a number; csv files; no pyarrow."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    pq.write_table(pa.table({"body": ["some text"], "n": [5]}), inputs / "columns.parquet")
+    pq.write_table(pa.table({"text": [_corpus(3000)]}), inputs / "good.parquet")
+    (inputs / "shards").mkdir()
+    pq.write_table(pa.table({"text": [_corpus(3000)]}), inputs / "shards" / "000.parquet")
+    good = (inputs / "good.parquet").read_bytes()
+    (inputs / "shards" / "001.parquet").write_bytes(good[: len(good) // 2])
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), inputs / "empty.parquet")
+    (inputs / "number.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
+    (inputs / "csv").mkdir()
+    for name in ("a.csv", "b.csv"):
+        (inputs / "csv" / name).write_text("text\nhello\n")
+    (inputs / "no_pyarrow" / "pyarrow").mkdir(parents=True)
+    (inputs / "no_pyarrow" / "pyarrow" / "__init__.py").write_text("raise ImportError(\"No module named 'pyarrow'\")\n")
 
 
 @pytest.mark.slow

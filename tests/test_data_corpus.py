@@ -39,7 +39,7 @@ def test_missing_empty_and_no_txt(tmp_path):
     d = tmp_path / "d"
     d.mkdir()
     (d / "x.md").write_text("hi")
-    one_line_error(ValueError, DataConfig(name="text", path=str(d)), "has no .txt files")
+    one_line_error(ValueError, DataConfig(name="text", path=str(d)), "has no .txt files", "it has 1 .md")
     (d / "y.txt").write_text("")
     one_line_error(ValueError, DataConfig(name="text", path=str(d)), "are empty")
 
@@ -193,7 +193,11 @@ def test_jsonl_bad_lines_are_named(tmp_path):
     f.write_text('{"text": "ok"}\n["a list"]\n')
     one_line_error(ValueError, DataConfig(name="text", path=str(f)), "line 2 has no text under 'text' (it has: list)")
     f.write_bytes(b'\xef\xbb\xbf{"text": "a BOM is fine"}\n{"text": 5}\n')
-    one_line_error(ValueError, DataConfig(name="text", path=str(f)), "line 2 has no text")
+    one_line_error(ValueError, DataConfig(name="text", path=str(f)),
+                   "line 2: its 'text' is a number (int), not a string", "set text_key=<")
+    for value, kind in (("null", "null"), ("true", "a boolean (bool)"), ('["a"]', "a list (list)")):
+        f.write_text('{"text": %s}\n' % value)
+        one_line_error(ValueError, DataConfig(name="text", path=str(f)), f"line 1: its 'text' is {kind}, not a string")
     f.write_bytes(b'{"text": "ok"}\n{"text": "\xff"}\n')
     one_line_error(ValueError, DataConfig(name="text", path=str(f)), "line 2 is not valid UTF-8", "encoding_errors")
     p = prepare(DataConfig(name="text", path=str(f), encoding_errors="replace", val_fraction=0.5), progress=False)
