@@ -1,4 +1,5 @@
-"""The sections timed inside this process: training throughput (training.step's real step) and decode speed. What each measures, and why so, is in docs/benchmarks.md."""
+"""The sections timed inside this process: training throughput (training.step's real step) and decode speed.
+What each measures, and why so, is in docs/benchmarks.md."""
 from __future__ import annotations
 
 import statistics
