@@ -100,9 +100,8 @@ def print_table(result: dict, out=None) -> None:  # noqa: C901 - one short block
         if d.get("cache_speedup"):
             w(f"  KV cache speed-up: {d['cache_speedup']:.1f}x")
     if "prep" in s:
-        p = s["prep"]
-        w(f"\n== data preparation, GPT-2 BPE, {p['bytes'] / 1e6:.1f} MB ==", f"  {p['mb_per_s']:.2f} MB/s "
-          f"({p['seconds']:.1f} s, {p['tokens']:,} tokens, {p['threads']} thread{'s' * (p['threads'] != 1)})")
+        from benchmarks.prepare import print_prep
+        print_prep(s["prep"], w)
     if "startup" in s:
         u = s["startup"]
         w(f"\n== start-up: process start -> end of the first training step, median of {u['runs']} ==",
@@ -133,7 +132,7 @@ def parse_args(argv=None):
     add("--decode-tokens", type=int, default=500, help="new tokens per decode and sample run")
     add("--decode-reps", type=int, default=3, help="timed runs of the cached decode modes and of sample.py (median)")
     add("--decode-preset", default=None, help="model shape for decode/sample (default baby; decode on CUDA: gpt2)")
-    add("--prep-mb", type=float, default=100.0, help="size of the BPE preparation input in MB (10^6 bytes)")
+    add("--prep-mb", type=float, default=100.0, help="size of each preparation input in MB (10^6 bytes)")
     add("--quality-experiment", default=None, help="experiment for time to quality (default cpu / shakespeare_char)")
     add("--quality-target", type=float, default=None, help="target val loss (default 1.88 CPU / 1.47 GPU)")
     add("--quality-timeout", type=float, default=900.0, help="seconds before the training run is killed (an error)")
@@ -169,7 +168,7 @@ def parse_args(argv=None):
 
 def run(args) -> dict:
     import torch
-    from benchmarks import commands, inprocess
+    from benchmarks import commands, inprocess, prepare
     from training.device import setup_device
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -186,7 +185,8 @@ def run(args) -> dict:
     for name in (s for s in SECTIONS if s in args.sections):
         t0 = time.perf_counter()
         try:
-            fn = getattr(inprocess, f"section_{name}", None) or getattr(commands, f"section_{name}")
+            fn = next(getattr(m, f"section_{name}") for m in (inprocess, commands, prepare)
+                      if hasattr(m, f"section_{name}"))
             result["sections"][name] = fn(args, dev)
             result["sections"][name]["section_s"] = round(time.perf_counter() - t0, 2)
         except (ValueError, OSError) as e:  # a missing file or preset: report it, keep the other sections

@@ -1,14 +1,11 @@
-"""The sections timed inside this process: training throughput (training.step's real step), decode speed
-and data preparation. What each measures, and why so, is in docs/benchmarks.md."""
+"""The sections timed inside this process: training throughput (training.step's real step) and decode speed.
+What each measures, and why so, is in docs/benchmarks.md."""
 from __future__ import annotations
 
-import math
-import os
 import statistics
 import tempfile
 import time
 from pathlib import Path
-from unittest import mock
 
 from benchmarks import PRESETS, REPO, VOCAB, gpt_config, load_avg, say
 from common.text import failure_reason
@@ -164,26 +161,3 @@ def section_decode(args, dev) -> dict:
     if by.get("kv_cache") and by.get("no_cache"):
         res["cache_speedup"] = round(by["kv_cache"] / by["no_cache"], 2)
     return {**res, "load_avg_after": load_avg()}
-
-
-def section_prep(args, dev) -> dict:
-    from data import sources
-    from data.config import DataConfig
-    from data.encode import threads
-    from data.prepare import prepare
-    text, ranks = sources.shakespeare_path().read_bytes(), sources.gpt2_ranks_path()
-    copies = math.ceil(args.prep_mb * 1e6 / len(text))
-    with tempfile.TemporaryDirectory(prefix="tinygpt-bench-prep-") as tmp, \
-            mock.patch.dict(os.environ, TINYGPT_CACHE=str(Path(tmp) / "cache")):
-        path = Path(tmp) / "corpus.txt"
-        path.write_bytes(text * copies)
-        if ranks is not None:  # the GPT-2 ranks, found where the user keeps them
-            (Path(tmp) / "cache" / "tokenizers").mkdir(parents=True)
-            os.symlink(ranks, Path(tmp) / "cache" / "tokenizers" / "gpt2.tiktoken")
-        say("prep", f"GPT-2 BPE on {len(text) * copies / 1e6:.1f} MB ({copies} x Tiny Shakespeare)")
-        la, t0 = load_avg(), time.perf_counter()
-        p = prepare(DataConfig(name="text", path=str(path), tokenizer="gpt2"), progress=False)
-        secs, tokens, nbytes = time.perf_counter() - t0, p.train_tokens + p.val_tokens, path.stat().st_size
-    return {"bytes": nbytes, "copies": copies, "tokenizer": "gpt2", "seconds": round(secs, 2),
-            "mb_per_s": round(nbytes / 1e6 / secs, 2), "tokens": tokens, "tokens_per_s": round(tokens / secs, 1),
-            "threads": threads(), "load_avg_before": la, "load_avg_after": load_avg()}

@@ -1,4 +1,4 @@
-"""Streamed encoding of the corpus into the train/val token writers, in bounded memory.
+"""Streamed encoding of the corpus into the train/val token shards, in bounded memory.
 
 Char-level maps code points through a lookup table. GPT-2 BPE cuts the text only where its pre-tokenizer always
 splits (same ids as one whole encode) and encodes the pieces on a thread pool, in order: docs/design.md (Data).
@@ -14,6 +14,8 @@ import numpy as np
 
 from common.platform import usable_cores
 from data.corpus import blocks
+from data.loader import dtype_for_vocab
+from data.shards import ShardWriter, skip_chars
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 
 SEGMENT_CHARS = 1 << 19  # characters per BPE work item
@@ -99,12 +101,13 @@ def threads() -> int:
     return max(1, min(usable_cores(), 16))
 
 
-def encode_char(texts, n_train: int, tok: CharTokenizer, writers: dict, changed_error: Callable[[], Exception]):
+def encode_char(texts, n_train: int, tok: CharTokenizer, sink: ShardWriter, changed_error: Callable[[], Exception],
+                start: int = 0):
     """`changed_error()` is raised for a character missing from `tok` (the text changed since it was scanned)."""
     table = tok.code_table().astype(np.int32)
-    dtype = writers["train"].dtype
-    for split, text, _ in _split_stream(texts, n_train):
-        for part in blocks(text or ""):  # no separator between documents
+    dtype = dtype_for_vocab(tok.vocab_size)
+    for split, text, _ in skip_chars(_split_stream(texts, n_train), start):
+        for part in blocks(text or "", min(1 << 18, sink.shard_tokens)):  # no separator between documents
             cps = np.frombuffer(part.encode("utf-32-le"), dtype="<u4")
             try:
                 ids = table[cps]
@@ -112,11 +115,13 @@ def encode_char(texts, n_train: int, tok: CharTokenizer, writers: dict, changed_
                 raise changed_error() from None
             if ids.min() < 0:
                 raise changed_error()
-            writers[split].write(ids.astype(dtype))
+            sink.write(split, ids.astype(dtype), len(part))
 
 
-def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, writers: dict, note: Callable[[str], None]) -> int:
-    """<|endoftext|> between documents, as nanoGPT does. Returns the number of forced (not provably safe) cuts."""
+def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, sink: ShardWriter, note: Callable[[str], None],
+               start: int = 0) -> int:
+    """<|endoftext|> between documents, as nanoGPT does; the first `start` characters were written by an earlier
+    run. Returns the number of forced (not provably safe) cuts."""
     enc = tok.enc
     if hasattr(enc, "encode_to_numpy"):  # no Python int list; same ids as encode_ordinary (no specials)
         encode = lambda s: enc.encode_to_numpy(s, allowed_special=set(), disallowed_special=())  # noqa: E731
@@ -128,18 +133,18 @@ def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, writers: dict, note: Cal
     with ThreadPoolExecutor(n_threads, thread_name_prefix="bpe") as pool:
         def drain(limit):
             while len(inflight) > limit:
-                split, ids = inflight.popleft()
-                writers[split].write(ids if isinstance(ids, np.ndarray) else ids.result())
+                split, ids, chars = inflight.popleft()
+                sink.write(split, ids if isinstance(ids, np.ndarray) else ids.result(), chars)
 
         buf, cur, eot = "", "train", np.array([tok.eot_id], dtype=np.uint32)
-        for split, text, last in _split_stream(texts, n_train):
+        for split, text, last in skip_chars(_split_stream(texts, n_train), start):
             if split != cur:  # the train part has been flushed (last=True) before val starts
                 cur, buf = split, ""
             pieces, buf = cutter.pieces(buf + (text or ""), final=last or text is None)
             for p in pieces:
-                inflight.append((split, pool.submit(encode, p)))
+                inflight.append((split, pool.submit(encode, p), len(p)))
                 drain(2 * n_threads)
             if text is None:  # a document ends here (its pieces are in flight): the separator follows
-                inflight.append((split, eot))
+                inflight.append((split, eot, 0))
         drain(0)
     return cutter.forced

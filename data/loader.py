@@ -1,4 +1,5 @@
-"""Token files and batches: the checked `.bin` format (`TokenFile`, `TokenWriter`) and `BatchLoader`.
+"""Token files and batches: the checked `.bin` format (`TokenFile`, `TokenWriter`) and `BatchLoader`, which reads
+a split from one file or from its shards (data/shards.py) as one sequence.
 
 A damaged token file is a one-line ValueError; batches depend only on (seed, global step): docs/design.md (Data).
 torch is imported lazily: preparing data does not need it.
@@ -72,6 +73,10 @@ class TokenFile:
     def __len__(self) -> int:
         return self.count
 
+    def windows(self, offsets: np.ndarray, length: int) -> np.ndarray:
+        """Rows tokens[o:o + length], one per offset."""
+        return self.tokens[np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)]
+
 
 class TokenWriter:
     """Append-only writer of the token file format. Use as a context manager; `close()` finalizes."""
@@ -102,6 +107,11 @@ class TokenWriter:
         self._f.flush()
         os.fsync(self._f.fileno())
         self._f.close()
+
+    def discard(self) -> None:
+        """Close and delete an unfinished file."""
+        self._f.close()
+        self.path.unlink(missing_ok=True)
 
     def __enter__(self) -> "TokenWriter":
         return self
@@ -143,6 +153,16 @@ def _too_short(files: dict, block_size: int) -> ValueError:
                          min(sizes.values()) - 1, files[short[0]].path.parent)
 
 
+def _open_split(f):
+    """A split as given: a TokenFile or TokenShards opened already, a path, or a list of shard paths."""
+    if hasattr(f, "windows"):
+        return f
+    if isinstance(f, (list, tuple)):
+        from data.shards import TokenShards  # data.shards imports this module
+        return TokenShards(f)
+    return TokenFile(f)
+
+
 class BatchLoader:
     """Random (x, y) windows from train/val token files; deterministic per global step; resumable."""
 
@@ -159,14 +179,12 @@ class BatchLoader:
         self.seed = int(seed)
         self.device = torch.device(device)
         self.global_batch = self.batch_size * self.grad_accum_steps * self.world_size
-        self.files = {split: f if isinstance(f, TokenFile) else TokenFile(f)  # a path, or a file opened already
-                      for split, f in (("train", train), ("val", val))}
+        self.files = {split: _open_split(f) for split, f in (("train", train), ("val", val))}
         need = self.block_size + 1
         if min(len(tf) for tf in self.files.values()) < need:
             raise _too_short(self.files, self.block_size)
         self.step, self.micro = 0, 0
         self._offsets_step, self._offsets = -1, None  # the step whose train offsets are drawn, and those offsets
-        self._arange = np.arange(need, dtype=np.int64)
 
     def state_dict(self) -> dict:
         return {"step": self.step, "micro": self.micro}
@@ -206,7 +224,7 @@ class BatchLoader:
 
     def _windows(self, split: str, offsets: np.ndarray):
         import torch
-        w = self.files[split].tokens[offsets.astype(np.int64)[:, None] + self._arange]
+        w = self.files[split].windows(offsets, self.block_size + 1)
         x = torch.from_numpy(w[:, :-1].astype(np.int64))
         y = torch.from_numpy(w[:, 1:].astype(np.int64))
         if self.device.type == "cuda":

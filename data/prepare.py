@@ -1,7 +1,8 @@
-"""Text -> train.bin / val.bin / meta.json, cached by content and published atomically. Also the CLI.
+"""Text -> token shards of each split + meta.json, cached by content and published atomically. Also the CLI.
 
 Three streamed passes in bounded memory: hash (the cache key; a hit returns at once), count characters (and
-collect the char vocabulary), then encode each split on its own, as nanoGPT does.
+collect the char vocabulary), then encode each split on its own, as nanoGPT does, into shards (data/shards.py):
+a killed or interrupted run's closed shards are kept and a rerun does only the rest.
 """
 from __future__ import annotations
 
@@ -17,17 +18,22 @@ from common.text import error_line, in_keys, setting_error
 from data import corpus
 from data.cache import (FORMAT, FORMAT_VERSION, Prepared, cache_key, load_prepared, lookup, prepared_root, publish,
                         staging)
+from data.shards import SHARD_TOKENS, ShardWriter, saved_head
 from data.config import DataConfig
 from data.encode import encode_bpe, encode_char
-from data.loader import TokenWriter, dtype_for_vocab
+from data.loader import dtype_for_vocab
 from data.sources import GPT2_EOT
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer_from_dict
 
 
-def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None] | None = None) -> Prepared:
-    """Prepared token files for `cfg`, from the cache when possible. With `progress`: a bar on stderr and
-    one-line notes, printed on stderr or handed to `log` (training passes its logger, so they land in train.log)."""
+def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
+            shard_tokens: int = SHARD_TOKENS) -> Prepared:
+    """Prepared token shards for `cfg`, from the cache when possible (a killed run's closed shards are kept). With
+    `progress`: a bar on stderr (MB/s, ETA) and one-line notes, printed on stderr or handed to `log` (training passes
+    its logger, so they land in train.log). `shard_tokens` does not change the tokens, only how they are filed."""
     tok_kind = cfg.validate()
+    if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
+        raise ValueError(f"shard_tokens={shard_tokens!r} must be a positive integer (default {SHARD_TOKENS:,})")
     src = corpus.resolve(cfg)
 
     def note(msg: str) -> None:
@@ -36,12 +42,12 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
         elif progress:
             print(msg, file=sys.stderr, flush=True)
 
-    p = _prepare(cfg, tok_kind, src, progress, note)
+    p = _prepare(cfg, tok_kind, src, progress, note, shard_tokens)
     p.source = src.abspath
     return p
 
 
-def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool, note) -> Prepared:
+def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool, note, shard_tokens: int) -> Prepared:
     errors, vf = cfg.encoding_errors, float(cfg.val_fraction)
     src_hash = corpus.sha256(src)
     more = {"text_key": cfg.text_key} if src.jsonl else {}
@@ -53,32 +59,43 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
     if hit is not None:
         return hit
 
-    t0 = time.perf_counter()
-    tok: Tokenizer | None = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
-    n_chars, chars = corpus.scan(src, errors, want_vocab=tok is None)
-    if n_chars == 0:
-        raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file with "
-                            "some content", src.display, errors)
-    tok = tok if tok is not None else CharTokenizer(chars)
-    n_train = int(n_chars * (1.0 - vf))
-    note(f"preparing {cfg.name} ({src.nbytes / 1e6:,.1f} MB, {tok.describe()}) from {src.display} into {final}")
-
     def changed_error():
         return ValueError(f"{src.display} changed while it was being prepared: run again once it is stable")
 
-    with staging(final.parent) as tmp:
+    t0 = time.perf_counter()
+    gpt2 = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
+    with staging(final.parent, key) as tmp:
+        head = saved_head(tmp)
+        if head.get("key") == key:  # continuing a killed run: its count and vocabulary stand (same content)
+            n_chars, tok = head["chars"], gpt2 or tokenizer_from_dict(head["tokenizer"])
+        else:
+            tok = gpt2
+            n_chars, chars = corpus.scan(src, errors, want_vocab=tok is None)
+            tok = tok if tok is not None else CharTokenizer(chars)
+        if n_chars == 0:
+            raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file "
+                                "with some content", src.display, errors)
+        n_train = int(n_chars * (1.0 - vf))
+        sink = ShardWriter(tmp, tok.vocab_size, shard_tokens, {"key": key, "chars": n_chars,
+                                                               "tokenizer": tok.to_dict()})
+        start = sink.resume()
+        done = f", continuing after {len(sink.done)} finished shards" if sink.done else ""
+        note(f"preparing {cfg.name} ({src.nbytes / 1e6:,.1f} MB, {tok.describe()}) from {src.display} into "
+             f"{final}{done}")
         hasher = hashlib.sha256()
         with tqdm(total=src.nbytes, unit="B", unit_scale=True, unit_divisor=1024, desc=f"prepare {cfg.name}",
-                  file=sys.stderr, disable=None if progress else True, leave=False) as bar, \
-                TokenWriter(tmp / "train.bin", tok.vocab_size) as w_train, \
-                TokenWriter(tmp / "val.bin", tok.vocab_size) as w_val:
-            writers = {"train": w_train, "val": w_val}
+                  file=sys.stderr, disable=None if progress else True, leave=False) as bar:
             texts = corpus.read_text(src, errors, hasher=hasher, bar=bar)
-            if isinstance(tok, CharTokenizer):
-                forced = 0
-                encode_char(texts, n_train, tok, writers, changed_error)
-            else:
-                forced = encode_bpe(texts, n_train, tok, writers, note)
+            try:
+                if isinstance(tok, CharTokenizer):
+                    forced = 0
+                    encode_char(texts, n_train, tok, sink, changed_error, start)
+                else:
+                    forced = encode_bpe(texts, n_train, tok, sink, note, start)
+                sink.finish()
+            except BaseException:
+                sink.abandon()
+                raise
         if hasher.hexdigest() != src_hash:
             raise changed_error()
         seconds = time.perf_counter() - t0
@@ -86,7 +103,8 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
             "format": FORMAT, "version": FORMAT_VERSION, "key": key, "name": cfg.name,
             "tokenizer": tok.to_dict(), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
             "dtype": dtype_for_vocab(tok.vocab_size).name,
-            "train_tokens": w_train.count, "val_tokens": w_val.count,
+            "train_tokens": sink.count("train"), "val_tokens": sink.count("val"),
+            "shards": {"train": sink.files("train"), "val": sink.files("val")}, "shard_tokens": shard_tokens,
             "source": {"path": src.abspath, "files": len(src.files), "bytes": src.nbytes, "chars": n_chars,
                        "sha256": src_hash, "encoding_errors": errors, **more},
             "split": {"val_fraction": vf, "by": "characters", "train_chars": n_train, "val_chars": n_chars - n_train},
@@ -96,15 +114,16 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
             return load_prepared(final, expect_key=key)
     note(f"prepared {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens in {seconds:.1f} s "
          f"({src.nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
-    return Prepared(final, meta, final / "train.bin", final / "val.bin", tok)
+    return Prepared(final, meta, [final / f for f in meta["shards"]["train"]],
+                    [final / f for f in meta["shards"]["val"]], tok)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m data.prepare",
-        description="Tokenize a corpus into train.bin/val.bin in the tinygpt cache (training does this "
-                    "automatically; this runs it on its own).")
+        description="Tokenize a corpus into token shards in the tinygpt cache (training does this "
+                    "automatically; this runs it on its own). Run it again after an interruption to continue.")
     ap.add_argument("--data", default="shakespeare_char", help="shakespeare_char (default), shakespeare or text")
     ap.add_argument("--path", nargs="+", default=None, help="text or .jsonl files or directories of them (required "
                                                              "for --data text; replaces the download for shakespeare*)")
@@ -113,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--encoding-errors", default="strict",
                     help="strict (default), replace, ignore or backslashreplace for bytes that are not UTF-8")
     ap.add_argument("--text-key", default="text", help="the field holding the text in .jsonl files (default text)")
+    ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS,
+                    help=f"tokens per shard file (default {SHARD_TOKENS:,}; the tokens are the same for any value)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar or notes")
     args = ap.parse_args(argv)
     tokenizer = args.tokenizer or ("gpt2" if args.data == "shakespeare" else "char")
@@ -121,18 +142,19 @@ def main(argv: list[str] | None = None) -> int:
                      encoding_errors=args.encoding_errors, text_key=args.text_key)
     try:
         with in_keys({"name": "--data", **{k: "--" + k.replace("_", "-") for k in vars(args)}}):  # field -> flag
-            p = prepare(cfg, progress=not args.quiet)
+            p = prepare(cfg, progress=not args.quiet, shard_tokens=args.shard_tokens)
     except (ValueError, OSError) as e:
         print(error_line(e), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("error: interrupted (nothing half-written is kept)", file=sys.stderr)
+        print("error: interrupted (finished shards are kept: run the same command again to continue)", file=sys.stderr)
         return 130
     m = p.meta
     print(f"{m['name']}: {p.tokenizer.describe()}, {m['source']['bytes']:,} bytes from {p.source}"
           f"{' (already prepared)' if p.cached else ''}")
-    print(f"  {p.train_path}  {m['train_tokens']:,} tokens")
-    print(f"  {p.val_path}  {m['val_tokens']:,} tokens")
+    for split, paths in (("train", p.train_paths), ("val", p.val_paths)):
+        files = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}/{split}-*.bin ({len(paths)} shards)"
+        print(f"  {files}  {m[f'{split}_tokens']:,} tokens")
     return 0
 
 

@@ -51,6 +51,7 @@ def test_damaged_cache_is_prepared_again(tiny_corpus, capsys):
 
 
 def test_interrupted_preparation_leaves_nothing_trusted(tiny_corpus, monkeypatch):
+    """Ctrl-C: no directory under the final name; the partial one (released) is continued by the next run."""
     small_chunks(monkeypatch, chunk=2048)
     cfg = DataConfig(name="text", path=str(tiny_corpus))
     orig_write, n = TokenWriter.write, {"calls": 0}
@@ -65,10 +66,12 @@ def test_interrupted_preparation_leaves_nothing_trusted(tiny_corpus, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg, progress=False)
     root = sources.cache_dir() / "prepared"
-    assert list(root.iterdir()) == []
+    (partial,) = root.iterdir()
+    assert partial.name.startswith(".tmp-") and partial.name.split("-")[-2] == "0"  # released by pid 0
     monkeypatch.setattr(TokenWriter, "write", orig_write)
     p = prepare(cfg, progress=False)
     assert not p.cached and p.train_tokens + p.val_tokens == len(tiny_corpus.read_text())
+    assert [d.name for d in root.iterdir()] == [p.dir.name]
 
 
 @pytest.mark.slow
@@ -91,7 +94,7 @@ def test_load_prepared_checks_meta(tiny_corpus):
     meta = json.loads((p.dir / "meta.json").read_text())
     meta["train_tokens"] += 1
     (p.dir / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(ValueError, match="does not match"):
+    with pytest.raises(ValueError, match="do not match"):
         load_prepared(p.dir)
     (p.dir / "meta.json").write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):

@@ -134,7 +134,7 @@ def test_large_char_vocab_uses_uint32(tmp_path):
 def test_cli_prepares_and_reports(tiny_corpus):
     r = run_cli(["-m", "data.prepare", "--data", "text", "--path", str(tiny_corpus), "--quiet"], cwd=tiny_corpus.parent)
     assert r.returncode == 0, r.stderr
-    assert "train.bin" in r.stdout and "val.bin" in r.stdout and "tokens" in r.stdout
+    assert "train-00000.bin" in r.stdout and "val-00000.bin" in r.stdout and "tokens" in r.stdout
     assert f"from {tiny_corpus.absolute()}" in r.stdout
     copy = tiny_corpus.with_name("copy.txt")  # the same content under another name: a cache hit ...
     shutil.copy(tiny_corpus, copy)

@@ -1,0 +1,95 @@
+"""bench.py's `prep` section: `python -m data.prepare` as a user runs it, on a generated corpus as text, jsonl and
+(with pyarrow) parquet: MB/s and the peak memory (RSS) of each run, in its own process so each peak is its own."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import REPO, load_avg, say
+
+
+def _write_corpus(kind: str, text: str, copies: int, path: Path) -> Path:
+    """`copies` documents of `text` as one .txt file, a .jsonl file or a .parquet file."""
+    if kind == "text":
+        with open(path, "w", encoding="utf-8") as f:
+            for _ in range(copies):
+                f.write(text)
+    elif kind == "jsonl":
+        line = json.dumps({"text": text}) + "\n"
+        with open(path, "w", encoding="utf-8") as f:
+            for _ in range(copies):
+                f.write(line)
+    else:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        pq.write_table(pa.table({"text": [text] * copies}), path, row_group_size=16)
+    return path
+
+
+def _run(path: Path, tokenizer: str, env: dict) -> dict:
+    """One preparation in a child process: wall seconds, and the child's own peak RSS where the OS reports it."""
+    cmd = [sys.executable, "-m", "data.prepare", "--data", "text", "--path", str(path), "--tokenizer", tokenizer,
+           "--quiet"]
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if hasattr(os, "wait4"):
+        _, status, usage = os.wait4(proc.pid, 0)
+        secs, code = time.perf_counter() - t0, os.waitstatus_to_exitcode(status)
+        proc.returncode = code
+        peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
+    else:
+        code, secs, peak = proc.wait(), time.perf_counter() - t0, None
+    err = proc.stderr.read().strip()
+    proc.stderr.close()
+    if code != 0:
+        return {"error": (err.splitlines() or [f"exit code {code}"])[-1]}
+    nbytes = path.stat().st_size
+    return {"seconds": round(secs, 2), "mb_per_s": round(nbytes / 1e6 / secs, 2),
+            "peak_rss_mib": None if peak is None else round(peak / 2**20, 1)}
+
+
+def section_prep(args, dev) -> dict:
+    from data import sources
+    from data.encode import threads
+    text, ranks = sources.shakespeare_path().read_text(encoding="utf-8"), sources.gpt2_ranks_path()
+    copies = math.ceil(args.prep_mb * 1e6 / len(text.encode()))
+    kinds = [("text", "gpt2"), ("text", "char"), ("jsonl", "gpt2")]
+    notes = []
+    if importlib.util.find_spec("pyarrow") is not None:
+        kinds.append(("parquet", "gpt2"))
+    else:
+        notes.append("parquet skipped: pyarrow is not installed (pip install pyarrow)")
+    if importlib.util.find_spec("data.bpe") is None:
+        notes.append("tokenizer training skipped: this version has no BPE trainer (data.bpe)")
+    res = {"copies": copies, "threads": threads(), "rows": [], "notes": notes, "load_avg_before": load_avg()}
+    with tempfile.TemporaryDirectory(prefix="tinygpt-bench-prep-") as tmp:
+        cache = Path(tmp) / "cache"
+        if ranks is not None:  # the GPT-2 ranks, found where the user keeps them
+            (cache / "tokenizers").mkdir(parents=True)
+            os.symlink(ranks, cache / "tokenizers" / "gpt2.tiktoken")
+        env = {**os.environ, "TINYGPT_CACHE": str(cache)}
+        for kind, tok in kinds:
+            path = _write_corpus(kind, text, copies, Path(tmp) / f"corpus.{'txt' if kind == 'text' else kind}")
+            say("prep", f"{kind}, {tok}, {path.stat().st_size / 1e6:.1f} MB ({copies} x Tiny Shakespeare)")
+            row = {"source": kind, "tokenizer": tok, "bytes": path.stat().st_size, **_run(path, tok, env)}
+            res["rows"].append(row)
+            path.unlink()
+    return {**res, "load_avg_after": load_avg()}
+
+
+def print_prep(p: dict, w) -> None:
+    w(f"\n== data preparation (python -m data.prepare, {p['copies']} x Tiny Shakespeare, {p['threads']} "
+      f"encoder thread{'s' * (p['threads'] != 1)}) ==")
+    for r in p["rows"]:
+        head = f"  {r['source']:8} {r['tokenizer']:5} {r['bytes'] / 1e6:8.1f} MB  "
+        w(head + (f"error: {r['error']}" if "error" in r else
+                  f"{r['mb_per_s']:8.2f} MB/s  ({r['seconds']:.1f} s; peak RSS "
+                  + ("-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:,.0f} MiB") + ")"))
+    w(*(f"  note: {n}" for n in p.get("notes", [])))

@@ -1,0 +1,169 @@
+"""Token shards: a split written as numbered token files (`ShardWriter`) and read back as one sequence
+(`TokenShards`), so corpora of tens of GB are written and memory-mapped a shard at a time.
+
+A shard is closed only after a piece of text, never inside one, and its end (characters of the corpus read so far)
+goes into `progress.json` with it: a killed preparation continues from the last closed shard: docs/data.md.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from common.files import fsync_dir, write_text_atomic
+from data.loader import TokenFile, TokenWriter
+
+SHARD_TOKENS = 100_000_000  # tokens per shard (a shard holds at least this many, but for the last of a split)
+PROGRESS = "progress.json"
+
+
+def shard_name(split: str, i: int) -> str:
+    return f"{split}-{i:05d}.bin"
+
+
+class TokenShards:
+    """A split's token files read as one sequence: `len()`, `windows()` and the first file's `path`."""
+
+    def __init__(self, files):
+        self.files = [f if isinstance(f, TokenFile) else TokenFile(f) for f in files]
+        assert self.files, "a split has at least one shard"
+        vocab = {f.vocab_size for f in self.files}
+        if len(vocab) != 1:
+            raise ValueError(f"the shards of {self.path.parent} disagree on the vocabulary ({sorted(vocab)}): delete "
+                             f"{self.path.parent} so it is prepared again")
+        self.vocab_size = vocab.pop()
+        self.dtype = self.files[0].dtype
+        self.starts = np.cumsum([0] + [len(f) for f in self.files])  # global offset of each shard, then the total
+
+    @property
+    def path(self) -> Path:
+        return self.files[0].path
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def windows(self, offsets: np.ndarray, length: int) -> np.ndarray:
+        """Rows tokens[o:o + length] of the concatenated shards, one per offset."""
+        if len(self.files) == 1:
+            return self.files[0].windows(offsets, length)
+        out = np.empty((len(offsets), length), dtype=self.dtype)
+        for row, o in enumerate(np.asarray(offsets, dtype=np.int64)):
+            i, filled = int(np.searchsorted(self.starts, o, side="right")) - 1, 0
+            while filled < length:  # a window may run on into the next shard(s)
+                lo = int(o + filled - self.starts[i])
+                part = self.files[i].tokens[lo:lo + length - filled]
+                out[row, filled:filled + len(part)] = part
+                filled, i = filled + len(part), i + 1
+        return out
+
+
+class ShardWriter:
+    """Writes the splits of `directory` as shards of at least `shard_tokens` tokens, in order, resumable.
+
+    `write(split, ids, chars)`: `chars` is how many characters of the corpus `ids` encode (0 for a separator); a
+    shard is closed after a write with chars > 0 once it is full, and when the split changes. `done` lists the
+    closed shards (as in progress.json); `chars` is where a continued preparation starts reading."""
+
+    def __init__(self, directory: Path, vocab_size: int, shard_tokens: int, head: dict):
+        self.dir, self.vocab_size, self.shard_tokens, self.head = directory, vocab_size, shard_tokens, head
+        self.done: list[dict] = []
+        self.chars = 0
+        self._w: TokenWriter | None = None
+        self._split: str | None = None
+
+    def resume(self) -> int:
+        """Keep the closed shards of an earlier run in `dir` (when its progress.json has our `head`); remove any
+        other shard file. Returns the characters to skip."""
+        try:
+            saved = json.loads((self.dir / PROGRESS).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            saved = {}
+        if saved.get("head") == self.head:
+            for s in saved["shards"]:
+                try:
+                    if len(TokenFile(self.dir / s["file"])) != s["tokens"]:
+                        break
+                except (OSError, ValueError):
+                    break
+                self.done.append(s)
+        self.chars = self.done[-1]["end_chars"] if self.done else 0
+        keep = {s["file"] for s in self.done}
+        for f in self.dir.glob("*.bin"):
+            if f.name not in keep:
+                f.unlink()
+        self._save()
+        return self.chars
+
+    def count(self, split: str) -> int:
+        return sum(s["tokens"] for s in self.done if s["split"] == split) + \
+            (self._w.count if self._w is not None and self._split == split else 0)
+
+    def files(self, split: str) -> list[str]:
+        return [s["file"] for s in self.done if s["split"] == split]
+
+    def write(self, split: str, ids, chars: int) -> None:
+        if split != self._split:
+            self._close()
+        if self._w is None:
+            self._split = split
+            self._w = TokenWriter(self.dir / shard_name(split, len(self.files(split))), self.vocab_size)
+        self._w.write(ids)
+        self.chars += chars
+        if chars and self._w.count >= self.shard_tokens:
+            self._close()
+
+    def finish(self, splits=("train", "val")) -> None:
+        """Close the last shard; a split with no tokens gets one empty shard (the loader names its size)."""
+        self._close()
+        for split in splits:
+            if not self.files(split):
+                self.write(split, np.empty(0, np.uint32), 0)
+                self._close()
+
+    def _close(self) -> None:
+        if self._w is None:
+            return
+        self._w.close()  # fsynced
+        self.done.append({"split": self._split, "file": self._w.path.name, "tokens": self._w.count,
+                          "end_chars": self.chars})
+        self._w, self._split = None, None
+        self._save()
+
+    def _save(self) -> None:
+        write_text_atomic(self.dir / PROGRESS, json.dumps({"head": self.head, "shards": self.done}) + "\n")
+        fsync_dir(self.dir)
+
+    def abandon(self) -> None:
+        """After an error or interrupt: drop the open (unfinished) shard, keep the closed ones."""
+        if self._w is not None:
+            self._w.discard()
+            self._w = None
+
+
+def skip_chars(stream: Iterator[tuple[str, str | None, bool]], chars: int):
+    """`_split_stream` items after the first `chars` characters; separators before that point are dropped (a
+    shard never closes between text and the separator that follows it, so those were written)."""
+    for split, text, last in stream:
+        if chars > 0:
+            if text is None:
+                continue
+            if len(text) <= chars:
+                chars -= len(text)
+                continue
+            text, chars = text[chars:], 0
+        yield split, text, last
+
+
+def remove_progress(directory: Path) -> None:
+    (directory / PROGRESS).unlink(missing_ok=True)
+
+
+def saved_head(directory: Path) -> dict:
+    """The `head` an earlier run wrote into `directory`'s progress.json ({} when none)."""
+    try:
+        head = json.loads((directory / PROGRESS).read_text(encoding="utf-8"))["head"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return head if isinstance(head, dict) else {}
