@@ -22,7 +22,7 @@ class DataConfig:
     tokenizer: str = "char"
     val_fraction: float = 0.1
     encoding_errors: str = "strict"
-    text_key: str = "text"  # the field holding the text in .jsonl files
+    text_key: str = "text"  # the field (jsonl) or column (parquet, arrow) holding the text
 
     def paths(self) -> list[str]:
         """`path` as a list (empty when unset): one path, or a list of them (Hydra's ListConfig too)."""
@@ -55,8 +55,8 @@ class DataConfig:
             raise setting_error("{name=}text needs your text: add {path=}<a text file or a directory of .txt files>")
         self.paths()
         if not isinstance(self.text_key, str) or not self.text_key:
-            raise setting_error("{text_key=}{0!r} must name the JSON field holding the text: e.g. {text_key=}text",
-                                self.text_key)
+            raise setting_error("{text_key=}{0!r} must name the field (jsonl) or column (parquet) holding the "
+                                "text: e.g. {text_key=}text", self.text_key)
         if self.name == "shakespeare_char" and self.tokenizer != "char":
             raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}gpt2 was given: use "
                                 "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE")

@@ -40,7 +40,6 @@ class Corpus:
     def keyed(self) -> bool:  # whether `text_key` picks the text (part of the cache key then)
         return any(f.suffix in (".jsonl", *columnar.SUFFIXES) for f in self.files)
 
-    jsonl = keyed  # the name data/prepare.py still uses
 
     @property
     def documents(self) -> bool:  # whether the text can hold more than one document

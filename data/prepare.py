@@ -50,7 +50,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
 def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool, note, shard_tokens: int) -> Prepared:
     errors, vf = cfg.encoding_errors, float(cfg.val_fraction)
     src_hash = corpus.sha256(src)
-    more = {"text_key": cfg.text_key} if src.jsonl else {}
+    more = {"text_key": cfg.text_key} if src.keyed else {}
     if tok_kind == "gpt2" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
         more["separator"] = GPT2_EOT
     key = cache_key(src_hash, tok_kind, vf, errors, **more)
@@ -125,13 +125,15 @@ def main(argv: list[str] | None = None) -> int:
         description="Tokenize a corpus into token shards in the tinygpt cache (training does this "
                     "automatically; this runs it on its own). Run it again after an interruption to continue.")
     ap.add_argument("--data", default="shakespeare_char", help="shakespeare_char (default), shakespeare or text")
-    ap.add_argument("--path", nargs="+", default=None, help="text or .jsonl files or directories of them (required "
-                                                             "for --data text; replaces the download for shakespeare*)")
+    ap.add_argument("--path", nargs="+", default=None,
+                    help="text, .jsonl or .parquet files, datasets save_to_disk directories, or directories of them "
+                         "(required for --data text; replaces the download for shakespeare*)")
     ap.add_argument("--tokenizer", default=None, help="char or gpt2 (for --data text; default char)")
     ap.add_argument("--val-fraction", type=float, default=0.1, help="last fraction of the text kept for validation")
     ap.add_argument("--encoding-errors", default="strict",
                     help="strict (default), replace, ignore or backslashreplace for bytes that are not UTF-8")
-    ap.add_argument("--text-key", default="text", help="the field holding the text in .jsonl files (default text)")
+    ap.add_argument("--text-key", default="text",
+                    help="the field (jsonl) or column (parquet) holding the text (default text)")
     ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS,
                     help=f"tokens per shard file (default {SHARD_TOKENS:,}; the tokens are the same for any value)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar or notes")

@@ -48,6 +48,10 @@ def reachable_imports() -> tuple[set[Path], set[str]]:
     return seen, outside
 
 
+# heavy packages used by a single feature: imported only there (one line naming the pip command when missing)
+OPTIONAL = {"pyarrow", "datasets", "tokenizers", "lm_eval"}
+
+
 def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
@@ -64,8 +68,12 @@ def test_requirements_name_every_third_party_module_the_commands_import():
     assert {"torch", "hydra", "omegaconf", "safetensors", "tiktoken"} <= modules
     dists = importlib.metadata.packages_distributions()
     required = requirement_names(REPO / "requirements.txt")
-    missing = {m: dists.get(m, [m]) for m in modules if not {_normal(d) for d in dists.get(m, [m])} & required}
+    names = {m: {_normal(d) for d in dists.get(m, [m])} for m in modules}
+    missing = {m: sorted(n) for m, n in names.items() if m not in OPTIONAL and not n & required}
     assert missing == {}, f"add to requirements.txt: {missing}"
+    dev = requirement_names(REPO / "requirements-dev.txt")  # optional extras: imported only where used, tested
+    assert {m: sorted(n) for m, n in names.items() if m in OPTIONAL and not n & dev} == {}
+    assert not OPTIONAL & {m for m, n in names.items() if n & required}, "an optional extra is in requirements.txt"
     assert "huggingface-hub" not in required  # `hf download` is the user's tool: tinygpt never imports it
 
 
