@@ -14,7 +14,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from common.text import error_line, in_keys, setting_error
-from data import corpus
+from data import bpe, corpus
 from data.cache import (FORMAT, FORMAT_VERSION, Prepared, cache_key, load_prepared, lookup, prepared_root, publish,
                         staging)
 from data.config import DataConfig
@@ -45,8 +45,10 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
     errors, vf = cfg.encoding_errors, float(cfg.val_fraction)
     src_hash = corpus.sha256(src)
     more = {"text_key": cfg.text_key} if src.jsonl else {}
-    if tok_kind == "gpt2" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
+    if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
         more["separator"] = GPT2_EOT
+    if tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
+        more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
     key = cache_key(src_hash, tok_kind, vf, errors, **more)
     final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"
     hit = lookup(final, key, note)
@@ -55,12 +57,13 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
 
     t0 = time.perf_counter()
     tok: Tokenizer | None = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
-    n_chars, chars = corpus.scan(src, errors, want_vocab=tok is None)
+    n_chars, chars = corpus.scan(src, errors, want_vocab=tok_kind == "char")
     if n_chars == 0:
         raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file with "
                             "some content", src.display, errors)
-    tok = tok if tok is not None else CharTokenizer(chars)
     n_train = int(n_chars * (1.0 - vf))
+    if tok is None:
+        tok = CharTokenizer(chars) if tok_kind == "char" else bpe.tokenizer_for(src, cfg, n_train, note)
     note(f"preparing {cfg.name} ({src.nbytes / 1e6:,.1f} MB, {tok.describe()}) from {src.display} into {final}")
 
     def changed_error():

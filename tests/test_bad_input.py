@@ -187,6 +187,19 @@ ROWS = [
     ("sample-zero-samples", [*SAMPLE, "--num-samples", "0"], ["--num-samples 0 is invalid", "use 1 or more"], {}, []),
     ("sample-no-run", ["sample.py", "--prompt", "KING:"],
      ["no trained model found under ./outputs or ./multirun", "train one with `python train.py`"], {}, []),
+    # --- own BPE tokenizer (data.tokenizer=bpe)
+    ("bpe-no-vocab-size", [*TRAIN, "data.tokenizer=bpe"],
+     ["data.tokenizer=bpe needs the size of its vocabulary", "add data.vocab_size=4096"], {}, []),
+    ("bpe-vocab-too-small", [*TRAIN, "data.tokenizer=bpe", "data.vocab_size=100"],
+     ["data.vocab_size=100 is too small", "use at least data.vocab_size=257"], {}, []),
+    ("bpe-vocab-too-large", [*TRAIN, "data.tokenizer=bpe", "data.vocab_size=10000000"],
+     ["data.vocab_size=10000000 is too large", "use at most data.vocab_size=262144"], {}, []),
+    ("bpe-vocab-not-an-int", [*TRAIN, "data.tokenizer=bpe", "data.vocab_size=4k"],
+     ["cannot set data.vocab_size=4k", "give a value of the right type"], {}, []),
+    ("bpe-tokenizers-missing", ["-c", "import runpy, sys; sys.modules['tokenizers'] = None; sys.argv = sys.argv[1:]; "
+                                "runpy.run_path(sys.argv[0], run_name='__main__')", str(REPO / "train.py"),
+                                *TRAIN[1:], "data.tokenizer=bpe", "data.vocab_size=4096"],
+     ["tokenizers package, which is not installed: pip install tokenizers"], {}, []),
 ]
 
 
