@@ -84,10 +84,13 @@ def token_losses(model, ids, *, stride: int | None = None, batch_size: int = 8, 
 
 
 def load_hf(path: str):
-    """GPT.from_pretrained + its tokenizer: a char vocab.json (export.py's) when there is no merges.txt, else GPT-2."""
-    from data.tokenizer import CharTokenizer, GPT2Tokenizer
+    """GPT.from_pretrained + its tokenizer: export.py's own-BPE tokenizer.json or char vocab.json when there is no
+    merges.txt, else GPT-2."""
+    from data.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
     from model import GPT
     model, d = GPT.from_pretrained(path), Path(path)
+    if (d / "tokenizer.json").is_file() and not (d / "merges.txt").is_file():
+        return model, BPETokenizer((d / "tokenizer.json").read_text(encoding="utf-8"))
     if (d / "vocab.json").is_file() and not (d / "merges.txt").is_file():
         vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
         tokenizer = CharTokenizer(vocab)

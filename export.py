@@ -48,13 +48,10 @@ def export_pt(src: str, out: str | None) -> Path:
 
 def write_export(model, tokenizer, out: Path) -> list[str]:
     """Everything HF needs into `out` (an empty directory); the names of the files written."""
-    from data.hf_tokenizer import write_char_vocab, write_hf_tokenizer
+    from data.hf_tokenizer import write_tokenizer_files
     from model.hf import write_pretrained
     files = write_pretrained(model, tokenizer.vocab_size, out)
-    if tokenizer.to_dict()["type"] == "gpt2":
-        files += write_hf_tokenizer(out, model_max_length=model.config.block_size)
-    else:
-        files.append(write_char_vocab(tokenizer, out))
+    files += write_tokenizer_files(tokenizer, out, model_max_length=model.config.block_size)
     return [f.name for f in files]
 
 
@@ -87,7 +84,7 @@ def run(argv: list[str] | None = None) -> int:
     padded = model.config.vocab_size - tokenizer.vocab_size
     print(f"wrote {out}: {', '.join(names)} ({tokenizer.describe()}"
           + (f"; {padded} padded vocabulary rows dropped" if padded else "") + ")")
-    tok = ("AutoTokenizer.from_pretrained(d)" if tokenizer.to_dict()["type"] == "gpt2"
+    tok = ("AutoTokenizer.from_pretrained(d)" if tokenizer.to_dict()["type"] in ("gpt2", "bpe")
            else "the characters' ids in vocab.json (docs/export_eval.md)")
     print(f"load it with transformers: GPT2LMHeadModel.from_pretrained(d) and {tok}, d = {str(out)!r}")
     return 0

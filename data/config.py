@@ -6,12 +6,13 @@ called by `data.prepare.prepare`, not `__post_init__`, so OmegaConf can build th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 from common.text import setting_error
 
 NAMES = ("shakespeare_char", "shakespeare", "text")
-TOKENIZERS = ("char", "gpt2")
+TOKENIZERS = ("char", "gpt2", "bpe")
+BPE_VOCAB = (257, 1 << 18)  # 256 byte tokens + <|endoftext|> .. 262,144 (the largest common vocabularies)
 ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 
 
@@ -23,6 +24,8 @@ class DataConfig:
     val_fraction: float = 0.1
     encoding_errors: str = "strict"
     text_key: str = "text"  # the field (jsonl) or column (parquet, arrow) holding the text
+    vocab_size: Optional[int] = None  # tokenizer=bpe: the size of the BPE vocabulary it trains
+    tokenizer_sample_mb: float = 100.0  # tokenizer=bpe: trained on the first this many MB of the train split
 
     def paths(self) -> list[str]:
         """`path` as a list (empty when unset): one path, or a list of them (Hydra's ListConfig too)."""
@@ -39,8 +42,9 @@ class DataConfig:
             raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, {name=}shakespeare or "
                                 "{name=}text (with {path=}<file or directory>)", self.name)
         if self.tokenizer not in TOKENIZERS:
-            raise setting_error("unknown tokenizer {tokenizer=}{0!r}: use {tokenizer=}char or {tokenizer=}gpt2",
-                                self.tokenizer)
+            raise setting_error("unknown tokenizer {tokenizer=}{0!r}: use {tokenizer=}char, {tokenizer=}gpt2 or "
+                                "{tokenizer=}bpe {vocab_size=}4096 (your own BPE)", self.tokenizer)
+        self._validate_bpe()
         try:
             vf = float(self.val_fraction)
         except (TypeError, ValueError):
@@ -58,6 +62,35 @@ class DataConfig:
             raise setting_error("{text_key=}{0!r} must name the field (jsonl) or column (parquet) holding the "
                                 "text: e.g. {text_key=}text", self.text_key)
         if self.name == "shakespeare_char" and self.tokenizer != "char":
-            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}gpt2 was given: use "
-                                "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE")
-        return {"shakespeare_char": "char", "shakespeare": "gpt2"}.get(self.name, self.tokenizer)
+            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}{0} was given: use "
+                                "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE (or your own: "
+                                "{name=}shakespeare {tokenizer=}bpe)", self.tokenizer)
+        if self.name == "shakespeare" and self.tokenizer != "bpe":
+            return "gpt2"
+        return "char" if self.name == "shakespeare_char" else self.tokenizer
+
+    def _validate_bpe(self) -> None:
+        lo, hi = BPE_VOCAB
+        n = self.vocab_size
+        if self.tokenizer != "bpe":
+            if n is not None:
+                raise setting_error("{vocab_size=}{0} applies only to {tokenizer=}bpe (the {1} vocabulary is fixed): "
+                                    "leave {vocab_size} out, or add {tokenizer=}bpe", n, self.tokenizer)
+            return
+        if n is None:
+            raise setting_error("{tokenizer=}bpe needs the size of its vocabulary: add {vocab_size=}4096 (from {0:,} "
+                                "to {1:,} tokens)", lo, hi)
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise setting_error("{vocab_size=}{0!r} is not a whole number of tokens: e.g. {vocab_size=}4096", n)
+        if n < lo:
+            raise setting_error("{vocab_size=}{0} is too small: a byte-level BPE has 256 byte tokens and "
+                                "<|endoftext|>, so use at least {vocab_size=}{1} (e.g. 4096)", n, lo)
+        if n > hi:
+            raise setting_error("{vocab_size=}{0} is too large: use at most {vocab_size=}{1} (GPT-2 has 50,257)",
+                                n, hi)
+        mb = self.tokenizer_sample_mb
+        if isinstance(mb, bool) or not isinstance(mb, (int, float)) or not 0 < mb < float("inf"):
+            raise setting_error("{tokenizer_sample_mb=}{0!r} must be a positive number of MB: e.g. "
+                                "{tokenizer_sample_mb=}100 trains the BPE on the first 100 MB of text", mb)
+        from data.tokenizer import import_tokenizers
+        import_tokenizers()  # a missing optional package is one line now, not after the data is read

@@ -1,6 +1,7 @@
-"""Tokenizer files for Hugging Face: GPT-2's vocab.json + merges.txt rebuilt from tiktoken's ranks, or a
-char-level vocab.json. The ranks hold every token but not the merges, so each merge is recovered by running BPE
-on the token's bytes with only lower-ranked merges: the last two parts are the pair whose merge made the token.
+"""Tokenizer files for Hugging Face: GPT-2's vocab.json + merges.txt rebuilt from tiktoken's ranks, the own BPE's
+tokenizer.json (it is one already), or a char-level vocab.json. The GPT-2 ranks hold every token but not the
+merges, so each merge is recovered by running BPE on the token's bytes with only lower-ranked merges: the last two
+parts are the pair whose merge made the token.
 """
 from __future__ import annotations
 
@@ -9,14 +10,7 @@ from pathlib import Path
 
 from common.files import write_text_atomic
 from data.sources import GPT2_EOT, GPT2_EOT_ID, gpt2_ranks
-from data.tokenizer import CharTokenizer
-
-
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's map from the 256 byte values to printable characters (its vocab.json alphabet)."""
-    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    others = [b for b in range(256) if b not in printable]  # mapped to 256, 257, ... in byte order
-    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+from data.tokenizer import BPE_EOT, BPETokenizer, CharTokenizer, Tokenizer, bytes_to_unicode
 
 
 def _last_merge(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
@@ -72,3 +66,30 @@ def write_char_vocab(tokenizer: CharTokenizer, out_dir: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(tokenizer.stoi, ensure_ascii=False))
     return path
+
+
+def write_bpe_tokenizer(tokenizer: BPETokenizer, out_dir: str | Path, model_max_length: int) -> list[Path]:
+    """The own BPE's tokenizer.json (exactly the one tinygpt encodes with) and a config naming the fast tokenizer,
+    for `AutoTokenizer.from_pretrained(out_dir)`; like BPETokenizer.encode it reads "<|endoftext|>" as the token."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    special = {"bos_token": BPE_EOT, "eos_token": BPE_EOT, "unk_token": BPE_EOT}
+    files = {
+        "tokenizer.json": tokenizer.json,
+        "tokenizer_config.json": json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
+                                             model_max_length, **special, "add_prefix_space": False,
+                                             "clean_up_tokenization_spaces": False}, indent=2),
+        "special_tokens_map.json": json.dumps(special, indent=2),
+    }
+    for name, content in files.items():
+        write_text_atomic(out_dir / name, content)
+    return [out_dir / name for name in files]
+
+
+def write_tokenizer_files(tokenizer: Tokenizer, out_dir: str | Path, model_max_length: int) -> list[Path]:
+    """The tokenizer files an export needs, for whichever tokenizer the model was trained with."""
+    if isinstance(tokenizer, BPETokenizer):
+        return write_bpe_tokenizer(tokenizer, out_dir, model_max_length)
+    if isinstance(tokenizer, CharTokenizer):
+        return [write_char_vocab(tokenizer, out_dir)]
+    return write_hf_tokenizer(out_dir, model_max_length)

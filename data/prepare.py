@@ -15,7 +15,7 @@ from typing import Callable
 from tqdm import tqdm
 
 from common.text import error_line, in_keys, setting_error
-from data import corpus
+from data import bpe, corpus
 from data.cache import (FORMAT, FORMAT_VERSION, Prepared, cache_key, load_prepared, lookup, prepared_root, publish,
                         staging)
 from data.shards import SHARD_TOKENS, ShardWriter, saved_head
@@ -51,8 +51,10 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
     errors, vf = cfg.encoding_errors, float(cfg.val_fraction)
     src_hash = corpus.sha256(src)
     more = {"text_key": cfg.text_key} if src.keyed else {}
-    if tok_kind == "gpt2" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
+    if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
         more["separator"] = GPT2_EOT
+    if tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
+        more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
     key = cache_key(src_hash, tok_kind, vf, errors, **more)
     final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"
     hit = lookup(final, key, note)
@@ -66,16 +68,17 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
     gpt2 = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
     with staging(final.parent, key) as tmp:
         head = saved_head(tmp)
-        if head.get("key") == key:  # continuing a killed run: its count and vocabulary stand (same content)
-            n_chars, tok = head["chars"], gpt2 or tokenizer_from_dict(head["tokenizer"])
+        if head.get("key") == key:  # continuing a killed run: its count and tokenizer stand (same content)
+            n_chars, tok, chars = head["chars"], gpt2 or tokenizer_from_dict(head["tokenizer"]), None
         else:
             tok = gpt2
-            n_chars, chars = corpus.scan(src, errors, want_vocab=tok is None)
-            tok = tok if tok is not None else CharTokenizer(chars)
+            n_chars, chars = corpus.scan(src, errors, want_vocab=tok_kind == "char")
         if n_chars == 0:
             raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file "
                                 "with some content", src.display, errors)
         n_train = int(n_chars * (1.0 - vf))
+        if tok is None:  # a fresh start: the char vocabulary just scanned, or the own BPE (trained or cached)
+            tok = CharTokenizer(chars) if tok_kind == "char" else bpe.tokenizer_for(src, cfg, n_train, note)
         sink = ShardWriter(tmp, tok.vocab_size, shard_tokens, {"key": key, "chars": n_chars,
                                                                "tokenizer": tok.to_dict()})
         start = sink.resume()

@@ -1,7 +1,9 @@
-"""Tokenizers: char-level and GPT-2 BPE behind one small interface, plus a streaming UTF-8 decoder.
+"""Tokenizers: char-level, GPT-2 BPE and your own byte-level BPE behind one small interface, plus a streaming
+UTF-8 decoder.
 
 `to_dict()` is plain JSON (stored in checkpoints and meta.json) and `tokenizer_from_dict` rebuilds the exact
-tokenizer from it without the corpus. Unknown characters and foreign ids are one-line ValueErrors.
+tokenizer from it without the corpus. Unknown characters and foreign ids are one-line ValueErrors. Training the
+own BPE lives in data/bpe.py; Hugging Face `tokenizers` is imported only when a bpe tokenizer is built.
 """
 from __future__ import annotations
 
@@ -10,9 +12,11 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from common.text import one_line
 from data.sources import GPT2_EOT, GPT2_EOT_ID, GPT2_VOCAB_SIZE, gpt2_encoding
 
 _MAX_LISTED = 20
+BPE_EOT = GPT2_EOT  # the own BPE's end-of-text token: the same text as GPT-2's, so exports read like GPT-2's
 
 
 class Tokenizer:
@@ -112,10 +116,83 @@ class GPT2Tokenizer(Tokenizer):
         return f"gpt2 BPE ({self.vocab_size:,} tokens)"
 
 
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's map from the 256 byte values to printable characters (the alphabet of byte-level BPE vocabularies)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in printable]  # mapped to 256, 257, ... in byte order
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
+def import_tokenizers():
+    """Hugging Face `tokenizers`, an optional extra needed only by the bpe tokenizer."""
+    try:
+        import tokenizers
+    except ImportError:
+        raise ValueError("the bpe tokenizer needs Hugging Face's tokenizers package, which is not installed: "
+                         "pip install tokenizers") from None
+    return tokenizers
+
+
+class BPETokenizer(Tokenizer):
+    """A byte-level BPE trained on the corpus (data/bpe.py); `to_dict()` holds its tokenizer.json as a string.
+    Its pre-tokenizer is GPT-2's, so data/encode.py cuts the text at the same safe places, and it has the two
+    tiktoken methods tinygpt calls on GPT2Tokenizer.enc (encode_ordinary, decode_tokens_bytes): `enc` is itself."""
+
+    def __init__(self, json_text: str):
+        tk = import_tokenizers()
+        try:
+            self.hf = tk.Tokenizer.from_str(json_text)
+            self._ordinary = tk.Tokenizer.from_str(json_text)  # reads "<|endoftext|>" in text as plain text
+        except Exception as e:  # noqa: BLE001 - the Rust side raises its own exception type
+            raise ValueError(f"the bpe tokenizer description is damaged ({one_line(e)[:100]}): prepare the data "
+                             f"again, or use a checkpoint written by train.py") from None
+        self._ordinary.encode_special_tokens = True
+        self.json = json_text
+        vocab = self.hf.get_vocab(with_added_tokens=True)  # token text -> id
+        self.vocab_size, self.eot_id = len(vocab), vocab.get(BPE_EOT)
+        byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        try:
+            by_id = {i: s.encode() if i == self.eot_id else bytes(byte_of[c] for c in s) for s, i in vocab.items()}
+        except KeyError:
+            by_id = {}
+        if self.eot_id is None or sorted(by_id) != list(range(self.vocab_size)):
+            raise ValueError(f"the tokenizer description is not a byte-level BPE with {BPE_EOT} (as data/bpe.py "
+                             f"trains): prepare the data again with data.tokenizer=bpe")
+        self._bytes: list[bytes] = [by_id[i] for i in range(self.vocab_size)]
+
+    @property
+    def enc(self) -> "BPETokenizer":
+        return self
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False).ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self._ordinary.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        ids = _ids_list(ids)
+        if any(not 0 <= i < self.vocab_size for i in ids):
+            raise _foreign_ids(ids, self.vocab_size, f"this {self.vocab_size}-token BPE vocabulary")
+        return [self._bytes[i] for i in ids]
+
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.decode_tokens_bytes(ids))
+
+    def to_dict(self) -> dict:
+        return {"type": "bpe", "vocab_size": self.vocab_size, "json": self.json}
+
+    def describe(self) -> str:
+        return f"own BPE ({self.vocab_size:,} tokens)"
+
+
 def token_bytes(tokenizer: Tokenizer):
     """int64 tensor, per id, of the UTF-8 bytes it stands for (0 for <|endoftext|>): the bits-per-byte divisor."""
     import torch
-    enc = getattr(tokenizer, "enc", None)  # tiktoken: all tokens in one call (50K decode calls take seconds)
+    enc = getattr(tokenizer, "enc", None)  # tiktoken (and BPE): all tokens in one call (50K decode calls take seconds)
     ids = list(range(tokenizer.vocab_size))
     n = [len(b) for b in enc.decode_tokens_bytes(ids)] if enc is not None else \
         [len(tokenizer.decode_bytes([i])) for i in ids]
@@ -131,8 +208,14 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
         return CharTokenizer(d["chars"])
     if kind == "gpt2":
         return GPT2Tokenizer()
-    raise ValueError(f"unknown tokenizer description {str(d)[:80]!r}: expected type 'char' (with 'chars') "
-                     f"or 'gpt2'; the file was written by a different program or version")
+    if kind == "bpe" and isinstance(d.get("json"), str):
+        tok = BPETokenizer(d["json"])
+        if d.get("vocab_size", tok.vocab_size) != tok.vocab_size:
+            raise ValueError(f"the bpe tokenizer description says {d.get('vocab_size')!r} tokens but holds "
+                             f"{tok.vocab_size}: the file is damaged")
+        return tok
+    raise ValueError(f"unknown tokenizer description {str(d)[:80]!r}: expected type 'char' (with 'chars'), "
+                     f"'gpt2' or 'bpe' (with 'json'); the file was written by a different program or version")
 
 
 class StreamDecoder:

@@ -208,6 +208,19 @@ ROWS = [
      {"PYTHONPATH": "{inputs}/no_pyarrow" + os.pathsep + str(REPO)}, []),
     ("train-parquet-missing-column", ["train.py", *TINY, "data=text", "data.path={inputs}/columns.parquet"],
      ["columns.parquet has no column 'text' (it has: body, n)", "set data.text_key=<the column"], {}, []),
+    # --- own BPE tokenizer (data.tokenizer=bpe)
+    ("bpe-no-vocab-size", [*TRAIN, "data.tokenizer=bpe"],
+     ["data.tokenizer=bpe needs the size of its vocabulary", "add data.vocab_size=4096"], {}, []),
+    ("bpe-vocab-too-small", [*TRAIN, "data.tokenizer=bpe", "data.vocab_size=100"],
+     ["data.vocab_size=100 is too small", "use at least data.vocab_size=257"], {}, []),
+    ("bpe-vocab-too-large", [*TRAIN, "data.tokenizer=bpe", "data.vocab_size=10000000"],
+     ["data.vocab_size=10000000 is too large", "use at most data.vocab_size=262144"], {}, []),
+    ("bpe-vocab-not-an-int", [*TRAIN, "data.tokenizer=bpe", "data.vocab_size=4k"],
+     ["cannot set data.vocab_size=4k", "give a value of the right type"], {}, []),
+    ("bpe-tokenizers-missing", ["-c", "import runpy, sys; sys.modules['tokenizers'] = None; sys.argv = sys.argv[1:]; "
+                                "runpy.run_path(sys.argv[0], run_name='__main__')", str(REPO / "train.py"),
+                                *TRAIN[1:], "data.tokenizer=bpe", "data.vocab_size=4096"],
+     ["tokenizers package, which is not installed: pip install tokenizers"], {}, []),
 ]
 
 

@@ -1,4 +1,5 @@
-"""data/hf_tokenizer.py: the exported GPT-2 files encode exactly as tinygpt's tokenizer; the char vocab.json."""
+"""data/hf_tokenizer.py: the exported GPT-2 and own-BPE files encode exactly as tinygpt's tokenizer; the char
+vocab.json."""
 from __future__ import annotations
 
 import json
@@ -43,3 +44,18 @@ def test_char_vocab(tmp_path):
     path = write_char_vocab(tok, tmp_path / "out")
     vocab = json.loads(path.read_text(encoding="utf-8"))
     assert path.name == "vocab.json" and vocab == tok.stoi and vocab["ö"] == tok.encode("ö")[0]
+
+
+def test_own_bpe_files_encode_like_tinygpt(shared_data_dir, tmp_path):
+    from data.bpe import train
+    from data.hf_tokenizer import write_tokenizer_files
+    shakespeare = (shared_data_dir / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
+    tok = train([shakespeare], 400)
+    paths = write_tokenizer_files(tok, tmp_path / "hf", model_max_length=64)
+    assert sorted(p.name for p in paths) == ["special_tokens_map.json", "tokenizer.json", "tokenizer_config.json"]
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "hf")
+    assert hf.eos_token_id == tok.eot_id and hf.model_max_length == 64 and len(hf) == tok.vocab_size == 400
+    for text in [*TEXTS, shakespeare[100_000:110_000]]:
+        ids = tok.encode(text)
+        assert hf.encode(text) == ids, text[:40]
+        assert hf.decode(ids) == text

@@ -94,7 +94,8 @@ def test_bad_config_values(tmp_path):
     one_line_error(ValueError, DataConfig(name="wikipedia"), "unknown data set 'wikipedia'", "or name=text (with path=<")
     one_line_error(ValueError, DataConfig(name="text"), "add path=<")
     f = write(tmp_path, "a.txt", "abc")
-    one_line_error(ValueError, DataConfig(name="text", path=str(f), tokenizer="bpe"), "use tokenizer=char or tokenizer=gpt2")
+    one_line_error(ValueError, DataConfig(name="text", path=str(f), tokenizer="wordpiece"),
+                   "use tokenizer=char, tokenizer=gpt2 or tokenizer=bpe vocab_size=4096")
     one_line_error(ValueError, DataConfig(name="text", path=str(f), val_fraction=1.5), "val_fraction=1.5 must be between 0 and 1")
     one_line_error(ValueError, DataConfig(name="text", path=str(f), val_fraction=0), "val_fraction=0 must be between 0 and 1")
     one_line_error(ValueError, DataConfig(name="text", path=str(f), encoding_errors="nope"), "replace")

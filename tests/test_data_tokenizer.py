@@ -148,3 +148,68 @@ def test_stream_decoder_invalid_bytes_become_replacement_char(cache_with_gpt2):
     assert dec.push(tok.encode("A")) == "\ufffdA"  # the lead bytes can never complete now
     dec.push([lead])
     assert dec.flush() == "\ufffd"
+
+
+# ------------------------------------------------------------------------------------------- own BPE
+BPE_TEXT = ("To be, or not to be, that is the question: whether 'tis nobler in the mind to suffer the slings "
+            "and arrows of outrageous fortune. Café naïve 你好世界 🤗\n") * 30
+
+
+@pytest.fixture(scope="module")
+def bpe_tok():
+    from data.bpe import train
+    return train([BPE_TEXT], 300)
+
+
+def test_bpe_roundtrip_non_ascii_and_end_of_text(bpe_tok):
+    tok = bpe_tok
+    assert tok.vocab_size == 300 and tok.decode_bytes([tok.eot_id]) == b"<|endoftext|>"
+    for text in (MULTIBYTE, BPE_TEXT[:400], "", " \n\t  x", "unseen: Ωμέγα 𝔘𝔫𝔦 ĳ"):
+        assert tok.decode(tok.encode(text)) == text and tok.decode(tok.encode_ordinary(text)) == text
+        assert sum(token_bytes(tok)[tok.encode_ordinary(text)].tolist()) == len(text.encode())
+    assert len(tok.encode("the question")) < len("the question")  # merges learnt from the text
+    text = "a<|endoftext|>b"
+    assert tok.encode(text).count(tok.eot_id) == 1 and tok.eot_id not in tok.encode_ordinary(text)
+    assert tok.decode(tok.encode(text)) == tok.decode(tok.encode_ordinary(text)) == text
+    assert token_bytes(tok)[tok.eot_id] == 0
+    dec = StreamDecoder(tok)
+    assert "".join(dec.push([i]) for i in tok.encode(MULTIBYTE)) + dec.flush() == MULTIBYTE
+    with pytest.raises(ValueError, match=r"token ids \[300\] are outside this 300-token BPE vocabulary"):
+        tok.decode([5, 300])
+
+
+def test_bpe_dict_survives_a_weights_only_checkpoint(bpe_tok, tmp_path):
+    import torch
+
+    from tests.helpers import find_non_plain
+    d = bpe_tok.to_dict()
+    assert d["type"] == "bpe" and d["vocab_size"] == 300 and isinstance(d["json"], str)
+    torch.save({"tokenizer": d}, tmp_path / "t.pt")
+    loaded = torch.load(tmp_path / "t.pt", weights_only=True)
+    assert find_non_plain(loaded) is None
+    tok = tokenizer_from_dict(loaded["tokenizer"])
+    assert tok.to_dict() == d and tok.encode(MULTIBYTE) == bpe_tok.encode(MULTIBYTE)
+    assert tokenizer_from_dict(json.loads(json.dumps(d))).encode(BPE_TEXT) == bpe_tok.encode(BPE_TEXT)
+
+
+def _word_level_json() -> str:
+    import tokenizers
+    return tokenizers.Tokenizer(tokenizers.models.WordLevel({"a": 0, "b": 1}, unk_token="a")).to_str()
+
+
+def test_bpe_damaged_dict_is_one_line(bpe_tok):
+    d = bpe_tok.to_dict()
+    for bad, words in (({**d, "json": "{not json"}, "the bpe tokenizer description is damaged"),
+                       ({**d, "vocab_size": 301}, "says 301 tokens but holds 300"),
+                       ({**d, "json": _word_level_json()}, "not a byte-level BPE with <|endoftext|>")):
+        with pytest.raises(ValueError) as e:
+            tokenizer_from_dict(bad)
+        assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bpe_without_the_tokenizers_package_names_the_pip_command(bpe_tok, monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # what `import tokenizers` meets when it is not installed
+    with pytest.raises(ValueError, match=r"needs Hugging Face's tokenizers package, which is not installed: "
+                                         r"pip install tokenizers$"):
+        tokenizer_from_dict(bpe_tok.to_dict())

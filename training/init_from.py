@@ -91,12 +91,16 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
     elif m.block_size > s.block_size:
         raise ValueError(f"model.block_size={m.block_size} is larger than the context of {src.key} ({s.block_size} "
                          f"positions): use at most model.block_size={s.block_size} (a smaller one crops it)")
-    if (src.tokenizer["type"] == "gpt2") != (c.data.tokenizer == "gpt2"):
-        fix = "use data=shakespeare, or data=text data.tokenizer=gpt2" if src.tokenizer["type"] == "gpt2" else \
-            "use data with the char tokenizer it was trained on"
+    kind, data_kind, n_bpe = src.tokenizer["type"], c.data.validate(), src.tokenizer.get("vocab_size")
+    own_bpe = f"use data.tokenizer=bpe data.vocab_size={n_bpe} on the text it was trained on (its BPE was learnt there)"
+    if kind != data_kind:
+        fix = {"gpt2": "use data=shakespeare, or data=text data.tokenizer=gpt2", "bpe": own_bpe}.get(
+            kind, "use data with the char tokenizer it was trained on")
         raise ValueError(f"{src.key} reads {tokenizer_name(src.tokenizer)} tokens but data={c.data.name} is tokenized "
-                         f"with data.tokenizer={c.data.tokenizer}: {fix}")
-    n = GPT2_VOCAB_SIZE if src.tokenizer["type"] == "gpt2" else len(src.tokenizer.get("chars", ""))
+                         f"with data.tokenizer={data_kind}: {fix}")
+    if kind == "bpe" and c.data.vocab_size != n_bpe:
+        raise ValueError(f"{src.key} has its own {n_bpe}-token BPE but data.vocab_size={c.data.vocab_size}: {own_bpe}")
+    n = {"gpt2": GPT2_VOCAB_SIZE, "bpe": n_bpe}.get(kind) or len(src.tokenizer.get("chars", ""))
     if s.vocab_size < n:
         raise ValueError(f"{src.key} has {s.vocab_size} vocabulary rows, fewer than the {n} ids of its "
                          f"{tokenizer_name(src.tokenizer)} tokenizer: it cannot read this data")
@@ -111,6 +115,10 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
 
 def check_tokenizer(src: Source, tokenizer: dict) -> None:
     """The prepared data's tokenizer (`to_dict()`) must be the source's: the same ids for the same text."""
+    if tokenizer != src.tokenizer and src.tokenizer.get("type") == "bpe":  # (the same size: apply checked it)
+        raise ValueError(f"the BPE tokenizer trained on this data differs from the one {src.key} was trained with: a "
+                         f"model with its own BPE fine-tunes only on the text (and data.tokenizer_sample_mb) that "
+                         f"tokenizer was learnt from; for new text train a new model, or use GPT-2 BPE")
     if tokenizer != src.tokenizer:
         raise ValueError(f"the prepared data's vocabulary ({tokenizer_name(tokenizer)}) differs from that of {src.key} "
                          f"({tokenizer_name(src.tokenizer)}): fine-tune on data with the characters it was trained on")

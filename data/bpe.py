@@ -1,0 +1,136 @@
+"""Your own tokenizer: a byte-level BPE trained with Hugging Face `tokenizers` on the start of the corpus.
+
+It learns from the first `tokenizer_sample_mb` MB (UTF-8) of the train split only, so validation text never
+shapes the vocabulary and a huge corpus costs no more than its sample. The pre-tokenizer is GPT-2's and
+<|endoftext|> its one special token. Trained tokenizers are cached by the hash of that sample and the vocabulary
+size, as `$TINYGPT_CACHE/tokenizers/bpe-<vocab>-<key>.json` beside GPT-2's ranks, so preparing again never
+retrains. Also a CLI: `python -m data.bpe --path FILE --vocab-size N` trains (or finds) one and says how long.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+from common.files import write_text_atomic
+from common.text import error_line, in_keys
+from data import corpus, sources
+from data.config import DataConfig
+from data.tokenizer import BPE_EOT, BPETokenizer, import_tokenizers
+
+FORMAT_VERSION = 1  # part of the cache key: a change to how tokenizers are trained gets new files
+MIN_FREQUENCY = 2  # a pair seen once in the sample is noise, not a token
+
+
+def sample(src: corpus.Corpus, errors: str, train_chars: int, max_bytes: int) -> Iterator[str]:
+    """The text the tokenizer learns from, in pieces: the first `max_bytes` bytes (as UTF-8) of the first
+    `train_chars` characters (the train split); document boundaries end a piece."""
+    chars, left = train_chars, max_bytes
+    for text in corpus.read_text(src, errors):
+        if chars <= 0 or left <= 0:
+            return
+        if not text:
+            continue
+        raw = text[:chars].encode("utf-8", errors="surrogatepass")[:left]
+        text = raw.decode("utf-8", errors="ignore")  # a character cut by the byte limit is dropped
+        chars, left = chars - len(text), left - len(raw)
+        yield text
+
+
+def cache_path(texts: Iterable[str], vocab_size: int) -> tuple[Path, int]:
+    """Where the BPE trained on `texts` with this vocabulary size is cached, and the sample's size in bytes."""
+    h, n = hashlib.sha256(f"tinygpt-bpe {FORMAT_VERSION} {vocab_size} {MIN_FREQUENCY} {BPE_EOT}\n".encode()), 0
+    for text in texts:
+        raw = text.encode("utf-8", errors="surrogatepass")
+        h.update(len(raw).to_bytes(8, "little") + raw)  # piece boundaries are part of what is learnt
+        n += len(raw)
+    return sources.cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{h.hexdigest()[:16]}.json", n
+
+
+def train(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
+    """A byte-level BPE of at most `vocab_size` tokens (fewer when the text has too few pairs seen twice)."""
+    tk = import_tokenizers()
+    model = tk.Tokenizer(tk.models.BPE())
+    model.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    model.decoder = tk.decoders.ByteLevel()
+    trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=MIN_FREQUENCY, special_tokens=[BPE_EOT],
+                                     initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    model.train_from_iterator(texts, trainer=trainer)
+    return BPETokenizer(model.to_str())
+
+
+def cached_or_trained(texts: Callable[[], Iterable[str]], vocab_size: int,
+                      note: Callable[[str], None]) -> BPETokenizer:
+    """The BPE for the text `texts()` yields: the cached one when this text and size were trained before."""
+    path, n_bytes = cache_path(texts(), vocab_size)
+    if path.is_file():
+        try:
+            return BPETokenizer(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            note(f"note: the cached tokenizer {path} is unreadable ({e}); training it again")
+    if n_bytes == 0:
+        raise ValueError("the text to train the BPE tokenizer on is empty: give a text file with some content")
+    note(f"training a {vocab_size:,}-token BPE tokenizer on {n_bytes / 1e6:,.1f} MB of text")
+    t0 = time.perf_counter()
+    tok = train(texts(), vocab_size)
+    seconds = time.perf_counter() - t0
+    if path.is_file():  # another process cached one meanwhile: use it, so that both agree
+        try:
+            return BPETokenizer(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            pass
+    try:
+        write_text_atomic(path, tok.json)
+    except OSError as e:
+        note(f"note: could not cache the tokenizer at {path} ({e}); it will be trained again next time")
+    short = f" (the text has too few repeated pairs for {vocab_size:,})" if tok.vocab_size < vocab_size else ""
+    note(f"trained a {tok.vocab_size:,}-token BPE{short} in {seconds:.1f} s: {path}")
+    return tok
+
+
+def tokenizer_for(src: corpus.Corpus, cfg: DataConfig, train_chars: int,
+                  note: Callable[[str], None]) -> BPETokenizer:
+    """`cfg`'s BPE for the corpus `src` whose train split is its first `train_chars` characters."""
+    max_bytes = int(float(cfg.tokenizer_sample_mb) * 1e6)
+    return cached_or_trained(lambda: sample(src, cfg.encoding_errors, train_chars, max_bytes), int(cfg.vocab_size),
+                             note)
+
+
+# ---------------------------------------------------------------------------------------------------- CLI
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m data.bpe",
+        description="Train your own byte-level BPE tokenizer on a corpus (or find it in the cache), as "
+                    "data.tokenizer=bpe does before preparing the data, and say how long it took.")
+    ap.add_argument("--path", nargs="+", required=True, help="text or .jsonl files or directories of them")
+    ap.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocabulary (e.g. 4096)")
+    ap.add_argument("--sample-mb", type=float, default=100.0, help="train on the first this many MB (default 100)")
+    ap.add_argument("--val-fraction", type=float, default=0.1, help="the end of the text left out (default 0.1)")
+    ap.add_argument("--encoding-errors", default="strict", help="strict (default), replace, ignore or "
+                                                                "backslashreplace for bytes that are not UTF-8")
+    args = ap.parse_args(argv)
+    cfg = DataConfig(name="text", path=args.path[0] if len(args.path) == 1 else args.path, tokenizer="bpe",
+                     vocab_size=args.vocab_size, tokenizer_sample_mb=args.sample_mb, val_fraction=args.val_fraction,
+                     encoding_errors=args.encoding_errors)
+    keys = {"vocab_size": "--vocab-size", "tokenizer_sample_mb": "--sample-mb", "path": "--path",
+            "val_fraction": "--val-fraction", "encoding_errors": "--encoding-errors"}
+    try:
+        with in_keys(keys):
+            cfg.validate()
+            src = corpus.resolve(cfg)
+            n_chars, _ = corpus.scan(src, cfg.encoding_errors, want_vocab=False)
+            t0 = time.perf_counter()
+            tok = tokenizer_for(src, cfg, int(n_chars * (1.0 - cfg.val_fraction)),
+                                lambda m: print(m, file=sys.stderr, flush=True))
+    except (ValueError, OSError) as e:
+        print(error_line(e), file=sys.stderr)
+        return 2
+    print(f"{tok.describe()} for {src.display} in {time.perf_counter() - t0:.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
