@@ -9,7 +9,7 @@ from pathlib import Path
 
 from common.files import write_text_atomic
 from data.sources import GPT2_EOT, GPT2_EOT_ID, gpt2_ranks
-from data.tokenizer import CharTokenizer
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -72,3 +72,20 @@ def write_char_vocab(tokenizer: CharTokenizer, out_dir: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, json.dumps(tokenizer.stoi, ensure_ascii=False))
     return path
+
+
+def read_hf_tokenizer(hf_dir: str | Path) -> Tokenizer:
+    """The tokenizer of a local HF GPT-2 directory, for sample.py --init and eval.py --hf alike: export.py's
+    char vocab.json (a vocab.json without merges.txt), else GPT-2 BPE."""
+    d = Path(hf_dir).expanduser()
+    if not (d / "vocab.json").is_file() or (d / "merges.txt").is_file():
+        return GPT2Tokenizer()
+    try:
+        vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+        tokenizer = CharTokenizer(vocab) if isinstance(vocab, dict) else None
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        tokenizer = None
+    if tokenizer is None or tokenizer.stoi != vocab:
+        raise ValueError(f"{d / 'vocab.json'} is not a char vocabulary written by export.py (its ids are not the "
+                         "sorted characters), and there is no merges.txt for GPT-2 BPE: export the model again")
+    return tokenizer
