@@ -15,6 +15,7 @@ from datetime import datetime
 from pathlib import Path
 
 from benchmarks import PRESETS, REPO, load_avg
+from common.cli import exit_quietly_on_broken_pipe
 from common.files import write_text_atomic
 from common.platform import cpu_flags, cpu_model, usable_cores
 from common.threads import configure_threads
@@ -211,4 +212,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_quietly_on_broken_pipe(main))  # `| head`: no traceback

@@ -9,9 +9,9 @@ import argparse
 import json
 import math
 import sys
-from pathlib import Path
 
-from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
+from checkpoint.locate import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
+                               resolve_checkpoint)
 from common.cli import ArgumentParser, cli_main, read_text_file
 from common.text import in_keys
 
@@ -83,26 +83,10 @@ def token_losses(model, ids, *, stride: int | None = None, batch_size: int = 8, 
     return losses
 
 
-def load_hf(path: str):
-    """GPT.from_pretrained + its tokenizer: export.py's own-BPE tokenizer.json or char vocab.json when there is no
-    merges.txt, else GPT-2."""
-    from data.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
-    from model import GPT
-    model, d = GPT.from_pretrained(path), Path(path)
-    if (d / "tokenizer.json").is_file() and not (d / "merges.txt").is_file():
-        return model, BPETokenizer((d / "tokenizer.json").read_text(encoding="utf-8"))
-    if (d / "vocab.json").is_file() and not (d / "merges.txt").is_file():
-        vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
-        tokenizer = CharTokenizer(vocab)
-        if tokenizer.stoi != vocab:
-            raise ValueError(f"{d / 'vocab.json'} is not a char vocabulary written by export.py: its ids are not "
-                             "the sorted characters")
-        return model, tokenizer
-    return model, GPT2Tokenizer()
-
-
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.hf is not None:
+        check_hf_dir(args.hf, "--hf")
     text = read_text_file(args.file, "--file")
     if not text:
         raise ValueError(f"--file {args.file} is empty: give a text file with something to score")
@@ -112,7 +96,9 @@ def run(argv: list[str] | None = None) -> int:
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
     if args.hf is not None:
-        model, tokenizer = load_hf(args.hf)
+        from data.hf_tokenizer import read_hf_tokenizer
+        from model import GPT
+        model, tokenizer = GPT.from_pretrained(args.hf), read_hf_tokenizer(args.hf)
     else:
         model, tokenizer_dict, _ = load_for_inference(resolve_checkpoint(args.run, args.checkpoint, "--hf DIR"))
         tokenizer = tokenizer_from_dict(tokenizer_dict)
@@ -129,7 +115,7 @@ def run(argv: list[str] | None = None) -> int:
         raise ValueError(f"--stride {args.stride} is larger than the model's context of {T}: tokens would be "
                          f"skipped; use at most --stride {T}")
     losses = token_losses(model.to(device), ids, stride=args.stride, batch_size=args.batch_size,
-                          vocab_limit=tokenizer.vocab_size, progress=True)
+                          vocab_limit=tokenizer.vocab_size, progress=sys.stderr.isatty())  # no \r into a log
     total, n_bytes = losses.sum().item(), int(token_bytes(tokenizer)[torch.as_tensor(ids[1:])].sum())  # scored
     r = {"loss": total / len(losses), "perplexity": math.exp(total / len(losses)),
          "bits_per_byte": total / math.log(2) / n_bytes if n_bytes else None, "tokens": len(losses), "bytes": n_bytes}

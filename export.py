@@ -1,6 +1,7 @@
 """Export a trained tinygpt model: to Hugging Face (`python export.py --hf OUT_DIR --run RUN_DIR`), or an FSDP
 run's sharded checkpoint as one .pt file (`python export.py --pt RUN_DIR [-o OUT]`); see --help.
---hf writes into a temp directory beside OUT_DIR and renames it into place: a failure never leaves half of one.
+--hf writes into a temp directory beside OUT_DIR and renames it into place: a failure never leaves half of one;
+--force replaces only an earlier export, never a directory holding anything else (a run's *.pt, notes).
 """
 from __future__ import annotations
 
@@ -14,6 +15,11 @@ from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_infe
 from common.cli import ArgumentParser, cli_main
 from common.files import replace_dir
 
+# every file write_export can write: a directory holding only these (config.json and model.safetensors among
+# them) is an earlier export, the one kind --force replaces
+EXPORT_FILES = frozenset({"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer.json",
+                          "tokenizer_config.json", "special_tokens_map.json"})
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
@@ -26,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     kind.add_argument("--pt", metavar="SRC", help="a run directory (uses its last_dcp/) or a sharded checkpoint "
                       "directory, to write as one .pt file")
     add_checkpoint_options(p)
-    p.add_argument("--force", action="store_true", help="with --hf: replace OUT_DIR when it is not empty")
+    p.add_argument("--force", action="store_true", help="with --hf: replace OUT_DIR when it is an "
+                   "earlier export (only config.json, model.safetensors and tokenizer files)")
     p.add_argument("-o", "--out", metavar="FILE", help="with --pt: the file to write (default: <run dir>/last_full.pt)")
     args = p.parse_args(argv)
     if args.hf is not None and not (args.run or args.checkpoint):
@@ -44,6 +51,20 @@ def export_pt(src: str, out: str | None) -> Path:
     return export_single_file(src, out, lambda model, o: build_optimizer(
         model, lr=o.get("lr", 1e-3), weight_decay=o.get("weight_decay", 0.0),
         betas=(o.get("beta1", 0.9), o.get("beta2", 0.99)), device_type="cpu"))
+
+
+def force_refusal(out: Path) -> str | None:
+    """Why --force must not replace the directory `out`: it is not a previous export (config.json,
+    model.safetensors and tokenizer files, nothing else), so replacing it would delete files export.py did not
+    write, a run's *.pt among them. None for an empty directory or an earlier export."""
+    ours = {e.name for e in out.iterdir() if e.name in EXPORT_FILES and e.is_file() and not e.is_symlink()}
+    entries = sorted(out.iterdir(), key=lambda e: (e.name in ours, e.name))  # the foreign ones first
+    if len(ours) == len(entries) and (not ours or {"config.json", "model.safetensors"} <= ours):
+        return None
+    names = [e.name + ("/" if e.is_dir() else "") for e in entries]
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    return (f"--hf {out} is not an earlier export, and --force would delete its {len(names)} entries ({shown}): "
+            "--force replaces only a directory export.py wrote; choose a new directory, or move those files away")
 
 
 def write_export(model, tokenizer, out: Path) -> list[str]:
@@ -65,9 +86,9 @@ def run(argv: list[str] | None = None) -> int:
         raise FileExistsError(f"--hf {out} is a file: give a directory to write the model into")
     if out.is_dir() and any(out.iterdir()) and not args.force:
         raise FileExistsError(f"--hf {out} is not empty: choose a new directory, or pass --force to replace it")
-    path = resolve_checkpoint(args.run, args.checkpoint)
-    if out.resolve() in Path(path).resolve().parents:  # --force would delete the checkpoint itself
-        raise ValueError(f"--hf {out} holds the checkpoint {path}: export into another directory")
+    if out.is_dir() and (refusal := force_refusal(out)):
+        raise FileExistsError(refusal)
+    path = resolve_checkpoint(args.run, args.checkpoint, other="")
     model, tokenizer_dict, _ = load_for_inference(path)
     from data.tokenizer import tokenizer_from_dict
     tokenizer = tokenizer_from_dict(tokenizer_dict)
@@ -76,7 +97,11 @@ def run(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
-        tmp.mkdir()
+        try:
+            tmp.mkdir()
+        except PermissionError:  # name the directory the user chose, not our temp name in it
+            raise PermissionError(f"cannot write into {out.parent.resolve()} (permission denied): choose a writable "
+                                  "directory for --hf, or fix its permissions") from None
         names = write_export(model, tokenizer, tmp)
         replace_dir(tmp, out)
     finally:

@@ -13,7 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
+from checkpoint.locate import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
+                               resolve_checkpoint)
 from common.cli import ArgumentParser, cli_main, read_text_file
 from common.text import in_keys
 from common.threads import configure_threads
@@ -28,7 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF GPT-2). Without "
                         "--run/--checkpoint/--init it uses the newest run under ./outputs or ./multirun.")
     src = add_checkpoint_options(p)
-    src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2 directory (config.json + weights)")
+    src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2 directory (config.json + weights; "
+                     "GPT-2 BPE, or a char model exported by export.py)")
     pr = p.add_mutually_exclusive_group()
     pr.add_argument("--prompt", metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t understood)')
     pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file (- = stdin)")
@@ -76,9 +78,8 @@ def validate_args(args: argparse.Namespace) -> None:
                                 "pass a run directory with --run DIR")
     if args.checkpoint is not None and not Path(args.checkpoint).exists():
         raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist: check the path, or use --run DIR")
-    if args.init is not None and not (Path(args.init) / "config.json").is_file():
-        raise FileNotFoundError(f"--init {args.init} has no config.json: pass a local Hugging Face GPT-2 directory "
-                                "(e.g. one saved with save_pretrained)")
+    if args.init is not None:
+        check_hf_dir(args.init, "--init")
     if args.attention_map is not None:
         png = Path(args.attention_map)
         if png.is_dir():
@@ -99,10 +100,10 @@ def read_prompt(args: argparse.Namespace) -> str | None:
 def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
     """(model in eval mode on `device`, tokenizer) from the checkpoint alone (weights_only), or --init HF_DIR."""
     from model.device import cuda_bf16_native
-    if args.init is not None:
-        from data.tokenizer import GPT2Tokenizer
+    if args.init is not None:  # eval.py --hf reads the same directories the same way
+        from data.hf_tokenizer import read_hf_tokenizer
         from model import GPT
-        model, tokenizer = GPT.from_pretrained(args.init).to(device).eval(), GPT2Tokenizer()
+        model, tokenizer = GPT.from_pretrained(args.init).to(device).eval(), read_hf_tokenizer(args.init)
     else:
         from data.tokenizer import tokenizer_from_dict
         model, tok, _ = load_for_inference(ckpt_path, device)

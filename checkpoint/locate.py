@@ -13,6 +13,7 @@ CHECKPOINT_NAMES = ("best.pt", "last.pt")     # in order of preference
 DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
 LAST_DCP = "last_dcp"
 BEST_DCP = "best_dcp"
+HF_CONFIG = "config.json"  # what makes a directory a Hugging Face model directory
 
 
 def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
@@ -46,8 +47,9 @@ def add_checkpoint_options(parser, required: bool = False):
     return src
 
 
-def checkpoint_in_run(run_dir) -> Path:
-    """best.pt, else last.pt, of a run directory; FileNotFoundError (one line) when it has neither."""
+def checkpoint_in_run(run_dir, other: str | None = None) -> Path:
+    """best.pt, else last.pt, of a run directory; FileNotFoundError (one line) when it has neither, which says
+    so when it is a Hugging Face directory: use `other` (the CLI's option for those, e.g. "--init HF_DIR")."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist: pass a directory containing best.pt "
@@ -55,6 +57,10 @@ def checkpoint_in_run(run_dir) -> Path:
     for name in CHECKPOINT_NAMES:
         if (run_dir / name).is_file():
             return run_dir / name
+    if (run_dir / HF_CONFIG).is_file():
+        use = f"use {other.split()[0]} {run_dir}" if other else "pass a training run's directory"
+        raise FileNotFoundError(f"run directory {run_dir} is a Hugging Face directory ({HF_CONFIG}, no best.pt or "
+                                f"last.pt), not a training run: {use}")
     raise FileNotFoundError(f"run directory {run_dir} has no best.pt or last.pt: has its training saved a "
                             "checkpoint yet? (or pass --checkpoint FILE)")
 
@@ -67,11 +73,29 @@ def find_newest_checkpoint(roots=RUN_ROOTS) -> Path | None:
     return checkpoint_in_run(newest.parent) if newest else None
 
 
+def check_hf_dir(path, option: str) -> None:
+    """FileNotFoundError (one line) unless `path`, given with `option` (--init, --hf), is a Hugging Face
+    directory; a tinygpt run directory or checkpoint there gets the hint to pass it with --run/--checkpoint."""
+    p = Path(path).expanduser()
+    if (p / HF_CONFIG).is_file():
+        return
+    if p.is_file():
+        raise FileNotFoundError(f"{option} {path} is a file, not a Hugging Face directory: a tinygpt checkpoint "
+                                f"goes with --checkpoint {path}")
+    if p.is_dir() and any((p / name).exists() for name in (*CHECKPOINT_NAMES, LAST_DCP)):
+        raise FileNotFoundError(f"{option} {path} is a tinygpt training run, not a Hugging Face directory: "
+                                f"use --run {path}")
+    if not p.exists():
+        raise FileNotFoundError(f"{option} {path} does not exist: check the path")
+    raise FileNotFoundError(f"{option} {path} has no {HF_CONFIG}: pass a local Hugging Face GPT-2 directory "
+                            "(written by export.py --hf, or save_pretrained)")
+
+
 def resolve_checkpoint(run=None, checkpoint=None, other: str = "--init HF_DIR") -> Path:
     """--checkpoint FILE, else --run DIR's, else the newest run's (on stderr); `other`: the CLI's other source."""
     if checkpoint is not None:
         return Path(checkpoint)
-    path = checkpoint_in_run(Path(run)) if run is not None else find_newest_checkpoint()
+    path = checkpoint_in_run(Path(run), other) if run is not None else find_newest_checkpoint()
     if path is None:
         raise FileNotFoundError(f"no trained model found under ./{RUN_ROOTS[0]} or ./{RUN_ROOTS[1]} in {Path.cwd()}: "
                                 f"train one with `python train.py`, or pass --run DIR, --checkpoint FILE or {other}")

@@ -1,5 +1,5 @@
-"""What the inference CLIs (sample.py, eval.py, export.py) share: every user mistake is one `error: ...` line
-on stderr with exit code 2, whether argparse, a file or the model found it."""
+"""What the command-line scripts share: every user mistake is one `error: ...` line on stderr with exit code 2,
+whether argparse, a file or the model found it; a reader that leaves (`| head`) ends the command quietly."""
 from __future__ import annotations
 
 import argparse
@@ -7,10 +7,12 @@ import os
 import re
 import sys
 from pathlib import Path
+from typing import Any, Callable
 
 from common.text import error_line
 
 EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for `seq 1000000 | head -1`, so pipefail sees it too
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -33,17 +35,42 @@ def read_text_file(path: str, option: str) -> str:
                          "save it as UTF-8") from None
 
 
+def exit_quietly_on_broken_pipe(main: Callable[[], Any]) -> Any:
+    """main()'s exit code, its output flushed; when the reader of stdout has left (`| head -3`): no traceback,
+    no "Exception ignored" at exit (stdout is pointed at devnull, as the Python docs on SIGPIPE advise), and
+    EXIT_BROKEN_PIPE. An argparse SystemExit (--help) is flushed the same way."""
+    try:
+        try:
+            code = main()
+        except SystemExit as e:
+            code = e.code
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        try:
+            fd = sys.stdout.fileno()
+        except (AttributeError, ValueError, OSError):  # a replaced stdout (tests, IDEs): nothing to redirect
+            return EXIT_BROKEN_PIPE
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)  # what is still buffered is flushed there at exit
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
 def cli_main(run, argv: list[str] | None, oom_hint: str | None = None) -> int:
     """run(argv) as a command: ValueError/OSError (user mistakes) as one line and exit 2, Ctrl-C as exit 130,
     a closed pipe (`| head`) quietly; with `oom_hint`, running out of memory (a resource problem) as one line."""
+    return exit_quietly_on_broken_pipe(lambda: _run(run, argv, oom_hint))
+
+
+def _run(run, argv: list[str] | None, oom_hint: str | None) -> int:
     try:
         return run(argv)
     except KeyboardInterrupt:
         print(flush=True)  # end the half-printed line
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # the reader left: exit quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    except BrokenPipeError:
+        raise  # an OSError, but no user mistake: exit_quietly_on_broken_pipe's
     except (ValueError, OSError) as e:
         print(error_line(e), file=sys.stderr)
         return EXIT_USAGE

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from common.files import write_text_atomic
 from data.sources import GPT2_EOT, GPT2_EOT_ID, gpt2_ranks
-from data.tokenizer import BPE_EOT, BPETokenizer, CharTokenizer, Tokenizer, bytes_to_unicode
+from data.tokenizer import BPE_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer, bytes_to_unicode
 
 
 def _last_merge(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
@@ -93,3 +93,22 @@ def write_tokenizer_files(tokenizer: Tokenizer, out_dir: str | Path, model_max_l
     if isinstance(tokenizer, CharTokenizer):
         return [write_char_vocab(tokenizer, out_dir)]
     return write_hf_tokenizer(out_dir, model_max_length)
+
+
+def read_hf_tokenizer(hf_dir: str | Path) -> Tokenizer:
+    """The tokenizer of a local HF GPT-2 directory, for sample.py --init and eval.py --hf alike: export.py's own-BPE
+    tokenizer.json or char vocab.json (either without merges.txt), else GPT-2 BPE."""
+    d = Path(hf_dir).expanduser()
+    if (d / "tokenizer.json").is_file() and not (d / "merges.txt").is_file():
+        return BPETokenizer((d / "tokenizer.json").read_text(encoding="utf-8"))
+    if not (d / "vocab.json").is_file() or (d / "merges.txt").is_file():
+        return GPT2Tokenizer()
+    try:
+        vocab = json.loads((d / "vocab.json").read_text(encoding="utf-8"))
+        tokenizer = CharTokenizer(vocab) if isinstance(vocab, dict) else None
+    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+        tokenizer = None
+    if tokenizer is None or tokenizer.stoi != vocab:
+        raise ValueError(f"{d / 'vocab.json'} is not a char vocabulary written by export.py (its ids are not the "
+                         "sorted characters), and there is no merges.txt for GPT-2 BPE: export the model again")
+    return tokenizer

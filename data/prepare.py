@@ -14,6 +14,7 @@ from typing import Callable
 
 from tqdm import tqdm
 
+from common.cli import exit_quietly_on_broken_pipe
 from common.text import error_line, in_keys, setting_error
 from data import bpe, corpus
 from data.cache import (FORMAT, FORMAT_VERSION, Prepared, cache_key, load_prepared, lookup, prepared_root, publish,
@@ -164,4 +165,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(exit_quietly_on_broken_pipe(main))  # `| head`: no traceback

@@ -1,4 +1,4 @@
-"""The bad-input table: user mistakes across train.py, sample.py and `python -m data.prepare`.
+"""The bad-input table: user mistakes across train.py, sample.py, eval.py, export.py and `python -m data.prepare`.
 
 Every row runs the real script in a subprocess and asserts what issue 7 promises for a mistake:
 exit code 2 (never 0), stderr's last non-empty line is the one `error: ...` line and it names the
@@ -38,8 +38,8 @@ def _corpus(n_chars: int = 20_000) -> str:
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory) -> Path:
-    """A project dir with inputs/ (good and bad corpora, bad checkpoints), cache/, run/ (a real run) and busy/
-    (a run directory this process holds the lock of)."""
+    """A project dir with inputs/ (good and bad corpora, bad checkpoints), cache/, run/ (a real run), export/ (its
+    HF export) and busy/ (a run directory this process holds the lock of)."""
     import torch
     from hydra import compose, initialize_config_dir
 
@@ -78,6 +78,8 @@ def project(tmp_path_factory) -> Path:
     last = (p / "run" / "last.pt").read_bytes()
     (inputs / "half.pt").write_bytes(last[: len(last) // 2])
     assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png"} <= {f.name for f in (p / "run").iterdir()}
+    import export
+    assert export.main(["--hf", str(p / "export"), "--run", str(p / "run")]) == 0  # an HF export of the run
     from common import run_lock
     run_lock.acquire(p / "busy")  # a run directory in use (by this process): resuming into it is refused
     yield p
@@ -221,6 +223,18 @@ ROWS = [
                                 "runpy.run_path(sys.argv[0], run_name='__main__')", str(REPO / "train.py"),
                                 *TRAIN[1:], "data.tokenizer=bpe", "data.vocab_size=4096"],
      ["tokenizers package, which is not installed: pip install tokenizers"], {}, []),
+    ("sample-init-given-a-run", ["sample.py", "--init", "{run}"],
+     ["--init {run} is a tinygpt training run, not a Hugging Face directory", "use --run {run}"], {}, []),
+    ("sample-run-given-an-export", ["sample.py", "--run", "{export}"],
+     ["run directory {export} is a Hugging Face directory", "not a training run", "use --init {export}"], {}, []),
+    # --- eval and export
+    ("eval-hf-given-a-run", ["eval.py", "--file", "{inputs}/corpus.txt", "--hf", "{run}"],
+     ["--hf {run} is a tinygpt training run", "use --run {run}"], {}, []),
+    ("eval-run-given-an-export", ["eval.py", "--file", "{inputs}/corpus.txt", "--run", "{export}"],
+     ["run directory {export} is a Hugging Face directory", "use --hf {export}"], {}, []),
+    ("export-force-over-other-files", ["export.py", "--hf", "{inputs}", "--run", "{run}", "--force"],
+     ["--hf {inputs} is not an earlier export, and --force would delete its", "garbage.pt",
+      "--force replaces only a directory export.py wrote", "choose a new directory"], {}, []),
 ]
 
 
@@ -251,7 +265,7 @@ def test_mistake_gives_one_error_line_and_damages_nothing(project, row_id, argv,
     cwd = project / "scratch" / row_id  # an empty directory (sample-no-run relies on it)
     cwd.mkdir(parents=True)
     fill = {"inputs": str(project / "inputs"), "run": str(project / "run"), "cwd": str(cwd),
-            "busy": str(project / "busy"), "pid": str(os.getpid())}
+            "busy": str(project / "busy"), "pid": str(os.getpid()), "export": str(project / "export")}
     argv = [a.format(**fill) for a in argv]
     words = [w.format(**fill) for w in words]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1",

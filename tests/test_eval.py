@@ -144,3 +144,51 @@ def test_bad_input_cli(tmp_path, char_run):
                                                  "vocabulary: '5', 'Ω', '€'"])]
     for args, words in cases:
         assert_one_error(run_cli(["eval.py", *args], cwd=tmp_path), *words)
+
+
+class _Tty:
+    """A stderr that says it is a terminal, recording what is written to it."""
+    def __init__(self):
+        self.text = ""
+
+    def isatty(self):
+        return True
+
+    def write(self, s):
+        self.text += s
+        return len(s)
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_only_on_a_terminal(tmp_path, capsys, char_run, tiny_corpus, monkeypatch):
+    """Issue 24: a redirected stderr got thousands of \\r bar updates."""
+    text = tiny_corpus.read_text()[:300]  # 37 windows, one per batch
+    (tmp_path / "text.txt").write_text(text, encoding="utf-8")
+    args = ["--file", str(tmp_path / "text.txt"), "--checkpoint", str(char_run[0]), "--batch-size", "1"]
+    assert eval_cli.main(args) == 0
+    assert "\r" not in capsys.readouterr().err  # stderr redirected: no bar
+    tty = _Tty()
+    monkeypatch.setattr("sys.stderr", tty)
+    assert eval_cli.main(args) == 0
+    assert "\r" in tty.text and "window" in tty.text  # on a terminal: the bar
+
+
+def test_eval_reads_what_export_wrote_and_hints_at_swapped_options(tmp_path, capsys, char_run):
+    """Issue 24: --hf RUN_DIR and --run EXPORT_DIR said only what was missing, not to swap the options."""
+    import export
+    run_dir = char_run[0].parent
+    assert export.main(["--hf", str(tmp_path / "hf"), "--run", str(run_dir)]) == 0
+    (tmp_path / "t.txt").write_text("KING:\nGood night")
+    capsys.readouterr()
+    for args, line in (
+            (["--hf", str(run_dir)], f"error: --hf {run_dir} is a tinygpt training run, not a Hugging Face "
+                                     f"directory: use --run {run_dir}"),
+            (["--hf", str(char_run[0])], f"error: --hf {char_run[0]} is a file, not a Hugging Face directory: a "
+                                         f"tinygpt checkpoint goes with --checkpoint {char_run[0]}"),
+            (["--run", str(tmp_path / "hf")], f"error: run directory {tmp_path / 'hf'} is a Hugging Face directory "
+                                              f"(config.json, no best.pt or last.pt), not a training run: use --hf "
+                                              f"{tmp_path / 'hf'}")):
+        assert eval_cli.main(["--file", str(tmp_path / "t.txt"), *args]) == 2
+        assert capsys.readouterr().err == line + "\n"

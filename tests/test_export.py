@@ -56,6 +56,7 @@ def test_export_bpe_run_with_padded_vocab(tmp_path, capsys, cache_with_gpt2):
     path = save_run(tmp_path, model, tok)
     out = export_ok(capsys, "--hf", tmp_path / "hf", "--checkpoint", path)
     assert "47 padded vocabulary rows dropped" in out and "AutoTokenizer" in out
+    assert {p.name for p in (tmp_path / "hf").iterdir()} <= export.EXPORT_FILES  # --force recognises them
     hf = load_hf(tmp_path / "hf")
     assert (hf.config.vocab_size, hf.config.eos_token_id) == (50257, 50256)
     assert_same_logits(model, hf, tok.vocab_size)
@@ -64,11 +65,12 @@ def test_export_bpe_run_with_padded_vocab(tmp_path, capsys, cache_with_gpt2):
     assert hf_tok.encode(text) == tok.encode(text) and hf_tok.model_max_length == 16
 
 
-def test_force_replaces_and_failures_leave_nothing(tmp_path, capsys, char_tok, monkeypatch):
+def test_force_replaces_an_earlier_export_and_failures_leave_nothing(tmp_path, capsys, char_tok, monkeypatch):
     save_run(tmp_path / "run", tiny_model(char_tok.vocab_size), char_tok)
     out = tmp_path / "hf"
-    out.mkdir()
-    (out / "old.txt").write_text("keep me")
+    export_ok(capsys, "--hf", out, "--run", tmp_path / "run")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    assert set(before) <= export.EXPORT_FILES  # what write_export writes is what --force recognises
     assert export.main(["--hf", str(out), "--run", str(tmp_path / "run")]) == 2
     assert "is not empty: choose a new directory, or pass --force" in capsys.readouterr().err
     import data.hf_tokenizer
@@ -79,14 +81,62 @@ def test_force_replaces_and_failures_leave_nothing(tmp_path, capsys, char_tok, m
     for target in (out, tmp_path / "new"):  # a failure half-way: the old directory intact, no new one
         assert export.main(["--hf", str(target), "--run", str(tmp_path / "run"), "--force"]) == 2
         assert capsys.readouterr().err.splitlines()[-1] == "error: disk full"
-    assert [p.name for p in out.iterdir()] == ["old.txt"] and not (tmp_path / "new").exists()
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before and not (tmp_path / "new").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "hf", "run", "tiny.txt"]
     monkeypatch.undo()
+    (out / "vocab.json").unlink()  # a partial earlier export (or an empty directory) is replaced too
     export_ok(capsys, "--hf", out, "--run", tmp_path / "run", "--force")
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "hf", "run", "tiny.txt"]
+
+
+@pytest.mark.parametrize("extra", ["run", "notes", "subdir", "no_config"])
+def test_force_refuses_a_directory_that_is_not_an_export(tmp_path, capsys, char_tok, extra):
+    """Issue 24: --force replaced a directory holding another run's *.pt files and notes, deleting them."""
+    save_run(tmp_path / "run", tiny_model(char_tok.vocab_size), char_tok)
+    out = tmp_path / "hf"
+    export_ok(capsys, "--hf", out, "--run", tmp_path / "run")
+    if extra == "run":  # another run's files beside an export's: 8 entries
+        for name in ("last.pt", "best.pt", "notes.txt", "metrics.jsonl", "train.log"):
+            (out / name).write_text(name)
+    elif extra == "notes":
+        (out / "notes.txt").write_text("mine")
+    elif extra == "subdir":
+        (out / "tokenizer.json").mkdir()  # an export's name, but a directory
+    else:
+        (out / "config.json").unlink()  # tokenizer files alone are not an export
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    code = export.main(["--hf", str(out), "--run", str(tmp_path / "run"), "--force"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert f"--hf {out} is not an earlier export, and --force would delete its {len(before)} entries (" in err
+    assert "--force replaces only a directory export.py wrote" in err
+    first = {"run": "best.pt, last.pt, metrics.jsonl, notes.txt, train.log and 3 more", "notes": "(notes.txt, ",
+             "subdir": "(tokenizer.json/, ", "no_config": "(model.safetensors, vocab.json)"}[extra]
+    assert first in err  # what is not an export's comes first
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing touched
     assert export.main(["--hf", str(tmp_path / "run"), "--run", str(tmp_path / "run"), "--force"]) == 2
-    assert "holds the checkpoint" in capsys.readouterr().err and (tmp_path / "run" / "best.pt").is_file()
+    assert "would delete its 1 entries (best.pt)" in capsys.readouterr().err
+    assert (tmp_path / "run" / "best.pt").is_file()
+
+
+def test_unwritable_directory_is_named_not_the_temp_dir(tmp_path, capsys, char_tok, monkeypatch):
+    """Issue 24: exporting into a read-only directory named export.py's temp directory in it. (Simulated: the
+    tests may run as root, which may write anywhere.)"""
+    save_run(tmp_path / "run", tiny_model(char_tok.vocab_size), char_tok)
+    (tmp_path / "ro").mkdir()
+    mkdir = export.Path.mkdir
+
+    def read_only(self, *a, **k):
+        if self.parent == tmp_path / "ro":
+            raise PermissionError(13, "Permission denied", str(self))
+        return mkdir(self, *a, **k)
+    monkeypatch.setattr(export.Path, "mkdir", read_only)
+    assert export.main(["--hf", str(tmp_path / "ro" / "hf"), "--run", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"error: cannot write into {tmp_path / 'ro'} (permission denied): choose a "
+                                    "writable directory for --hf, or fix its permissions")
+    assert ".tmp" not in err and list((tmp_path / "ro").iterdir()) == []
 
 
 @pytest.mark.slow

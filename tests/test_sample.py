@@ -397,6 +397,33 @@ def test_prompt_outside_char_vocabulary_lists_the_characters(trained, capsys):
     assert "'k'" not in err  # only the unknown ones
 
 
+def test_init_reads_a_char_export_as_eval_does(trained, capsys, tmp_path):
+    """Issue 24: --init read every directory as GPT-2 BPE, so a char export (which eval.py --hf reads) failed."""
+    import export
+    assert export.main(["--hf", str(tmp_path / "hf"), "--checkpoint", str(trained[1])]) == 0
+    capsys.readouterr()
+    args = ("--prompt", "KING:", "--temperature", 0, "--max-new-tokens", 30)
+    code, out, err = sample_main(capsys, "--init", tmp_path / "hf", *args)
+    assert code == 0, err
+    assert out == sample_main(capsys, "--checkpoint", trained[1], *args)[1]  # the same model, the same text
+
+
+def test_swapped_options_get_a_hint(trained, capsys, tmp_path):
+    """Issue 24: --init RUN_DIR and --run EXPORT_DIR said only what was missing, not to swap the options."""
+    import export
+    run_dir = trained[1].parent
+    assert export.main(["--hf", str(tmp_path / "hf"), "--run", str(run_dir)]) == 0
+    capsys.readouterr()
+    assert_one_line_error(*sample_main(capsys, "--init", run_dir)[::2],
+                          f"--init {run_dir} is a tinygpt training run, not a Hugging Face directory: "
+                          f"use --run {run_dir}")
+    assert_one_line_error(*sample_main(capsys, "--init", trained[1])[::2],
+                          f"--init {trained[1]} is a file", f"goes with --checkpoint {trained[1]}")
+    assert_one_line_error(*sample_main(capsys, "--run", tmp_path / "hf")[::2],
+                          f"run directory {tmp_path / 'hf'} is a Hugging Face directory",
+                          f"use --init {tmp_path / 'hf'}")
+
+
 @pytest.mark.slow
 def test_corrupt_checkpoint_through_the_script(trained, tmp_path):
     path = _bad_checkpoints(trained, tmp_path)["truncated"]

@@ -1,0 +1,71 @@
+"""common.cli: a user mistake is one line and exit 2; a reader that leaves (`| head`) ends every CLI quietly,
+exit 141 (128 + SIGPIPE, as the shell reports for `seq 1000000 | head -1`): no traceback, no "Exception
+ignored" at exit. The subprocess test gives each command a stdout pipe whose reader has already gone, so
+the first write or the final flush always fails (no race with a real `head`). (With PYTHONUNBUFFERED set,
+argparse's --help swallows the error itself and exits 0, as quietly.)"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from common.cli import EXIT_BROKEN_PIPE, cli_main, exit_quietly_on_broken_pipe
+from tests.helpers import REPO
+
+
+def test_a_broken_pipe_exits_141_quietly(capsys):
+    def run(argv):
+        raise BrokenPipeError(32, "Broken pipe")
+    assert EXIT_BROKEN_PIPE == 141 and cli_main(run, []) == 141  # it was 1
+    assert capsys.readouterr().err == ""
+
+
+def test_the_final_flush_is_inside_the_guard(monkeypatch):
+    """Output still buffered when main returns (a pipe is block-buffered) fails only at the flush."""
+    class Gone:
+        def write(self, s):
+            return len(s)
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+    monkeypatch.setattr(sys, "stdout", Gone())
+    assert cli_main(lambda argv: 0, []) == 141
+    assert exit_quietly_on_broken_pipe(lambda: sys.exit(0)) == 141  # argparse's --help
+
+
+def test_mistakes_and_exit_codes_pass_through(capsys):
+    def mistake(argv):
+        raise ValueError("--x 3 is invalid: use 2")
+    assert cli_main(mistake, []) == 2 and capsys.readouterr().err == "error: --x 3 is invalid: use 2\n"
+    assert cli_main(lambda argv: 0, []) == 0
+    assert exit_quietly_on_broken_pipe(lambda: sys.exit(3)) == 3
+
+
+@pytest.mark.slow
+def test_every_cli_ends_quietly_when_the_reader_leaves(tmp_path):
+    from data.tokenizer import CharTokenizer
+    from tests.test_checkpoint_locate import save_run, tiny_model
+    text = "KING:\nGood night, sweet prince, and flights of angels sing thee to thy rest.\n" * 20
+    (tmp_path / "t.txt").write_text(text)
+    tok = CharTokenizer(text)
+    save_run(tmp_path / "run", tiny_model(tok.vocab_size), tok)
+    run = ["--run", str(tmp_path / "run")]
+    commands = [["sample.py", *run, "--max-new-tokens", "50"], ["sample.py", "--help"],
+                ["eval.py", "--file", "t.txt", *run], ["export.py", "--hf", "hf", *run], ["bench.py", "--help"],
+                ["-m", "data.prepare", "--data", "text", "--path", "t.txt", "--quiet"]]
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
+    env.pop("PYTHONUNBUFFERED", None)  # a pipe is block-buffered, as in a shell: output waits for the last flush
+    for argv in commands:
+        read, write = os.pipe()
+        os.close(read)  # the reader has left before the command writes a byte
+        try:
+            script = [str(REPO / argv[0])] if argv[0].endswith(".py") else argv[:2]
+            proc = subprocess.run([sys.executable, *script, *argv[len(script):]], stdout=write,
+                                  stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, timeout=300)
+        finally:
+            os.close(write)
+        assert proc.returncode == 141, (argv, proc.returncode, proc.stderr)
+        assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, (argv, proc.stderr)
+        assert "error" not in proc.stderr, (argv, proc.stderr)
