@@ -58,7 +58,8 @@ def force_refusal(out: Path) -> str | None:
     model.safetensors and tokenizer files, nothing else), so replacing it would delete files export.py did not
     write, a run's *.pt among them. None for an empty directory or an earlier export."""
     ours = {e.name for e in out.iterdir() if e.name in EXPORT_FILES and e.is_file() and not e.is_symlink()}
-    entries = sorted(out.iterdir(), key=lambda e: (e.name in ours, e.name))  # the foreign ones first
+    # the foreign ones first, a checkpoint (*.pt) before anything else
+    entries = sorted(out.iterdir(), key=lambda e: (e.name in ours, e.suffix != ".pt", e.name))
     if len(ours) == len(entries) and (not ours or {"config.json", "model.safetensors"} <= ours):
         return None
     names = [e.name + ("/" if e.is_dir() else "") for e in entries]
