@@ -112,7 +112,7 @@ def score(model, examples: list[Example], encode_text: Callable[[str], list[int]
     was_training = model.training
     model.eval()
     try:
-        with torch.inference_mode():
+        with torch.no_grad():  # (not inference_mode: the counts are all-reduced in place after it)
             for i, counted in plan:
                 ex = examples[i]
                 total, n = ending_losses(model, encode(ex, encode_text, T), vocab_limit, autocast)
@@ -120,7 +120,6 @@ def score(model, examples: list[Example], encode_text: Callable[[str], list[int]
                     chars = torch.tensor([float(len(e)) for e in ex.endings], device=device)
                     picks = torch.stack([total.argmin(), (total / n).argmin(), (total / chars).argmin()])
                     counts += torch.cat([counts.new_ones(1), (picks == ex.label).float()])
-            counts = counts.clone()  # (a normal tensor: all-reduce writes into it)
         n, acc, acc_norm, acc_chars = (reduce_sum(counts) if reduce_sum is not None else counts).tolist()
     finally:
         model.train(was_training)
