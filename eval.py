@@ -1,4 +1,5 @@
-"""Score a text file with a trained model: `python eval.py --file TEXT --run RUN_DIR` (see --help).
+"""Score a text file with a trained model: `python eval.py --file TEXT --run RUN_DIR`, or HellaSwag (`--hellaswag
+JSONL`, scored by evals/hellaswag.py); see --help.
 
 A text longer than the context is scored with overlapping windows (Hugging Face's strided perplexity):
 every token once, with the context its window gives. The text is checked before torch is imported.
@@ -19,19 +20,23 @@ from common.text import in_keys
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
         prog="eval.py", description="Mean next-token cross-entropy (nats/token), perplexity and bits per byte "
-                        "of a UTF-8 text file. The first token has no context, so it is not scored and its "
-                        "bytes are not counted: bits per byte = total nats / ln 2 / UTF-8 bytes of the scored "
-                        "tokens.")
-    p.add_argument("--file", required=True, metavar="TEXT", help="UTF-8 text file to score")
+                        "of a UTF-8 text file, as lm-evaluation-harness's loglikelihood_rolling: the first token "
+                        "is scored after <|endoftext|> (a char model has none: its first token is not scored); "
+                        "bits per byte = total nats / ln 2 / UTF-8 bytes of the scored tokens. Or the HellaSwag "
+                        "accuracy of a jsonl (--hellaswag).")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--file", metavar="TEXT", help="UTF-8 text file to score")
+    what.add_argument("--hellaswag", metavar="JSONL", help="HellaSwag file in the official format (ctx, endings, "
+                      "label): prints acc, acc_norm and acc_norm_chars (docs/export_eval.md)")
     src = add_checkpoint_options(p, required=True)
     src.add_argument("--hf", metavar="DIR", help="local Hugging Face GPT-2 directory (GPT-2 BPE, or the "
-                     "vocab.json of a char model exported by export.py)")
+                     "vocab.json / tokenizer.json of a char / own-BPE model exported by export.py)")
     p.add_argument("--stride", type=int, metavar="N", help="tokens between window starts on texts longer than "
                    "the context (default: half the context; smaller = more context per token, slower)")
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
     p.add_argument("--json", action="store_true", help="print one JSON object: loss, perplexity, bits_per_byte, "
-                   "tokens, bytes")
+                   "tokens, bytes (--hellaswag: acc, acc_norm, acc_norm_chars, examples)")
     args = p.parse_args(argv)
     if args.stride is not None and args.stride < 1:
         raise ValueError(f"--stride {args.stride} is invalid: use a whole number >= 1 (at most the context length)")
@@ -83,15 +88,9 @@ def token_losses(model, ids, *, stride: int | None = None, batch_size: int = 8, 
     return losses
 
 
-def run(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.hf is not None:
-        check_hf_dir(args.hf, "--hf")
-    text = read_text_file(args.file, "--file")
-    if not text:
-        raise ValueError(f"--file {args.file} is empty: give a text file with something to score")
-    import torch
-    from data.tokenizer import token_bytes, tokenizer_from_dict
+def load_model(args: argparse.Namespace):
+    """(model on its device, tokenizer, device) from --hf, --run or --checkpoint, and --device."""
+    from data.tokenizer import tokenizer_from_dict
     from model.device import resolve_device
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
@@ -103,18 +102,50 @@ def run(argv: list[str] | None = None) -> int:
         model, tokenizer_dict, _ = load_for_inference(resolve_checkpoint(args.run, args.checkpoint, "--hf DIR"))
         tokenizer = tokenizer_from_dict(tokenizer_dict)
     check_vocab(tokenizer.vocab_size, model)
+    return model.to(device), tokenizer, device
+
+
+def run_hellaswag(args: argparse.Namespace) -> int:
+    from evals import hellaswag
+    examples = hellaswag.read_examples(read_text_file(args.hellaswag, "--hellaswag"), f"--hellaswag {args.hellaswag}")
+    model, tokenizer, _ = load_model(args)
+    try:
+        r = hellaswag.score(model, examples, tokenizer.encode_ordinary, vocab_limit=tokenizer.vocab_size)
+    except ValueError as e:  # an ending longer than the context, characters a char model never saw
+        raise ValueError(f"cannot score --hellaswag {args.hellaswag}: {e}") from None
+    print(json.dumps(r) if args.json else hellaswag.summary(r))
+    return 0
+
+
+FIRST = {False: "the first after <|endoftext|>", True: "the first token has no context and is not scored"}
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.hf is not None:
+        check_hf_dir(args.hf, "--hf")
+    if args.hellaswag is not None:
+        return run_hellaswag(args)
+    text = read_text_file(args.file, "--file")
+    if not text:
+        raise ValueError(f"--file {args.file} is empty: give a text file with something to score")
+    import torch
+    from data.tokenizer import token_bytes
+    model, tokenizer, device = load_model(args)
     try:
         ids = tokenizer.encode_ordinary(text)
     except ValueError as e:  # a char model meeting characters it never saw: the message names them
         raise ValueError(f"cannot score --file {args.file}: {e}") from None
+    if tokenizer.eot_id is not None:  # lm-eval's loglikelihood_rolling: the first token is scored after it
+        ids = [tokenizer.eot_id] + ids
     if len(ids) < 2:
         raise ValueError(f"--file {args.file} is a single token: nothing to score (the first token has no "
-                         "context): give a longer text")
+                         "context for a char model): give a longer text")
     T = model.config.block_size
     if args.stride is not None and args.stride > T:
         raise ValueError(f"--stride {args.stride} is larger than the model's context of {T}: tokens would be "
                          f"skipped; use at most --stride {T}")
-    losses = token_losses(model.to(device), ids, stride=args.stride, batch_size=args.batch_size,
+    losses = token_losses(model, ids, stride=args.stride, batch_size=args.batch_size,
                           vocab_limit=tokenizer.vocab_size, progress=sys.stderr.isatty())  # no \r into a log
     total, n_bytes = losses.sum().item(), int(token_bytes(tokenizer)[torch.as_tensor(ids[1:])].sum())  # scored
     r = {"loss": total / len(losses), "perplexity": math.exp(total / len(losses)),
@@ -124,8 +155,8 @@ def run(argv: list[str] | None = None) -> int:
     else:
         bpb = "n/a (no bytes)" if r["bits_per_byte"] is None else f"{r['bits_per_byte']:.4f}"
         print(f"loss {r['loss']:.4f} nats/token | perplexity {r['perplexity']:.3f} | bits per byte {bpb}\n"
-              f"scored {r['tokens']:,} tokens ({r['bytes']:,} bytes; the first token has no context and is not "
-              f"scored) with context {T}, stride {args.stride or max(1, T // 2)}, on {device}")
+              f"scored {r['tokens']:,} tokens ({r['bytes']:,} bytes; {FIRST[tokenizer.eot_id is None]}) with context "
+              f"{T}, stride {args.stride or max(1, T // 2)}, on {device}")
     return 0
 
 

@@ -103,8 +103,8 @@ def test_bpe_bytes_and_hf_round_trip(tmp_path, capsys, cache_with_gpt2):
     text = "Ünïcode first. Then plain text, long enough for two windows of sixteen tokens: " * 2
     ids = tok.encode_ordinary(text)
     r = eval_json(capsys, tmp_path, text, "--checkpoint", path, "--batch-size", 2)
-    assert r["tokens"] == len(ids) - 1 > 16
-    assert r["bytes"] == len(text.encode()) - len(tok.decode_bytes(ids[:1]))  # the first token's bytes: not counted
+    assert r["tokens"] == len(ids) > 16  # every token: the first after <|endoftext|>, as lm-eval scores it
+    assert r["bytes"] == len(text.encode())
     assert r["bits_per_byte"] == pytest.approx(r["loss"] * r["tokens"] / math.log(2) / r["bytes"])
     write_pretrained(model, tok.vocab_size, tmp_path / "hf")
     assert eval_json(capsys, tmp_path, text, "--hf", tmp_path / "hf") == pytest.approx(r, rel=1e-6)
@@ -192,3 +192,20 @@ def test_eval_reads_what_export_wrote_and_hints_at_swapped_options(tmp_path, cap
                                               f"{tmp_path / 'hf'}")):
         assert eval_cli.main(["--file", str(tmp_path / "t.txt"), *args]) == 2
         assert capsys.readouterr().err == line + "\n"
+
+
+def test_bpe_first_token_is_scored_after_endoftext(tmp_path, capsys, cache_with_gpt2):
+    """lm-eval's loglikelihood_rolling definition: [<|endoftext|>] + text, every text token scored, all bytes."""
+    from data.tokenizer import GPT2Tokenizer
+    tok = GPT2Tokenizer()
+    model = tiny_model(50304, n_embd=8)
+    text = "To be, or not to be"
+    r = eval_json(capsys, tmp_path, text, "--checkpoint", save_run(tmp_path, model, tok))
+    ids = torch.tensor([[tok.eot_id] + tok.encode_ordinary(text)])
+    with torch.no_grad():
+        logits = model(ids[:, :-1])[0][0, :, :tok.vocab_size]
+    nats = F.cross_entropy(logits, ids[0, 1:], reduction="sum").item()
+    assert (r["tokens"], r["bytes"]) == (ids.shape[1] - 1, len(text))
+    assert r["bits_per_byte"] == pytest.approx(nats / math.log(2) / len(text), rel=1e-6)
+    (tmp_path / "one.txt").write_text("To")  # one token is enough: it has <|endoftext|> as context
+    assert eval_cli.main(["--file", str(tmp_path / "one.txt"), "--checkpoint", str(tmp_path / "best.pt")]) == 0

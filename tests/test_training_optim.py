@@ -1,6 +1,8 @@
 """training/optim.py (AdamW groups, LR schedule), plus the small pure helpers of device.py."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -132,3 +134,19 @@ def test_auto_dtype_on_cuda_needs_bf16_in_hardware(monkeypatch):
     assert dv.resolve_dtype("auto", torch.device("cuda")) == torch.float16
     assert asked == {"including_emulation": False}
     assert dv.resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16  # asked for: allowed
+
+
+def test_schedule_is_the_gpt2_124m_recipes():
+    """experiment=gpt2_124m's schedule is build-nanogpt's get_lr (warmup 700, cosine to 10% by 19,073): equal
+    after the warmup; during it, tinygpt's (nanoGPT's) lr * (step + 1) / 701 is within 1/700 of its / 700."""
+    from training.optim import lr_at
+    max_lr, min_lr, warmup, steps = 6e-4, 6e-5, 700, 19073
+
+    def get_lr(it):  # build-nanogpt's train_gpt2.py
+        if it < warmup:
+            return max_lr * (it + 1) / warmup
+        ratio = (it - warmup) / (steps - warmup)
+        return min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (max_lr - min_lr)
+    for step in (0, 350, 699, 700, 701, 5000, 10000, 19072):
+        ours = lr_at(step, lr=max_lr, min_lr=min_lr, warmup_iters=warmup, decay_iters=steps)
+        assert ours == pytest.approx(get_lr(step), rel=1 / 700 if step < warmup else 1e-12)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 import functools
 import math
+import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Optional
@@ -71,6 +72,7 @@ class TrainConfig:
     max_iters: int = 1500  # optimizer steps
     batch_size: int = 64  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
+    tokens_per_step: Optional[int] = None  # global batch in tokens: derives grad_accum_steps from the processes
     eval_interval: int = 250  # evaluate + checkpoint every this many steps (and at the end)
     eval_iters: int = 40  # batches per split in each evaluation
     eval_at_start: bool = False  # also evaluate the untrained model at step 0 (not on resume)
@@ -79,6 +81,7 @@ class TrainConfig:
     seed: int = 1337
     resume: Any = False  # false | true (last.pt in the run dir) | path to a .pt file or run dir
     parallel: str = "none"  # none (DDP when launched by torchrun with >1 process) | ddp | fsdp
+    hellaswag: Optional[str] = None  # a HellaSwag jsonl also scored at each evaluation (evals/hellaswag.py)
 
 
 @dataclass
@@ -231,6 +234,28 @@ def validate(c: Config) -> None:
            f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
     t.resume = {"true": True, "false": False}.get(r.strip().lower(), r) if isinstance(r, str) else r
     c.data.validate()  # the data package's own checks (no I/O)
+    if t.tokens_per_step is not None:
+        t.grad_accum_steps = grad_accum_for(t.tokens_per_step, t.batch_size, m.block_size, _env_world_size())
+    if t.hellaswag is not None:  # read now: a bad file is one line before training, not at the first evaluation
+        from common.cli import read_text_file
+        from evals.hellaswag import read_examples
+        read_examples(read_text_file(t.hellaswag, "train.hellaswag"), f"train.hellaswag={t.hellaswag}")
     _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
     _check(lg.mode in ("online", "offline", "disabled"),
            f"logger.mode={lg.mode!r} is not valid: use online, offline or disabled")
+
+
+def _env_world_size() -> int:
+    """The processes torchrun started (WORLD_SIZE, which training.distributed.init also reads), else 1."""
+    w = os.environ.get("WORLD_SIZE", "1")
+    return int(w) if w.isdigit() and int(w) >= 1 else 1
+
+
+def grad_accum_for(tokens_per_step: int, batch_size: int, block_size: int, world_size: int) -> int:
+    """train.grad_accum_steps for a global batch of `tokens_per_step` tokens (train.tokens_per_step)."""
+    micro = batch_size * block_size * world_size  # tokens of one micro-step over all processes
+    _check(tokens_per_step >= 1 and tokens_per_step % micro == 0,
+           f"train.tokens_per_step={tokens_per_step} is not a multiple of train.batch_size x model.block_size x "
+           f"processes = {batch_size} x {block_size} x {world_size} = {micro}: change train.batch_size (or "
+           f"train.tokens_per_step, or null to use train.grad_accum_steps)")
+    return tokens_per_step // micro

@@ -18,7 +18,7 @@ import torch
 
 from checkpoint.manager import CheckpointManager
 from training import distributed as dist_lib
-from training import init_from
+from training import eval_hellaswag, init_from
 from training.config import Config, gpt_config, to_dataclass, train_keys
 from training.console import console_with_bar
 from training.device import resolve_compile, setup_device
@@ -194,6 +194,9 @@ class Trainer:
         if improved:
             st.best_val_loss, st.best_step = stats["val"]["loss"], step
         self.report.eval(step, stats, self.lr_at(step - 1), st.tokens, st.elapsed(), improved)
+        if self.c.train.hellaswag:  # optional benchmark, every rank (training/eval_hellaswag.py)
+            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer, self.dev.autocast,
+                                   self.rt, self.report)
         if save:
             self._save(step, best=improved)
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank

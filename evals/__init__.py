@@ -1,0 +1,1 @@
+"""Standard benchmark evaluations of a trained model (HellaSwag), shared by eval.py and the training loop."""

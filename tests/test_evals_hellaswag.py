@@ -1,0 +1,162 @@
+"""evals/hellaswag.py: rows in the official format are read (bad ones: one line naming the line number), each
+ending's summed loss equals a direct computation (context cropped on the left like lm-eval), acc / acc_norm /
+acc_norm_chars pick by sum / per token / per character, eval.py --hellaswag prints them, and lm-evaluation-harness
+on the exported model gives the same log-likelihoods and accuracies."""
+from __future__ import annotations
+
+import glob
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import eval as eval_cli
+from evals import hellaswag
+from tests.helpers import run_cli
+from tests.test_checkpoint_locate import save_run, tiny_model
+
+ROWS = [{"ctx": "The man opens the door and", "endings": ["walks in.", "eats a cloud", "sings", "x"], "label": 0},
+        {"ctx_a": "A cat sits.", "ctx_b": "It", "endings": ["purrs.", "flies away", "is a dog", "sleeps"],
+         "label": "3"},
+        {"ctx": "Water is", "endings": ["wet.", "dry.", "blue, mostly", "hot"], "label": 2}]
+
+
+def write_rows(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return str(path)
+
+
+def test_read_official_format():
+    ex = hellaswag.read_examples("\n".join(json.dumps(r) for r in ROWS) + "\n\n", "hs.jsonl")
+    assert [e.context for e in ex] == ["The man opens the door and", "A cat sits. It", "Water is"]
+    assert [e.label for e in ex] == [0, 3, 2] and [e.line for e in ex] == [1, 2, 3] and len(ex[0].endings) == 4
+
+
+@pytest.mark.parametrize("row, words", [
+    ("{not json", "not JSON"), ("[1, 2]", "not a JSON object"),
+    ({"endings": ["a", "b", "c", "d"], "label": 0}, 'no context: give a "ctx"'),
+    ({"ctx": "c", "endings": ["a", "b", "c"], "label": 0}, '"endings" must be a list of 4'),
+    ({"ctx": "c", "endings": ["a", "b", "c", ""], "label": 0}, '"endings" must be a list of 4 non-empty'),
+    ({"ctx": "c", "endings": ["a", "b", "c", "d"], "label": 4}, '"label" must be 0 to 3, got 4'),
+    ({"ctx": "c", "endings": ["a", "b", "c", "d"]}, '"label" must be 0 to 3, got None')])
+def test_bad_row_names_its_line(row, words):
+    text = json.dumps(ROWS[0]) + "\n" + (row if isinstance(row, str) else json.dumps(row)) + "\n"
+    with pytest.raises(ValueError) as e:
+        hellaswag.read_examples(text, "hs.jsonl")
+    assert str(e.value).startswith(f"hs.jsonl line 2: {words}") and "\n" not in str(e.value)
+
+
+def char_setup(block_size=16):
+    from data.tokenizer import CharTokenizer
+    tok = CharTokenizer(set("".join(json.dumps(r) for r in ROWS)) | {" "})
+    return tiny_model(tok.vocab_size + 2, block_size=block_size), tok  # 2 padded rows: no tokens
+
+
+def direct_sum(model, tok, context: str, ending: str) -> float:
+    """Summed loss of " " + ending's tokens after the last tokens of the context that fit the model's context."""
+    ctx, tail = tok.encode_ordinary(context), tok.encode_ordinary(" " + ending)
+    ids = torch.tensor((ctx + tail)[-(model.config.block_size + 1):])
+    with torch.no_grad():
+        logits = model(ids[None, :-1])[0][0, :, :tok.vocab_size]
+    return F.cross_entropy(logits[-len(tail):], ids[-len(tail):], reduction="sum").item()
+
+
+def test_scores_equal_direct_computation():
+    model, tok = char_setup()  # context 16: the longer contexts are cropped on the left
+    examples = hellaswag.read_examples("\n".join(json.dumps(r) for r in ROWS), "hs.jsonl")
+    expect = {"acc": 0, "acc_norm": 0, "acc_norm_chars": 0}
+    for ex in examples:
+        rows = hellaswag.encode(ex, tok.encode_ordinary, 16)
+        total, n = hellaswag.ending_losses(model, rows, tok.vocab_size)
+        direct = [direct_sum(model, tok, ex.context, e) for e in ex.endings]
+        assert total.tolist() == pytest.approx(direct, abs=1e-4)
+        assert n.tolist() == [len(tok.encode_ordinary(" " + e)) for e in ex.endings]
+        d = torch.tensor(direct)
+        expect["acc"] += int(d.argmin()) == ex.label
+        expect["acc_norm"] += int((d / n).argmin()) == ex.label
+        chars = torch.tensor([float(len(e)) for e in ex.endings])
+        expect["acc_norm_chars"] += int((d / chars).argmin()) == ex.label
+    r = hellaswag.score(model, examples, tok.encode_ordinary, vocab_limit=tok.vocab_size)
+    assert r == pytest.approx({**{k: v / 3 for k, v in expect.items()}, "examples": 3})
+    model.train()  # the mode is restored after scoring (the training loop's hook scores a training model)
+    half = hellaswag.score(model, examples, tok.encode_ordinary, vocab_limit=tok.vocab_size,
+                           plan=[(0, True), (1, False)])  # a rank's share: uncounted padding is scored, not counted
+    assert half["examples"] == 1 and model.training
+
+
+def test_eval_cli_hellaswag(tmp_path, capsys):
+    model, tok = char_setup()
+    ckpt = str(save_run(tmp_path / "run", model, tok))
+    path = write_rows(tmp_path / "hs.jsonl", ROWS)
+    assert eval_cli.main(["--hellaswag", path, "--checkpoint", ckpt, "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert set(r) == {"acc", "acc_norm", "acc_norm_chars", "examples"} and r["examples"] == 3
+    assert eval_cli.main(["--hellaswag", path, "--checkpoint", ckpt]) == 0
+    assert capsys.readouterr().out.startswith("HellaSwag: acc ")
+    (tmp_path / "bad.jsonl").write_text(json.dumps(ROWS[0]) + "\n{oops\n")
+    assert eval_cli.main(["--hellaswag", str(tmp_path / "bad.jsonl"), "--checkpoint", ckpt]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --hellaswag {tmp_path / 'bad.jsonl'} line 2: not JSON") and err.count("\n") == 1
+    long = dict(ROWS[0], endings=["a" * 40, "b", "c", "d"])  # an ending longer than the context of 16
+    assert eval_cli.main(["--hellaswag", write_rows(tmp_path / "long.jsonl", [long]), "--checkpoint", ckpt]) == 2
+    assert "line 1: an ending is 41 tokens, more than the model's context of 16" in capsys.readouterr().err
+    assert eval_cli.main(["--hellaswag", path, "--file", path, "--checkpoint", ckpt]) == 2  # one or the other
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+LM_EVAL_TASK = """task: tinygpt_hellaswag
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    validation: {path}
+validation_split: validation
+output_type: multiple_choice
+doc_to_text: "{{{{ctx}}}}"
+doc_to_target: "{{{{label}}}}"
+doc_to_choice: "{{{{endings}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+"""
+
+
+@pytest.mark.slow
+def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus):
+    """The same file through lm-evaluation-harness (a local task) on the export: the same per-ending
+    log-likelihoods, acc, and lm-eval's acc_norm = our acc_norm_chars."""
+    pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (pip install lm-eval)")
+    pytest.importorskip("accelerate", reason="lm-eval's hf model needs accelerate (pip install accelerate)")
+    import random
+
+    import export
+    from data.tokenizer import GPT2Tokenizer
+    tok = GPT2Tokenizer()
+    ckpt = str(save_run(tmp_path / "run", tiny_model(50304, n_embd=8, block_size=24), tok))
+    lines = [line for line in tiny_corpus.read_text().splitlines() if line.strip()]
+    rng, rows = random.Random(0), []
+    for i in range(12):
+        ends = [lines[(i + 1) % len(lines)]] + rng.sample(lines, 3)
+        rng.shuffle(ends)
+        rows.append({"ctx": lines[i], "endings": ends, "label": ends.index(lines[(i + 1) % len(lines)])})
+    path = write_rows(tmp_path / "hs.jsonl", rows)
+    assert export.main(["--hf", str(tmp_path / "hf"), "--checkpoint", ckpt]) == 0
+    assert eval_cli.main(["--hellaswag", path, "--checkpoint", ckpt, "--json"]) == 0
+    ours = json.loads(capsys.readouterr().out.splitlines()[-1])
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "hs.yaml").write_text(LM_EVAL_TASK.format(path=path))
+    offline = {k: "1" for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    proc = run_cli(["-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={tmp_path / 'hf'},dtype=float32",
+                    "--tasks", "tinygpt_hellaswag", "--include_path", str(tmp_path / "tasks"), "--device", "cpu",
+                    "--output_path", str(tmp_path / "out"), "--log_samples"], cwd=tmp_path, env=offline, check=True)
+    (results,) = glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True)
+    r = json.load(open(results))["results"]["tinygpt_hellaswag"]
+    assert (r["acc,none"], r["acc_norm,none"]) == pytest.approx((ours["acc"], ours["acc_norm_chars"])), proc.stdout
+    (samples,) = glob.glob(str(tmp_path / "out" / "**" / "samples_*.jsonl"), recursive=True)
+    from model import GPT
+    model = GPT.from_pretrained(str(tmp_path / "hf"))
+    for line in open(samples):
+        s = json.loads(line)
+        ex = hellaswag.parse_row(json.dumps(s["doc"]))
+        total, _ = hellaswag.ending_losses(model, hellaswag.encode(ex, tok.encode_ordinary, 24), tok.vocab_size)
+        assert (-total).tolist() == pytest.approx([float(ll) for ll, _ in s["filtered_resps"]], abs=1e-3)

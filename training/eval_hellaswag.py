@@ -1,0 +1,36 @@
+"""HellaSwag at the loop's evaluations (train.hellaswag=FILE), as llm.c's GPT-2 runs report it beside val loss.
+
+Every rank scores its share of the examples (padded under FSDP, where each forward is a collective), the counts
+are summed once, and rank 0 logs acc / acc_norm (log line, metrics.jsonl record "hellaswag", wandb). It runs
+only at evaluation time, so the training steps stay free of host syncs. Scoring itself: evals/hellaswag.py.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from functools import partial
+
+from common.cli import read_text_file
+from evals import hellaswag
+from training import distributed as dist_lib
+
+log = logging.getLogger(__name__)
+
+
+@functools.lru_cache(maxsize=2)
+def examples(path: str) -> list[hellaswag.Example]:  # read once per run (the config check read it first)
+    return hellaswag.read_examples(read_text_file(path, "train.hellaswag"), f"train.hellaswag={path}")
+
+
+def at_eval(path: str, step: int, model, tokenizer, autocast, rt: dist_lib.DistInfo, report) -> dict:
+    """Score `path` with `model` (the DDP/FSDP-wrapped one: every rank calls this) and report it on rank 0."""
+    t0, ex = time.perf_counter(), examples(path)
+    r = hellaswag.score(model, ex, tokenizer.encode_ordinary, vocab_limit=tokenizer.vocab_size, autocast=autocast,
+                        plan=dist_lib.eval_plan(len(ex), rt), reduce_sum=partial(dist_lib.all_reduce_sum, info=rt))
+    if rt.is_main:
+        log.info(f"step {step}: {hellaswag.summary(r)} | {time.perf_counter() - t0:.1f} s")
+        if report.metrics is not None:
+            report.metrics.write({"type": "hellaswag", "step": step, **r})
+        report.wandb.log({f"eval/hellaswag_{k}": v for k, v in r.items() if k != "examples"}, step=step)
+    return r
