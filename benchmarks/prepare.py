@@ -33,10 +33,17 @@ def _write_corpus(kind: str, text: str, copies: int, path: Path) -> Path:
     return path
 
 
+BPE_VOCAB = 4096  # the own BPE's size in the rows that train one
+
+
 def _run(path: Path, tokenizer: str, env: dict) -> dict:
-    """One preparation in a child process: wall seconds, and the child's own peak RSS where the OS reports it."""
-    cmd = [sys.executable, "-m", "data.prepare", "--data", "text", "--path", str(path), "--tokenizer", tokenizer,
-           "--quiet"]
+    """One preparation (tokenizer "bpe-train": only training the own BPE, `python -m data.bpe`) in a child process:
+    wall seconds, and the child's own peak RSS where the OS reports it."""
+    if tokenizer == "bpe-train":
+        cmd = [sys.executable, "-m", "data.bpe", "--path", str(path), "--vocab-size", str(BPE_VOCAB)]
+    else:
+        cmd = [sys.executable, "-m", "data.prepare", "--data", "text", "--path", str(path), "--tokenizer", tokenizer,
+               "--quiet", *(["--vocab-size", str(BPE_VOCAB)] if tokenizer == "bpe" else [])]
     t0 = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if hasattr(os, "wait4"):
@@ -66,8 +73,10 @@ def section_prep(args, dev) -> dict:
         kinds.append(("parquet", "gpt2"))
     else:
         notes.append("parquet skipped: pyarrow is not installed (pip install pyarrow)")
-    if importlib.util.find_spec("data.bpe") is None:
-        notes.append("tokenizer training skipped: this version has no BPE trainer (data.bpe)")
+    if importlib.util.find_spec("tokenizers") is not None:  # the own BPE: training alone, then a whole preparation
+        kinds += [("text", "bpe-train"), ("text", "bpe")]
+    else:
+        notes.append("own-BPE rows skipped: tokenizers is not installed (pip install tokenizers)")
     res = {"copies": copies, "threads": threads(), "rows": [], "notes": notes, "load_avg_before": load_avg()}
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-prep-") as tmp:
         cache = Path(tmp) / "cache"
@@ -88,8 +97,9 @@ def print_prep(p: dict, w) -> None:
     w(f"\n== data preparation (python -m data.prepare, {p['copies']} x Tiny Shakespeare, {p['threads']} "
       f"encoder thread{'s' * (p['threads'] != 1)}) ==")
     for r in p["rows"]:
-        head = f"  {r['source']:8} {r['tokenizer']:5} {r['bytes'] / 1e6:8.1f} MB  "
+        head = f"  {r['source']:8} {r['tokenizer']:9} {r['bytes'] / 1e6:8.1f} MB  "
         w(head + (f"error: {r['error']}" if "error" in r else
                   f"{r['mb_per_s']:8.2f} MB/s  ({r['seconds']:.1f} s; peak RSS "
                   + ("-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:,.0f} MiB") + ")"))
-    w(*(f"  note: {n}" for n in p.get("notes", [])))
+    w(f"  (bpe-train: training a {BPE_VOCAB}-token BPE alone, python -m data.bpe; bpe: training + encoding)",
+      *(f"  note: {n}" for n in p.get("notes", [])))

@@ -163,7 +163,10 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
 
 
 def tokenizer_name(tok: dict) -> str:
-    """Format 1's "tokenizer" entry in words for error lines: "gpt2 BPE" or "char (65 characters)"."""
+    """Format 1's "tokenizer" entry in words for error lines: "gpt2 BPE", "char (65 characters)" or
+    "own BPE (4096 tokens)"."""
     if tok.get("type") == "char":
         return f"char ({len(tok.get('chars', ''))} characters)"
+    if tok.get("type") == "bpe":
+        return f"own BPE ({tok.get('vocab_size')} tokens)"
     return "gpt2 BPE" if tok.get("type") == "gpt2" else str(tok.get("type", "unknown"))

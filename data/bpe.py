@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m data.bpe",
         description="Train your own byte-level BPE tokenizer on a corpus (or find it in the cache), as "
                     "data.tokenizer=bpe does before preparing the data, and say how long it took.")
-    ap.add_argument("--path", nargs="+", required=True, help="text or .jsonl files or directories of them")
+    ap.add_argument("--path", nargs="+", required=True, help="text, .jsonl or .parquet files, or directories of them")
     ap.add_argument("--vocab-size", type=int, required=True, help="tokens in the vocabulary (e.g. 4096)")
     ap.add_argument("--sample-mb", type=float, default=100.0, help="train on the first this many MB (default 100)")
     ap.add_argument("--val-fraction", type=float, default=0.1, help="the end of the text left out (default 0.1)")

@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--path", nargs="+", default=None,
                     help="text, .jsonl or .parquet files, datasets save_to_disk directories, or directories of them "
                          "(required for --data text; replaces the download for shakespeare*)")
-    ap.add_argument("--tokenizer", default=None, help="char or gpt2 (for --data text; default char)")
+    ap.add_argument("--tokenizer", default=None, help="char, gpt2 or bpe (for --data text; default char)")
+    ap.add_argument("--vocab-size", type=int, default=None, help="with --tokenizer bpe: the size of the BPE it trains")
     ap.add_argument("--val-fraction", type=float, default=0.1, help="last fraction of the text kept for validation")
     ap.add_argument("--encoding-errors", default="strict",
                     help="strict (default), replace, ignore or backslashreplace for bytes that are not UTF-8")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = args.tokenizer or ("gpt2" if args.data == "shakespeare" else "char")
     path = args.path[0] if args.path and len(args.path) == 1 else args.path
     cfg = DataConfig(name=args.data, path=path, tokenizer=tokenizer, val_fraction=args.val_fraction,
-                     encoding_errors=args.encoding_errors, text_key=args.text_key)
+                     encoding_errors=args.encoding_errors, text_key=args.text_key, vocab_size=args.vocab_size)
     try:
         with in_keys({"name": "--data", **{k: "--" + k.replace("_", "-") for k in vars(args)}}):  # field -> flag
             p = prepare(cfg, progress=not args.quiet, shard_tokens=args.shard_tokens)

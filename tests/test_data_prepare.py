@@ -164,3 +164,14 @@ def test_cli_errors_are_one_line(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: ") and "missing.txt" in lines[0]
     r = run_cli(["-m", "data.prepare", "--data", "text"], cwd=tmp_path)
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [r.stderr.strip()] and "--path" in r.stderr
+
+
+def test_cli_trains_the_own_bpe_and_names_its_flags(tiny_corpus, capsys):
+    """`--tokenizer bpe --vocab-size N` (in-process: the same main() as `python -m data.prepare`)."""
+    from data.prepare import main
+    assert main(["--data", "text", "--path", str(tiny_corpus), "--tokenizer", "bpe", "--vocab-size", "300",
+                 "--quiet"]) == 0
+    assert "own BPE (300 tokens)" in capsys.readouterr().out
+    assert main(["--data", "text", "--path", str(tiny_corpus), "--tokenizer", "bpe", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "--vocab-size" in err and len(err.strip().splitlines()) == 1

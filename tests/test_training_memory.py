@@ -165,3 +165,12 @@ def test_cpu_out_of_memory_while_training_is_one_line(tmp_path, tiny_corpus, all
     assert errors[0].startswith("error: " + words + "train.batch_size=4, model.block_size=32: lower "
                                 "train.batch_size (and raise train.grad_accum_steps"), errors[0]
     assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_the_own_bpe_estimate_uses_its_vocabulary():
+    """data.tokenizer=bpe: the head and embedding are sized by data.vocab_size, not by the char bound (256)."""
+    from training.config import to_dataclass
+    from training.memory import vocab_size
+    c = to_dataclass({"data": {"name": "text", "path": "x.txt", "tokenizer": "bpe", "vocab_size": 4096},
+                      "model": {"pad_vocab_to": 64}})
+    assert vocab_size(c) == 4096

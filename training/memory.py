@@ -30,7 +30,9 @@ class Estimate:
 
 
 def vocab_size(c: Config) -> int:
-    return pad_vocab(GPT2_VOCAB if c.data.validate() == "gpt2" else CHAR_VOCAB, c.model.pad_vocab_to)
+    kind = c.data.validate()
+    n = GPT2_VOCAB if kind == "gpt2" else int(c.data.vocab_size) if kind == "bpe" else CHAR_VOCAB
+    return pad_vocab(n, c.model.pad_vocab_to)
 
 
 def num_params(c: Config, vocab: int) -> tuple[int, int]:
@@ -103,7 +105,7 @@ def check(c: Config, world_size: int = 1, local_world_size: int = 1) -> Optional
     if e.total * share <= free:
         return None
     m, t, mem = c.model, c.train, "GPU memory" if device.type == "cuda" else "memory"
-    note = "estimate" if c.data.validate() == "gpt2" else f"estimate, for up to {CHAR_VOCAB} distinct characters"
+    note = "estimate" if c.data.validate() != "char" else f"estimate, for up to {CHAR_VOCAB} distinct characters"
     have = f"{gib(free)} is free on {device}" if device.type == "cuda" else f"{gib(free)} is available"
     if share > 1:
         have += f" for {share} processes"
