@@ -27,8 +27,11 @@ from omegaconf.errors import OmegaConfBaseException
 from checkpoint.locate import overwrite_refusal
 from common import run_lock
 from common.text import one_line
-from training import distributed, init_from, memory
+from training import distributed, init_from, memory, sweep
 from training.config import check_override, register_configs, to_dataclass, train_keys
+from training.hydra_record import RecordSnapshot
+from training.overrides import VALUE_FLAGS, data_path_note, flag_hint, lexer_hint, word_hint
+from training.signals import stop_on_closed_pipe
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
 CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
@@ -37,6 +40,8 @@ CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's C
 _auto_cpu = _told = _raise_hydra_errors = None  # set by the command line
 _config = _source = _rt = None  # Checks' work, done once: the Config, its fine-tune source, this process's DistInfo
 _clean = False  # main's run ended, or stopped on a signal every rank agreed on: ranks leave together
+_record: RecordSnapshot | None = None  # a resume's run dir as it was: put back if the resume is refused
+_failure: tuple[str, str] | None = None  # (status, error line) of the last _fail: a sweep job's outcome
 register_configs()
 
 
@@ -45,12 +50,17 @@ def _log_to_files(message: str, level: int = logging.ERROR) -> None:
         h.handle(logging.LogRecord("train", level, __file__, 0, message, None, None))
 
 
-def _fail(message: object, code: int = 2, where: str = "") -> None:
-    """One `error: ...` line on stderr and in train.log, then exit (of a Hydra/OmegaConf error: its first line)."""
+def _fail(message: object, code: int = 2, where: str = "", status: str = "failed") -> None:
+    """One `error: ...` line on stderr and in train.log, then exit (of a Hydra/OmegaConf error: its first line);
+    a refused resume's run dir is put back as it was first (train.log then does not get the line)."""
+    global _failure
     if isinstance(message, (HydraException, OmegaConfBaseException)):
         message = next((ln for ln in str(message).splitlines() if ln.strip()), type(message).__name__)
     line = f"error: {'' if RANK == '0' else f'[rank {RANK}] '}{one_line(message)}{where}"
+    if _record is not None:
+        _record.restore()
     _log_to_files(line)
+    _failure = (status, line)
     sys.stderr.write(line + "\n")  # one write: under torchrun, ranks' lines never run together
     sys.stderr.flush()
     sys.exit(code)
@@ -64,11 +74,28 @@ def _say_cpu_preset() -> None:
 
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> object:
+    """One run; a sweep's job returns its outcome instead of exiting, so that the sweep goes on (training/sweep.py)."""
+    stop_on_closed_pipe()  # `train.py | head`: the run stops as on Ctrl-C, without a logging error per line
+    if not sweep.in_sweep():
+        return _run(cfg)
+    try:
+        _run(cfg)
+    except SystemExit as e:
+        if e.code not in (0, None, 2):  # stopped by a signal: so is the sweep
+            raise
+        return sweep.outcome(*_failure) if e.code == 2 and _failure else sweep.outcome("completed")
+    except Exception as e:  # noqa: BLE001 (a bug in one job: its traceback in its train.log, the sweep goes on)
+        logging.getLogger(__name__).exception(f"sweep job failed: {type(e).__name__}: {one_line(e)}")
+        return sweep.outcome("failed", f"error: {type(e).__name__}: {one_line(e)}")
+    return sweep.outcome("completed")
+
+
+def _run(cfg: DictConfig) -> None:
     global _clean
     if _raise_hydra_errors:  # the job's own errors get Hydra's usual report
         os.environ.pop("HYDRA_FULL_ERROR", None)
-    from training.loop import train
+    from training.loop import TrainingDiverged, train
     if _auto_cpu:
         _log_to_files(CPU_NOTE, logging.INFO)
     out = Path(HydraConfig.get().runtime.output_dir)
@@ -78,7 +105,7 @@ def main(cfg: DictConfig) -> None:
            f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
     try:
         result = train(_config or cfg, out, cli_overrides=list(HydraConfig.get().overrides.task), source=_source,
-                       rt=_rt)  # (a sweep's job had no on_run_start: train() then sets itself up from cfg)
+                       rt=_rt, on_start=_record.keep if _record else None)  # (a sweep's job: train() sets itself up)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
         _clean = result.clean
     except torch.OutOfMemoryError:
@@ -89,6 +116,8 @@ def main(cfg: DictConfig) -> None:
         size = re.search(r"allocate (\d+) bytes|allocate ([\d.]+ \w+)", str(e))
         what = f" (allocating {memory.gib(int(size[1])) if size[1] else size[2]} failed)" if size else ""
         _fail(f"out of memory on the CPU{what} " + oom)
+    except TrainingDiverged as e:
+        _fail(str(e), status="diverged")
     except (ValueError, OSError) as e:
         _fail(str(e) or type(e).__name__)
     except KeyboardInterrupt:
@@ -131,7 +160,7 @@ class Checks(Callback):
     """Checks the composed config before Hydra makes the run directory (it would turn an exception into a warning)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        global _config, _source, _rt
+        global _config, _source, _rt, _record
         try:
             _config = c = to_dataclass(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
             _source = init_from.apply(c, list(config.hydra.overrides.task))  # a fine-tune's shape is its source's
@@ -146,11 +175,15 @@ class Checks(Callback):
             problem = memory.check(c, rt.world_size, rt.local_world_size) if rt.is_main else None
         except (ValueError, HydraException, OmegaConfBaseException) as e:
             _fail(e)
+        if rt.is_main and c.train.resume is not False:  # before claim() and Hydra write into the run dir
+            _record = RecordSnapshot(config.hydra.run.dir, config.hydra.output_subdir)
         if rt.is_main and not problem:
             problem = claim(str(config.hydra.run.dir), "hydra.run.dir", c.train.resume)
         if problem := distributed.broadcast_object(problem, rt):
             _fail(problem)
         _say_cpu_preset()
+        if rt.is_main and (note := data_path_note(c.data.name, c.data.path, list(config.hydra.overrides.task))):
+            print(note, file=sys.stderr, flush=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         """A sweep owns its sweep directory (before multirun.yaml is written): its jobs' directories are inside."""
@@ -162,6 +195,16 @@ def with_override(args: list[str], override: str) -> list[str]:
     """args plus one override, beside the user's own (Hydra wants them together; first if none: `--info x`)."""
     i = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), 0)
     return [*args[:i], override, *args[i:]]
+
+
+def habits(args: list[str]) -> None:
+    """The user's own arguments (before train.py adds any): nanoGPT's --key=value and config files, and values the
+    shell split at a space, each refused in one line with the override to write."""
+    for i, a in enumerate(args):
+        before = args[i - 1] if i else None
+        hint = flag_hint(a) if a.startswith("-") else None if before in VALUE_FLAGS else word_hint(a, before)
+        if hint:
+            _fail(hint)
 
 
 def preflight(args: list[str]) -> None:
@@ -180,7 +223,7 @@ def preflight(args: list[str]) -> None:
         if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
             _fail(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
                   f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell to expand")
-        _fail(f"cannot read the override {e.override}: {e}")
+        _fail(lexer_hint(str(e.override)) or f"cannot read the override {e.override}: {e}")
     except HydraException:  # glob() / interval() sweeps: only Hydra's sweeper expands them
         return
     jobs = [list(job) for job in itertools.product(*lists)]
@@ -207,6 +250,7 @@ if __name__ == "__main__":
     _auto_cpu = not (torch.cuda.is_available() or any(
         a in ("-h", "--help", "--hydra-help", "-sc", "--shell-completion", "--version")
         or a.lstrip("+~").split("=")[0].split("@")[0] == "experiment" for a in sys.argv[1:]))
+    habits(sys.argv[1:])
     if _auto_cpu:
         sys.argv[1:] = with_override(sys.argv[1:], "experiment=cpu")
     preflight(sys.argv[1:])
@@ -219,5 +263,9 @@ if __name__ == "__main__":
     except (HydraException, OmegaConfBaseException) as e:
         _fail(e)
     finally:
+        if _record is not None:  # a resume that crashed before it started: its run dir as it was
+            _record.restore()
         # after an error, leave at once; else together: a rank that left first would have torchrun kill the rest
         distributed.destroy(_rt, together=_clean)
+    if sweep.failed():  # (the table said which)
+        sys.exit(1)

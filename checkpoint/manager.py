@@ -3,15 +3,19 @@
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint import sharded
 from checkpoint.file import FORMAT, VERSION, link_checkpoint, remove_stale_temp_files, save_checkpoint, tokenizer_name
-from checkpoint.locate import BEST_DCP, LAST_DCP, is_sharded_checkpoint, overwrite_refusal, resume_checkpoint
+from checkpoint.locate import (BEST_DCP, LAST_DCP, RUN_ROOTS, is_sharded_checkpoint, overwrite_refusal,
+                               resume_checkpoint)
 from model.weights import check_weights, clean_state_dict
 
+LATEST = Path(RUN_ROOTS[0]) / "latest"  # outputs/latest: the newest run with a checkpoint (cwd-relative)
 TOP_LEVEL = ("train_state", "rng")  # parts whose state_dicts are spread over the top level (format 1 has them there)
 _DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile", "train.parallel", "logger.")
 
@@ -29,6 +33,8 @@ class CheckpointManager:
         self.last: Optional[Path] = None  # the last good checkpoint: resumed from, or written since
         self.last_step: Optional[int] = None
         self.config_diff: list[str] = []  # settings that differ from the resumed checkpoint's ("key old -> new")
+        self.source_tokens_per_step: Optional[int] = None  # the resumed checkpoint's global batch, when recorded
+        self._linked = False  # outputs/latest points here once this session has saved
 
     def resume(self, spec: Any) -> Optional[int]:
         """Load what `train.resume` names (False; True: this run dir; a file, sharded dir or run dir) into
@@ -59,6 +65,7 @@ class CheckpointManager:
             raise ValueError(f"checkpoint {path} is inconsistent (step {self.last_step}, loader at step "
                              f"{loader_step}): it is corrupt; use another checkpoint")
         self.config_diff = _config_diff(ckpt.get("config") or {}, self.meta["config"])
+        self.source_tokens_per_step = _tokens_per_step(ckpt)
         return self.last_step
 
     def _check_fits(self, ckpt: dict, path: Path) -> None:
@@ -116,6 +123,9 @@ class CheckpointManager:
             save_checkpoint(state, last)
             if best:
                 link_checkpoint(last, self.run_dir / "best.pt")
+            if not self._linked:
+                self._linked = True
+                link_latest(self.run_dir)
         self.last, self.last_step = last, step  # once written: a save cut short leaves the previous one the last
         return last
 
@@ -138,3 +148,35 @@ def _data_settings(ckpt: dict) -> str:
     parts = [f"data={d['name']}"] if d.get("name") else []
     parts += [f"data.{k}={d[k]}" for k in ("path", "tokenizer") if d.get(k) is not None]
     return " ".join(parts) or "see the checkpoint's config"
+
+
+def _tokens_per_step(ckpt: dict) -> Optional[int]:
+    """The global batch a checkpoint was trained with (its config x its process count), if it says."""
+    t = (ckpt.get("config") or {}).get("train") or {}
+    sizes = (t.get("batch_size"), t.get("grad_accum_steps"), (ckpt.get("model_config") or {}).get("block_size"))
+    if not all(isinstance(v, int) for v in sizes):
+        return None
+    return sizes[0] * sizes[1] * sizes[2] * len(ckpt.get("rng_ranks") or [None])
+
+
+def link_latest(run_dir: str | os.PathLike) -> None:
+    """Point outputs/latest at `run_dir` when it is under ./outputs or ./multirun: a symlink (relative), or where
+    the filesystem has none a small text file holding the run dir's path. Best effort: a warning on failure."""
+    run, cwd = Path(run_dir).absolute(), Path.cwd()
+    link = cwd / LATEST
+    if not any(run.is_relative_to(cwd / root) for root in RUN_ROOTS) or (link.is_dir() and not link.is_symlink()):
+        return  # a run elsewhere, or a directory of the user's called latest
+    tmp = link.with_name(f".latest.{os.getpid()}.tmp")
+    try:
+        link.parent.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        try:
+            tmp.symlink_to(os.path.relpath(run, link.parent), target_is_directory=True)
+        except (OSError, NotImplementedError):  # no symlinks here (Windows without the privilege, some mounts)
+            tmp.write_text(f"{run}\n", encoding="utf-8")
+        os.replace(tmp, link)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        logging.getLogger(__name__).warning(f"could not update {LATEST}: {e}")

@@ -235,6 +235,23 @@ ROWS = [
     ("export-force-over-other-files", ["export.py", "--hf", "{inputs}", "--run", "{run}", "--force"],
      ["--hf {inputs} is not an earlier export, and --force would delete its", "garbage.pt",
       "--force replaces only a directory export.py wrote", "choose a new directory"], {}, []),
+    # issue 24, the training CLI's side (a refused resume in the run dir itself: .hydra/ and train.log unchanged)
+    ("train-resume-refused-in-its-run-dir", [*TRAIN, "hydra.run.dir={run}", "train.resume=true", "model.n_layer=3"],
+     ["the model does not match the checkpoint", "model.n_layer=2"], {}, []),
+    ("train-resume-adamw-on-muon", [*TRAIN, "hydra.run.dir={run}", "train.resume=true", "optim=adamw"],
+     ["does not fit this model", "resume with the settings it was trained with"], {}, []),
+    ("train-nanogpt-flag", ["train.py", "--batch_size=32"], ["--batch_size=32 is a --flag", "write train.batch_size=32"],
+     {}, []),
+    ("train-nanogpt-config-file", ["train.py", "config/train_shakespeare_char.py"],
+     ["is a Python config file", "use experiment=shakespeare_char"], {}, []),
+    ("train-unquoted-non-ascii", [*TRAIN, "hydra.run.dir=runs/é"],
+     ["Hydra needs quotes", "write \"hydra.run.dir='runs/é'\""], {}, []),
+    ("train-path-split-at-a-space", [*TRAIN, "hydra.run.dir=my", "runs/a"],
+     ["runs/a is not an override", "\"hydra.run.dir='my runs/a'\""], {}, []),
+    ("train-misspelt-group", [*TRAIN, "optimizer=adamw"], ["unknown config key 'optimizer'", "optim=adamw",
+                                                          "optim.name=adamw"], {}, []),
+    ("train-logger-mode-without-wandb", [*TRAIN, "logger.mode=offline"],
+     ["logger.mode=offline has no effect without logger=wandb", "add logger=wandb"], {}, []),
 ]
 
 

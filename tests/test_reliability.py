@@ -411,3 +411,20 @@ def test_a_second_ctrl_c_aborts_at_once_and_leaves_the_files_intact(tmp_path, ti
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4  # the last evaluation's checkpoint
     assert _tmp_files(run) == []
     assert _records(run)[-1]["status"] == "interrupted"
+
+
+def test_outputs_latest_points_at_the_newest_run_with_a_checkpoint(tmp_path, monkeypatch):
+    """Issue 24: a symlink (relative) in ./outputs, set by a run's first save; a text file holding the path where
+    symlinks are not allowed; runs outside ./outputs and ./multirun leave it alone."""
+    from checkpoint.manager import link_latest
+    monkeypatch.chdir(tmp_path)
+    for run in ("outputs/2026-01-01/10-00-00", "multirun/2026-01-01/11-00-00/0"):
+        (tmp_path / run).mkdir(parents=True)
+        link_latest(run)
+        assert os.readlink("outputs/latest") == os.path.relpath(run, "outputs")
+    link_latest(tmp_path / "elsewhere")
+    assert Path("outputs/latest").resolve() == (tmp_path / "multirun/2026-01-01/11-00-00/0").resolve()
+    monkeypatch.setattr(Path, "symlink_to", lambda *a, **k: (_ for _ in ()).throw(OSError("no symlinks here")))
+    link_latest("outputs/2026-01-01/10-00-00")
+    assert not os.path.islink("outputs/latest")
+    assert Path("outputs/latest").read_text().strip() == str(tmp_path / "outputs/2026-01-01/10-00-00")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -278,3 +279,72 @@ def test_torchrun_ranks_share_rank_0s_lock_and_its_refusal(tmp_path):
         assert sorted(p.name for p in (tmp_path / "run").iterdir()) == [".lock"]
     finally:
         run_lock.release(tmp_path / "run")
+
+
+def _files(d):
+    """Every file under `d` (the run lock aside: it names its holder by design) with its bytes and mtime."""
+    return {str(p.relative_to(d)): (p.read_bytes(), p.stat().st_mtime_ns) for p in sorted(d.rglob("*"))
+            if p.is_file() and p.name != ".lock"}
+
+
+@pytest.mark.slow
+def test_a_refused_resume_leaves_every_file_of_the_run_dir_as_it_was(tmp_path, tiny_corpus):
+    """Issue 24: Hydra wrote .hydra/ (and train.log) before the checkpoint was read; now put back byte for byte."""
+    args = ["train.py", "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}", "train.max_iters=2",
+            "train.eval_interval=2", "hydra.run.dir=run"]
+    assert run_cli(args, cwd=tmp_path).returncode == 0
+    before = _files(tmp_path / "run")
+    for refused in (["model.n_layer=3"], ["optim=adamw"]):  # another shape; AdamW on experiment=cpu's Muon
+        proc = run_cli([*args, "train.resume=true", "train.max_iters=4", *refused], cwd=tmp_path)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].startswith("error: "), proc.stderr
+        assert _files(tmp_path / "run") == before, refused
+
+
+@pytest.mark.slow
+def test_the_printed_resume_command_works_for_a_run_dir_with_a_space_and_non_ascii(tmp_path, tiny_corpus):
+    """SIGTERM a run in `my runs/é a`, then paste the command it printed (shlex.split, as a shell would)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    args = [sys.executable, str(REPO / "train.py"), "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
+            "train.max_iters=100000", "train.eval_interval=100000", "train.log_interval=1",
+            "hydra.run.dir='my runs/é a'"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stdout:
+            if line.startswith("step ") and ": loss " in line:
+                break
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 143, err
+    command = shlex.split(out.split("resume with: ")[1].splitlines()[0])
+    assert command[:2] == ["python", "train.py"]
+    step = ck.load_checkpoint(tmp_path / "my runs" / "é a" / "last.pt")["step"]
+    resumed = run_cli(["train.py", *command[2:], f"train.max_iters={step + 2}"], cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert ck.load_checkpoint(tmp_path / "my runs" / "é a" / "last.pt")["step"] == step + 2
+    sample = shlex.split(resumed.stdout.split("sample with: ")[1].splitlines()[0])
+    assert sample[:3] == ["python", "sample.py", "--run"] and sample[3] == "my runs/é a"
+
+
+@pytest.mark.slow
+def test_a_closed_stdout_stops_the_run_quietly_with_a_checkpoint(tmp_path, tiny_corpus):
+    """`python train.py | head -3`: no `--- Logging error ---`, exit 141, last.pt saved, outputs/latest set."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    args = [sys.executable, str(REPO / "train.py"), "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
+            "train.max_iters=100000", "train.eval_interval=100000", "train.log_interval=1", "hydra.run.dir=outputs/r"]
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        head = [proc.stdout.readline() for _ in range(3)]
+        proc.stdout.close()  # as head does
+        err = proc.stderr.read().decode()
+        proc.wait(timeout=180)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert len(head) == 3 and proc.returncode == 141, err
+    assert "Logging error" not in err and "Traceback" not in err, err
+    assert ck.load_checkpoint(tmp_path / "outputs" / "r" / "last.pt")["step"] >= 0  # (the pipe may close in setup)
+    assert "stopped by a closed output pipe" in (tmp_path / "outputs" / "r" / "train.log").read_text()
+    assert (tmp_path / "outputs" / "latest").resolve() == (tmp_path / "outputs" / "r").resolve()

@@ -188,3 +188,11 @@ def test_library_errors_are_told_in_this_configs_keys(tmp_path):
     with pytest.raises(ValueError, match="^n_layer=0 must be positive"):  # the library's own name
         gpt_config(c.model, 65)
     assert gpt_config(Config().model, 65).vocab_size == 65
+
+
+def test_a_misspelt_group_suggests_the_group_and_a_logger_setting_needs_logger_wandb():
+    from training.config import check_override
+    with pytest.raises(ValueError, match=r"did you mean optim=adamw \(the optim preset\), or optim.name=adamw\?"):
+        check_override("optimizer", "adamw", "optimizer=adamw")
+    with pytest.raises(ValueError, match="logger.mode=offline has no effect without logger=wandb: add logger=wandb"):
+        to_dataclass(_compose("logger.mode=offline"))

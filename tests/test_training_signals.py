@@ -43,3 +43,44 @@ def test_the_closing_line_of_an_aborted_run_names_the_checkpoint(tmp_path):
     run.mkdir()
     (run / "last.pt").write_bytes(b"")
     assert interrupted_line(run, None, None, "CMD") == "interrupted; last.pt is as it was: resume with: CMD"
+
+
+def test_the_resume_command_pastes_back_for_any_run_dir():
+    """Quoted for Hydra's grammar and for the shell: the run dir comes back exactly, whatever its characters."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from training.signals import resume_command
+    for run in ("outputs/2026-01-01/10-00-00", "my runs/é a", "it's here", 'a "b"'):
+        parts = shlex.split(resume_command(run, ["model.n_layer=2", "data.path='my book.txt'"]))
+        assert parts[:2] == ["python", "train.py"] and parts[-1] == "train.resume=true"
+        parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(parts[2:])}
+        assert parsed["hydra.run.dir"] == run and parsed["data.path"] == "my book.txt"
+
+
+def test_a_closed_pipe_is_quiet_and_stops_the_run(capsys):
+    """`train.py | head`: the console handler's BrokenPipeError goes quiet (no `--- Logging error ---`) and the
+    next agreed() stops the run with exit code 141."""
+    import logging
+
+    from training import signals
+    r, w = os.pipe()
+    os.close(r)
+    stream = os.fdopen(w, "w", buffering=1)
+    log = logging.getLogger("pipe-test")
+    handler = logging.StreamHandler(stream)
+    log.addHandler(handler)
+    log.propagate = False
+    signals.stop_on_closed_pipe(log)
+    try:
+        log.warning("a line nobody reads")
+        log.warning("and another")
+        stop = StopRequest()
+        assert stop.agreed() and stop.signum == signals.SIGPIPE and EXIT_CODES[stop.signum] == 141
+        assert stop.name == "a closed output pipe"
+    finally:
+        signals._pipe_closed.clear()
+        log.removeHandler(handler)
+        stream.close()
+    assert "Logging error" not in capsys.readouterr().err

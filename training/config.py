@@ -114,7 +114,9 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
     # train.py's Checks callback, registered in code so that no YAML preset ever names code for Hydra to import
-    cs.store(name="train_checks", node={"hydra": {"callbacks": {"checks": {"_target_": "__main__.Checks"}}}})
+    # (and the sweep report: training/sweep.py)
+    cs.store(name="train_checks", node={"hydra": {"callbacks": {"checks": {"_target_": "__main__.Checks"},
+                                                                "sweep": {"_target_": "training.sweep.SweepReport"}}}})
 
 
 def _dotted(d: dict, prefix: str = "") -> Iterator[str]:
@@ -130,11 +132,23 @@ KEYS = {**{k.split(".")[1]: k for k in SCHEMA_KEYS if k.startswith(("model.", "d
 train_keys = functools.partial(in_keys, KEYS)  # libraries' errors in these keys (DataConfig's name: data=text)
 
 
-def _refuse_unknown(keys: Iterable[str]) -> None:
+def _group_hint(key: str, value: Any) -> Optional[str]:
+    """`optimizer=adamw`: the config group the user meant (its preset, or `group.name=`), else None."""
+    close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.6) if "." not in key else []
+    if not close:
+        return None
+    group, named = close[0], f"{close[0]}.name"
+    preset = f"{group}={value} (the {group} preset)" if str(value) in PRESETS[group] else \
+        f"{group}=PRESET (presets: {', '.join(PRESETS[group])})"
+    return f"{preset}{f', or {named}={value}' if named in SCHEMA_KEYS else ''}"
+
+
+def _refuse_unknown(keys: Iterable[str], value: Any = None) -> None:
     for key in keys:
         if key not in SCHEMA_KEYS:
-            close = difflib.get_close_matches(key, SCHEMA_KEYS, n=1, cutoff=0.6)
-            raise ValueError(f"unknown config key '{key}'{f' (did you mean {close[0]}?)' if close else ''}: check "
+            close = _group_hint(key, value) or next(iter(difflib.get_close_matches(key, SCHEMA_KEYS, n=1,
+                                                                                    cutoff=0.6)), None)
+            raise ValueError(f"unknown config key '{key}'{f' (did you mean {close}?)' if close else ''}: check "
                              f"the spelling; python train.py --cfg job prints every key")
 
 
@@ -145,7 +159,7 @@ def check_override(key: str, value: Any, text: str) -> None:
         if value is not None and str(value) not in PRESETS[key]:
             raise ValueError(f"{key}={value} is not a preset: available {key} presets are {', '.join(PRESETS[key])}")
         return
-    _refuse_unknown([key])
+    _refuse_unknown([key], value)
     try:  # the field's own OmegaConf node converts it, exactly as composition will
         OmegaConf.update(OmegaConf.structured(Config), key, value, merge=True)
     except OmegaConfBaseException as e:
@@ -243,6 +257,10 @@ def validate(c: Config) -> None:
     _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
     _check(lg.mode in ("online", "offline", "disabled"),
            f"logger.mode={lg.mode!r} is not valid: use online, offline or disabled")
+    unused = [f"logger.{f.name}={getattr(lg, f.name)}" for f in fields(LoggerConfig)
+              if f.name != "name" and getattr(lg, f.name) != f.default]
+    _check(lg.name is not None or not unused, f"{', '.join(unused)} has no effect without logger=wandb: add "
+           f"logger=wandb to log to Weights & Biases, or drop it (metrics.jsonl is always written)")
 
 
 def _env_world_size() -> int:

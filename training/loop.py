@@ -12,7 +12,7 @@ import time
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -111,6 +111,9 @@ class Trainer:
             self.report.start(c, self.run_dir, self.state, data=self.prepared, num_params=self.num_params,
                               vocab_size=self.gpt_config.vocab_size, dev=self.dev, compiled=self.compiled, rt=rt,
                               source=self.source, resumed_from=self.ckpt.source, config_diff=self.ckpt.config_diff)
+            if self.resumed and (old := self.ckpt.source_tokens_per_step) not in (None, self.tokens_per_step):
+                log.warning(f"the global batch changes from the checkpoint's {old:,} to {self.tokens_per_step:,} "
+                            f"tokens per step: the learning-rate schedule and the step count stay as they were")
 
     def run(self) -> TrainResult:
         c, t, st = self.c, self.c.train, self.state
@@ -254,8 +257,10 @@ class Trainer:
 
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
 def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optional[list[str]] = None,
-          source: Optional[init_from.Source] = None, rt: Optional[dist_lib.DistInfo] = None) -> TrainResult:
-    """Train per `cfg` (DictConfig, dict or Config) into `run_dir`; without `rt`, set up `source` and torchrun too."""
+          source: Optional[init_from.Source] = None, rt: Optional[dist_lib.DistInfo] = None,
+          on_start: Optional[Callable[[], None]] = None) -> TrainResult:
+    """Train per `cfg` (DictConfig, dict or Config) into `run_dir`; without `rt`, set up `source` and torchrun too.
+    `on_start`: called once the run is set up (a resume accepted), before its first step."""
     owner = rt is None
     if owner:
         cfg = to_dataclass(cfg)
@@ -267,6 +272,8 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
             run_dir = dist_lib.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
         trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source)
         trainer.setup()
+        if on_start is not None:
+            on_start()
         result = trainer.run()
         status, result.clean = result.status, True  # (a Ctrl-C while finishing below unsets result)
     except TrainingDiverged:

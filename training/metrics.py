@@ -9,12 +9,12 @@ import contextlib
 import json
 import logging
 import math
-import shlex
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from common.files import atomic_write
+from common.platform import command_line
 from training.wandb_run import WandbRun
 
 if TYPE_CHECKING:
@@ -191,4 +191,4 @@ class RunLog:
         if status == "completed":
             done = f"best val loss {best:.4f} at step {st.best_step}" if st.best_step is not None else "no evaluation"
             log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in {format_duration(round(wall, 3))}, "
-                     f"{done}; sample with: python sample.py --run {shlex.quote(str(run_dir))}")
+                     f"{done}; sample with: {command_line(['python', 'sample.py', '--run', str(run_dir)])}")

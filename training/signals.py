@@ -1,10 +1,13 @@
-"""Stopping a run cleanly on SIGINT/SIGTERM, and the command line that continues it. The handlers only set a
-flag the loop polls between steps; a second Ctrl-C aborts at once (the atomic saves keep every file intact).
+"""Stopping a run cleanly on SIGINT/SIGTERM or a closed output pipe (`train.py | head`), and the command line
+that continues it. The handlers only set a flag the loop polls between steps; a second Ctrl-C aborts at once
+(the atomic saves keep every file intact).
 """
 from __future__ import annotations
 
-import shlex
+import logging
+import os
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Optional
@@ -12,9 +15,33 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from common.platform import command_line
 from training.distributed import DistInfo
+from training.overrides import override
 
-EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
+SIGPIPE = 13  # signal.SIGPIPE's number (Windows has no such signal, but a pipe's reader still leaves)
+EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, SIGPIPE: 128 + SIGPIPE}  # 141: what shells report
+_pipe_closed = threading.Event()  # the console's reader left: the run stops as on a signal
+
+
+def stop_on_closed_pipe(root: logging.Logger | None = None) -> None:
+    """The console handlers of `root` (stdout/stderr), on a closed pipe, go quiet (their stream then writes to
+    the null device) and ask the run to stop, instead of printing a `--- Logging error ---` per line."""
+    for h in (root or logging.getLogger()).handlers:
+        if type(h) is logging.StreamHandler and not getattr(h, "_tinygpt_pipe", False):
+            h._tinygpt_pipe, h.handleError = True, _pipe_aware(h, h.handleError)
+
+
+def _pipe_aware(handler: logging.StreamHandler, handle_error):
+    def handle(record: logging.LogRecord) -> None:
+        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return handle_error(record)
+        try:  # later writes (and the final flush at exit) go nowhere, quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), handler.stream.fileno())
+        except (OSError, ValueError, AttributeError):
+            handler.stream = open(os.devnull, "w")
+        _pipe_closed.set()
+    return handle
 
 
 class StopRequest:
@@ -42,6 +69,8 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """Stop now? This process's signal or any rank's, from the async all-reduce the previous call posted."""
+        if self.signum is None and _pipe_closed.is_set():
+            self.signum = SIGPIPE
         agreed = mine = int(self.signum or 0)
         if self.info is not None and self.info.distributed:
             self.finish()
@@ -61,7 +90,8 @@ class StopRequest:
 
     @property
     def name(self) -> str:
-        return signal.Signals(self.signum).name if self.signum else ""
+        return "a closed output pipe" if self.signum == SIGPIPE else \
+            signal.Signals(self.signum).name if self.signum else ""
 
 
 def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Optional[DistInfo] = None) -> str:
@@ -74,8 +104,8 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Opti
         launch = ["torchrun", "--standalone", f"--nproc_per_node={local}"] if nodes == 1 else \
             ["torchrun", f"--nnodes={nodes}", "--node-rank=NODE_RANK", f"--nproc_per_node={local}",
              "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
-    parts = [*launch, "train.py", *keep, f"hydra.run.dir={run_dir}", "train.resume=true"]
-    return " ".join(shlex.quote(p) for p in parts)
+    # (the user's overrides are as Hydra read them, quoted already; the run dir is quoted for Hydra here)
+    return command_line([*launch, "train.py", *keep, override("hydra.run.dir", run_dir), "train.resume=true"])
 
 
 def interrupted_line(run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str) -> str:

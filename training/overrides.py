@@ -1,0 +1,103 @@
+"""train.py's command line as Hydra reads it: values quoted for Hydra's override grammar (so a printed command
+pastes back whatever the path), and one line with the fix for arguments that are not overrides (nanoGPT's
+`--batch_size=32` and `config/train_x.py`, a path the shell split at a space, a value Hydra's lexer refuses).
+"""
+from __future__ import annotations
+
+import re
+from typing import Optional
+
+from training.config import KEYS, PRESETS, SCHEMA_KEYS
+
+HYDRA_FLAGS = ("-h", "--help", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run",
+               "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn",
+               "--config-dir", "-cd", "--info", "-i", "--experimental-rerun")
+VALUE_FLAGS = ("--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+               "--info", "-i", "--experimental-rerun")  # Hydra's flags followed by their value (`--cfg job`)
+NANOGPT_KEYS = {  # nanoGPT's train.py globals -> tinygpt's keys
+    "learning_rate": "optim.lr", "min_lr": "optim.min_lr", "lr_decay_iters": "optim.decay_iters",
+    "warmup_iters": "optim.warmup_iters", "weight_decay": "optim.weight_decay", "beta1": "optim.beta1",
+    "beta2": "optim.beta2", "grad_clip": "optim.grad_clip", "gradient_accumulation_steps": "train.grad_accum_steps",
+    "dataset": "data", "out_dir": "hydra.run.dir", "wandb_log": "logger", "wandb_project": "logger.project",
+    "wandb_run_name": "logger.run_name", "init_from": "model.init_from"}
+_PLAIN = re.compile(r"[A-Za-z0-9_./\-]+")  # a value Hydra reads unquoted as the same string
+
+
+def quote(value: object) -> str:
+    """`value` as Hydra's override grammar reads it back unchanged: as is when plain, else single-quoted (a quote
+    escaped as \\', a backslash doubled where it precedes a quote or ends the value)."""
+    text = str(value)
+    if _PLAIN.fullmatch(text) and text.lower() not in ("true", "false", "null") and not _number(text):
+        return text
+    return "'" + re.sub(r"(\\+)(?='|$)", lambda m: m[1] * 2, text).replace("'", "\\'") + "'"
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+        return True
+    except ValueError:
+        return False
+
+
+def override(key: str, value: object) -> str:
+    """`key=value` with the value quoted for Hydra (give it to common.platform.command_line for the shell)."""
+    return f"{key}={quote(value)}"
+
+
+def _key_for(name: str) -> Optional[str]:
+    name = name.replace("-", "_")
+    if name in SCHEMA_KEYS or name in PRESETS:
+        return name
+    if name in KEYS or name in NANOGPT_KEYS:
+        return KEYS.get(name) or NANOGPT_KEYS[name]
+    leaf = {k.rsplit(".", 1)[1]: k for k in SCHEMA_KEYS}
+    return leaf.get(name)
+
+
+def flag_hint(arg: str) -> Optional[str]:
+    """Why a `--name[=value]` argument is not for train.py (nanoGPT's style), with the override to write; None for
+    Hydra's own flags."""
+    name, eq, value = arg.lstrip("-").partition("=")
+    if arg.split("=")[0] in HYDRA_FLAGS or not arg.startswith("--"):
+        return None
+    key = _key_for(name)
+    shown = f"{key}={value if _PLAIN.fullmatch(value) else quote(value)}" if key and eq else f"{key}=..." if key else "key=value"
+    return (f"{arg} is a --flag, but train.py takes Hydra overrides (key=value, no dashes): write {shown} "
+            f"(python train.py --cfg job lists every key)")
+
+
+def word_hint(arg: str, before: Optional[str]) -> Optional[str]:
+    """Why a bare argument (no `=`) is not an override: a nanoGPT config file, or the rest of a value the shell
+    split at a space (`before`: the argument before it); None when it has an `=`."""
+    if "=" in arg:
+        return None
+    if arg.endswith(".py"):
+        stem = re.sub(r"^(train|config)_", "", arg.replace("\\", "/").rsplit("/", 1)[-1][:-3])
+        fix = (f"experiment={stem}" if stem in PRESETS.get("experiment", ()) else
+               f"an experiment preset ({', '.join(PRESETS.get('experiment', ()))}) or key=value overrides")
+        return (f"{arg} is a Python config file (nanoGPT's style): train.py takes Hydra presets and overrides "
+                f"instead: use {fix}")
+    if before is not None and "=" in before and not before.startswith("-"):
+        key, _, value = before.partition("=")
+        return (f"{arg} is not an override (key=value): if it belongs to {before} (a value with a space), quote "
+                f"the value for Hydra and the shell: \"{override(key, f'{value} {arg}')}\"")
+    return f"{arg} is not an override: write key=value (e.g. train.max_iters=500); python train.py --help shows more"
+
+
+def lexer_hint(arg: str) -> Optional[str]:
+    """The fix for a `key=value` Hydra's lexer cannot read (spaces, non-ASCII, quotes): the value quoted."""
+    key, eq, value = arg.partition("=")
+    if not eq or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key) or value[:1] in ("'", '"', "[", "{"):
+        return None
+    return (f"cannot read the override {arg}: Hydra needs quotes around a value with spaces, quotes or non-ASCII "
+            f"characters: write \"{key}={quote(value) if quote(value) != value else repr(value)}\"")
+
+
+def data_path_note(name: str, path: object, overrides: list[str]) -> Optional[str]:
+    """One line when data.path is given but the data set is not chosen on the command line: the file is then
+    read as that preset's text (a local copy of Tiny Shakespeare), which a user may not mean."""
+    if name == "text" or not path or any(o.lstrip("+~").split("=")[0].split("@")[0] == "data" for o in overrides):
+        return None
+    return (f"note: data.path={path} is read as data={name}'s text (a local copy of it) and the run is labelled "
+            f"{name}: to train on your own text add data=text")

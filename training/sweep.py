@@ -1,0 +1,100 @@
+"""Sweeps (`python train.py -m a=1,2`): a failed job (diverged, bad data, a refused resume) is recorded and the
+sweep goes on; at its end one table (job, overrides, status, best val, bpb) in the terminal and in the sweep
+dir (summary.md, summary.jsonl), and train.py exits 1 if any job failed. Hydra calls `SweepReport` (registered
+in training.config.register_configs); train.py's main() hands it each job's outcome as the job's return value.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Optional
+
+from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
+from hydra.types import RunMode
+
+from common.files import atomic_write
+from training.metrics import read_metrics
+
+JOBS: list[dict] = []  # this process's sweep, one record per finished job
+OUTCOME = "tinygpt_job"  # the key of main()'s return value that holds a job's outcome
+
+
+def in_sweep() -> bool:
+    """Whether this Hydra job is one of a sweep's (-m)."""
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def outcome(status: str, error: Optional[str] = None) -> dict:
+    """What main() returns for a sweep job: its status ("completed", "failed", ...) and its one error line."""
+    return {OUTCOME: {"status": status, "error": error}}
+
+
+def _best(run_dir: Path) -> tuple[Optional[float], Optional[float]]:
+    """(best val loss, its val bpb) from a job's metrics.jsonl; Nones before its first evaluation."""
+    evals = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("type") == "eval"
+             and isinstance(r.get("val_loss"), (int, float)) and math.isfinite(r["val_loss"])]
+    best = min(evals, key=lambda r: r["val_loss"], default=None)
+    return (best["val_loss"], best.get("val_bpb")) if best else (None, None)
+
+
+def record(num: int, overrides: list[str], run_dir: Path, value: Any) -> dict:
+    """A finished job's record: `value` is main()'s return value (an outcome) or the exception that escaped."""
+    if isinstance(value, dict) and OUTCOME in value:
+        status, error = value[OUTCOME]["status"], value[OUTCOME]["error"]
+    else:
+        status, error = "failed", f"error: {type(value).__name__}: {value}" if isinstance(value, BaseException) \
+            else None
+    best, bpb = _best(run_dir)
+    return {"job": num, "overrides": list(overrides), "status": status, "best_val_loss": best, "val_bpb": bpb,
+            "run_dir": str(run_dir), "error": error}
+
+
+def table(jobs: list[dict]) -> str:
+    """The sweep's table (Markdown); overrides that every job shares are left out of it."""
+    shared = set.intersection(*(set(j["overrides"]) for j in jobs)) if len(jobs) > 1 else set()
+    fmt = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
+    rows = ["| job | overrides | status | best val | bpb |", "|---|---|---|---|---|"]
+    rows += [f"| {j['job']} | {' '.join(o for o in j['overrides'] if o not in shared) or '(none)'} | {j['status']} | "
+             f"{fmt(j['best_val_loss'], '.4f')} | {fmt(j['val_bpb'], '.3f')} |" for j in jobs]
+    errors = [f"- job {j['job']}: {j['error']}" for j in jobs if j["error"]]
+    return "\n".join(rows + ([""] + errors if errors else []))
+
+
+def write_summary(sweep_dir: Path, jobs: list[dict]) -> str:
+    """summary.md and summary.jsonl in the sweep dir; returns the table."""
+    text = table(jobs)
+    with atomic_write(sweep_dir / "summary.md", "w", encoding="utf-8") as f:
+        f.write(text + "\n")
+    with atomic_write(sweep_dir / "summary.jsonl", "w", encoding="utf-8") as f:
+        f.writelines(json.dumps(j) + "\n" for j in jobs)
+    return text
+
+
+def failed() -> int:
+    """How many of this process's sweep jobs did not complete."""
+    return sum(j["status"] != "completed" for j in JOBS)
+
+
+class SweepReport(Callback):
+    """Collects each sweep job's record; prints and writes the table when the sweep ends."""
+
+    def on_multirun_start(self, config, **kwargs) -> None:
+        JOBS.clear()
+
+    def on_job_end(self, config, job_return, **kwargs) -> None:
+        if config.hydra.mode != RunMode.MULTIRUN:
+            return
+        value = job_return._return_value  # (the property re-raises a job's exception)
+        JOBS.append(record(int(config.hydra.job.num), job_return.overrides or [],
+                           Path(config.hydra.runtime.output_dir), value))
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        if not JOBS:
+            return
+        text = write_summary(Path(config.hydra.sweep.dir), JOBS)
+        n = failed()
+        print(f"\nsweep: {len(JOBS) - n} of {len(JOBS)} jobs completed"
+              f"{f', {n} did not' if n else ''} (also in {Path(config.hydra.sweep.dir) / 'summary.md'})\n{text}",
+              flush=True)
