@@ -61,8 +61,6 @@ def windows(monkeypatch):
     return monkeypatch
 
 
-@pytest.mark.xfail(strict=True, reason="training/signals.resume_command still joins with shlex (POSIX quotes): "
-                   "the lead applies the one-line change to common.platform.command_line, then drops this marker")
 def test_the_resume_line_reads_back_in_cmd_exe_and_hydra(windows):
     run_dir = Path(r"C:\Users\me\my runs\2024-05-01_12-00-00")
     line = signals.resume_command(run_dir, ["model.n_layer=2", "train.resume=false", r"data.path=D:\corpus.txt"])
@@ -89,7 +87,7 @@ def test_ctrl_c_stops_cleanly_with_the_signals_windows_has(windows):
     windows.setattr(signals.signal, "signal", windows_signal)
     stop = StopRequest()
     stop.install()
-    assert set(installed) == {signal.SIGINT, signal.SIGTERM} == set(EXIT_CODES)
+    assert set(installed) == {signal.SIGINT, signal.SIGTERM} <= set(EXIT_CODES)
     installed[signal.SIGINT](signal.SIGINT, None)
     assert stop.agreed() and stop.name == "SIGINT" and EXIT_CODES[stop.signum] == 130
     with pytest.raises(KeyboardInterrupt):

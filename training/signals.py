@@ -19,7 +19,7 @@ from common.platform import command_line
 from training.distributed import DistInfo
 from training.overrides import override
 
-SIGPIPE = 13  # signal.SIGPIPE's number (Windows has no such signal, but a pipe's reader still leaves)
+SIGPIPE = 13  # POSIX's SIGPIPE number (Windows has no such signal, but a pipe's reader still leaves)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, SIGPIPE: 128 + SIGPIPE}  # 141: what shells report
 _pipe_closed = threading.Event()  # the console's reader left: the run stops as on a signal
 
