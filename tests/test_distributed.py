@@ -214,7 +214,8 @@ def dist_runs(tmp_path_factory):
             # no hydra.run.dir: the ranks must agree on rank 0's timestamped directory (train.py)
             (base / "ddp_cwd").mkdir()
             out["procs"]["ddp"] = _torchrun([*common, "train.max_iters=4"], base / "ddp_cwd", env)
-            out["ddp_dirs"] = sorted((base / "ddp_cwd" / "outputs").glob("*/*"))
+            out["ddp_dirs"] = sorted(d for d in (base / "ddp_cwd" / "outputs").glob("*/*")
+                                     if d.parent.name != "latest")  # outputs/latest: a link to the run
             if len(out["ddp_dirs"]) == 1:
                 shutil.move(out["ddp_dirs"][0], base / "ddp")
             out["procs"]["fsdp"] = _torchrun([*common, "train.max_iters=4", "train.parallel=fsdp",

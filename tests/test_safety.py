@@ -243,9 +243,10 @@ def test_a_training_run_writes_only_its_run_dir_and_the_cache(tmp_path, tiny_cor
     # torch itself creates an empty torchinductor_<user> directory in the temp dir when torch._dynamo is
     # imported; it holds nothing (no compilation on CPU) and is the only thing allowed there
     torch_tmp = {k for k in changed if k.startswith("tmp/torchinductor_") and after.get(k) == "dir"}
-    outside = [k for k in changed if k not in ("outputs", "outputs/" + runs[0].split("/")[1])
+    outside = [k for k in changed if k not in ("outputs", "outputs/" + runs[0].split("/")[1], "outputs/latest")
                and not k.startswith(runs[0]) and not k.startswith(cache_rel) and k not in torch_tmp]
     assert outside == [], outside
+    assert (tmp_path / "outputs" / "latest").resolve() == (tmp_path / runs[0]).resolve()  # the newest run
     assert not any(k.startswith("home/") for k in after), "HOME was written to"
     assert not (tmp_path / "PWNED").exists() and not (tmp_path / "PWNED2").exists()
     assert ck.load_checkpoint(tmp_path / runs[0] / "last.pt")["config"]["data"]["path"] == str(weird)
