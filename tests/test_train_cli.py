@@ -126,22 +126,28 @@ def test_out_of_memory_is_one_line_that_says_what_to_lower(tmp_path, tiny_corpus
     assert not (tmp_path / "run" / "last.pt").exists()  # nothing half-written
 
 
-@pytest.mark.slow
-def test_sigterm_saves_last_pt_and_exits_143(tmp_path, tiny_corpus):
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    args = [sys.executable, str(REPO / "train.py"), *TINY, "data=text", f"data.path={tiny_corpus}",
-            "train.max_iters=100000", "train.eval_interval=100000", "train.log_interval=1", "hydra.run.dir=run"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+def _sigterm_once_training(args: list[str], cwd, env: dict):
+    """Start train.py, SIGTERM it once a training step has logged (not the step-0 eval): (proc, stdout, stderr)."""
+    proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 120
         for line in proc.stdout:  # wait until training is under way
-            if (line.startswith("step ") and ": loss " in line) or time.time() > deadline:  # not the step-0 eval
+            if (line.startswith("step ") and ": loss " in line) or time.time() > deadline:
                 break
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc, out, err
+
+
+@pytest.mark.slow
+def test_sigterm_saves_last_pt_and_exits_143(tmp_path, tiny_corpus):
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    args = [sys.executable, str(REPO / "train.py"), *TINY, "data=text", f"data.path={tiny_corpus}",
+            "train.max_iters=100000", "train.eval_interval=100000", "train.log_interval=1", "hydra.run.dir=run"]
+    proc, out, err = _sigterm_once_training(args, tmp_path, env)
     assert proc.returncode == 143, err
     assert "stopped by SIGTERM" in out and "train.resume=true" in out
     ckpt = ck.load_checkpoint(tmp_path / "run" / "last.pt")
@@ -307,16 +313,7 @@ def test_the_printed_resume_command_works_for_a_run_dir_with_a_space_and_non_asc
     args = [sys.executable, str(REPO / "train.py"), "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
             "train.max_iters=100000", "train.eval_interval=100000", "train.log_interval=1",
             "hydra.run.dir='my runs/é a'"]
-    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stdout:
-            if line.startswith("step ") and ": loss " in line:
-                break
-        proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc, out, err = _sigterm_once_training(args, tmp_path, env)
     assert proc.returncode == 143, err
     command = shlex.split(out.split("resume with: ")[1].splitlines()[0])
     assert command[:2] == ["python", "train.py"]
