@@ -6,6 +6,7 @@ splits (same ids as one whole encode) and encodes the pieces on a thread pool, i
 from __future__ import annotations
 
 import collections
+import itertools
 import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
@@ -19,6 +20,7 @@ from data.shards import ShardWriter, skip_chars
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 
 SEGMENT_CHARS = 1 << 19  # characters per BPE work item
+BATCH_CHARS = 1 << 13  # the own BPE: a work item goes to `tokenizers` as a batch of safe sub-pieces of this size
 MAX_CARRY_CHARS = 32 << 20  # if no safe BPE boundary shows up in this much text, cut anyway (noted)
 
 
@@ -45,6 +47,16 @@ def find_safe_cut(text: str, lo: int, hi: int) -> int:
         if a != "'" and category(a)[0] in "PS" and category(text[c])[0] == "L":
             return c
     return -1
+
+
+def split_safe(text: str, size: int = BATCH_CHARS) -> list[str]:
+    """`text` in pieces of about `size` characters, cut only where find_safe_cut allows (a piece with no safe cut
+    in reach stays longer): encoding the pieces one by one gives the tokens of the whole."""
+    out, start = [], 0
+    while len(text) - start > 2 * size and (cut := find_safe_cut(text, start + size // 2, start + size)) > 0:
+        out.append(text[start:cut])
+        start = cut
+    return out + [text[start:]]
 
 
 class _Cutter:
@@ -123,7 +135,10 @@ def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, sink: ShardWriter, note:
     """<|endoftext|> between documents, as nanoGPT does; the first `start` characters were written by an earlier
     run. Returns the number of forced (not provably safe) cuts."""
     enc = tok.enc
-    if hasattr(enc, "encode_to_numpy"):  # no Python int list; same ids as encode_ordinary (no specials)
+    if hasattr(enc, "encode_ordinary_batch"):  # the own BPE (HF tokenizers): one item's safe pieces on every core
+        encode = lambda s: np.fromiter(itertools.chain.from_iterable(  # noqa: E731
+            enc.encode_ordinary_batch(split_safe(s))), dtype=np.uint32)
+    elif hasattr(enc, "encode_to_numpy"):  # no Python int list; same ids as encode_ordinary (no specials)
         encode = lambda s: enc.encode_to_numpy(s, allowed_special=set(), disallowed_special=())  # noqa: E731
     else:
         encode = lambda s: np.asarray(enc.encode_ordinary(s), dtype=np.uint32)  # noqa: E731

@@ -50,3 +50,17 @@ def test_text_without_safe_cuts_is_still_prepared(tmp_path, monkeypatch, cache_w
     p = prepare(DataConfig(name="text", path=str(src), tokenizer="gpt2"), progress=False)
     assert p.meta["forced_bpe_cuts"] > 0
     assert p.tokenizer.decode(tokens(p.train_path).tolist() + tokens(p.val_path).tolist()) == text
+
+
+def test_the_own_bpe_encodes_a_work_item_in_safe_pieces_exactly_as_in_one_go(shared_data_dir):
+    """encode_bpe hands the own BPE's work items to `tokenizers` as a batch of safe sub-pieces (every core):
+    the same ids as encoding the item whole, with non-ASCII text and long runs without a safe cut too."""
+    pytest.importorskip("tokenizers")
+    from data import bpe
+    text = (shared_data_dir / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
+    tok = bpe.train([text], 400)
+    item = text[:60_000] + " naïve café 東京は晴れ。" * 300 + "x" * 20_000 + text[60_000:90_000]
+    pieces = encode.split_safe(item, 4096)
+    assert "".join(pieces) == item and len(pieces) > 10
+    batched = [i for ids in tok.encode_ordinary_batch(pieces) for i in ids]
+    assert batched == tok.encode_ordinary(item)
