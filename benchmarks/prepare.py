@@ -36,30 +36,37 @@ def _write_corpus(kind: str, text: str, copies: int, path: Path) -> Path:
 BPE_VOCAB = 4096  # the own BPE's size in the rows that train one
 
 
-def _run(path: Path, tokenizer: str, env: dict) -> dict:
+# The child reports its own peak memory as it exits: wait4's ru_maxrss would also count what this (torch-loaded)
+# process held when it forked the child, which Linux carries across exec.
+_CHILD = """import atexit, os, runpy, sys
+from common.platform import peak_rss
+def report():
+    with open(os.environ["TINYGPT_BENCH_PEAK"], "w") as f:
+        f.write(str(peak_rss() or ""))
+atexit.register(report)
+sys.argv = sys.argv[1:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+"""
+
+
+def _run(path: Path, tokenizer: str, env: dict, text_bytes: int) -> dict:
     """One preparation (tokenizer "bpe-train": only training the own BPE, `python -m data.bpe`) in a child process:
-    wall seconds, and the child's own peak RSS where the OS reports it."""
+    wall seconds, MB/s of text (`text_bytes`, whatever the file's format) and the child's peak RSS."""
     if tokenizer == "bpe-train":
-        cmd = [sys.executable, "-m", "data.bpe", "--path", str(path), "--vocab-size", str(BPE_VOCAB)]
+        args = ["data.bpe", "--path", str(path), "--vocab-size", str(BPE_VOCAB)]
     else:
-        cmd = [sys.executable, "-m", "data.prepare", "--data", "text", "--path", str(path), "--tokenizer", tokenizer,
-               "--quiet", *(["--vocab-size", str(BPE_VOCAB)] if tokenizer == "bpe" else [])]
+        args = ["data.prepare", "--data", "text", "--path", str(path), "--tokenizer", tokenizer, "--quiet",
+                *(["--vocab-size", str(BPE_VOCAB)] if tokenizer == "bpe" else [])]
+    peak_file = path.with_name("peak.txt")
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if hasattr(os, "wait4"):
-        _, status, usage = os.wait4(proc.pid, 0)
-        secs, code = time.perf_counter() - t0, os.waitstatus_to_exitcode(status)
-        proc.returncode = code
-        peak = usage.ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # bytes on macOS, KiB on Linux
-    else:
-        code, secs, peak = proc.wait(), time.perf_counter() - t0, None
-    err = proc.stderr.read().strip()
-    proc.stderr.close()
-    if code != 0:
-        return {"error": (err.splitlines() or [f"exit code {code}"])[-1]}
-    nbytes = path.stat().st_size
-    return {"seconds": round(secs, 2), "mb_per_s": round(nbytes / 1e6 / secs, 2),
-            "peak_rss_mib": None if peak is None else round(peak / 2**20, 1)}
+    proc = subprocess.run([sys.executable, "-c", _CHILD, *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, text=True, env={**env, "TINYGPT_BENCH_PEAK": str(peak_file)})
+    secs = time.perf_counter() - t0
+    if proc.returncode != 0:
+        return {"error": (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]}
+    peak = peak_file.read_text() if peak_file.is_file() else ""
+    return {"seconds": round(secs, 2), "mb_per_s": round(text_bytes / 1e6 / secs, 2),
+            "peak_rss_mib": round(int(peak) / 2**20, 1) if peak else None}
 
 
 def section_prep(args, dev) -> dict:
@@ -86,8 +93,11 @@ def section_prep(args, dev) -> dict:
         env = {**os.environ, "TINYGPT_CACHE": str(cache)}
         for kind, tok in kinds:
             path = _write_corpus(kind, text, copies, Path(tmp) / f"corpus.{'txt' if kind == 'text' else kind}")
-            say("prep", f"{kind}, {tok}, {path.stat().st_size / 1e6:.1f} MB ({copies} x Tiny Shakespeare)")
-            row = {"source": kind, "tokenizer": tok, "bytes": path.stat().st_size, **_run(path, tok, env)}
+            say("prep", f"{kind}, {tok}, {len(text.encode()) * copies / 1e6:.1f} MB of text ({copies} x Tiny "
+                        f"Shakespeare)")
+            text_bytes = len(text.encode()) * copies  # MB/s of text: a parquet file is compressed
+            row = {"source": kind, "tokenizer": tok, "bytes": text_bytes, "file_bytes": path.stat().st_size,
+                   **_run(path, tok, env, text_bytes)}
             res["rows"].append(row)
             path.unlink()
     return {**res, "load_avg_after": load_avg()}
@@ -101,5 +111,6 @@ def print_prep(p: dict, w) -> None:
         w(head + (f"error: {r['error']}" if "error" in r else
                   f"{r['mb_per_s']:8.2f} MB/s  ({r['seconds']:.1f} s; peak RSS "
                   + ("-" if r["peak_rss_mib"] is None else f"{r['peak_rss_mib']:,.0f} MiB") + ")"))
-    w(f"  (bpe-train: training a {BPE_VOCAB}-token BPE alone, python -m data.bpe; bpe: training + encoding)",
+    w(f"  (bpe-train: training a {BPE_VOCAB}-token BPE alone, python -m data.bpe; bpe: the preparation, with the "
+      f"tokenizer that row cached; MB/s: of text, also for compressed parquet)",
       *(f"  note: {n}" for n in p.get("notes", [])))

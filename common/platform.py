@@ -179,6 +179,20 @@ def busy_cores(interval: float = 0.05) -> Optional[float]:
     return (1 - (second[0] - first[0]) / (second[1] - first[1])) * (os.cpu_count() or 1)
 
 
+def peak_rss() -> Optional[int]:
+    """This process's peak resident memory in bytes since it started its program (Linux: VmHWM; macOS: the
+    rusage maximum), or None where it cannot be read."""
+    status = _read(PROC / "self" / "status") or ""
+    line = next((ln for ln in status.splitlines() if ln.startswith("VmHWM:")), None)
+    if line is not None:
+        return int(line.split()[1]) * 1024
+    try:
+        import resource
+    except ImportError:  # Windows
+        return None
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss if is_macos() else None  # bytes on macOS
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask where the OS has one)."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
