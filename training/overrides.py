@@ -62,7 +62,10 @@ def flag_hint(arg: str) -> Optional[str]:
     if arg.split("=")[0] in HYDRA_FLAGS or not arg.startswith("--"):
         return None
     key = _key_for(name)
-    shown = f"{key}={value if _PLAIN.fullmatch(value) else quote(value)}" if key and eq else f"{key}=..." if key else "key=value"
+    if not key:
+        shown = "key=value"
+    else:
+        shown = f"{key}={value if _PLAIN.fullmatch(value) else quote(value)}" if eq else f"{key}=..."
     return (f"{arg} is a --flag, but train.py takes Hydra overrides (key=value, no dashes): write {shown} "
             f"(python train.py --cfg job lists every key)")
 
