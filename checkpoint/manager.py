@@ -3,7 +3,6 @@
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from pathlib import Path
@@ -13,6 +12,7 @@ from checkpoint import sharded
 from checkpoint.file import FORMAT, VERSION, link_checkpoint, remove_stale_temp_files, save_checkpoint, tokenizer_name
 from checkpoint.locate import (BEST_DCP, LAST_DCP, RUN_ROOTS, is_sharded_checkpoint, overwrite_refusal,
                                resume_checkpoint)
+from common.files import remove_quietly, replace, temp_path
 from model.weights import check_weights, clean_state_dict
 
 LATEST = Path(RUN_ROOTS[0]) / "latest"  # outputs/latest: the newest run with a checkpoint (cwd-relative)
@@ -166,17 +166,14 @@ def link_latest(run_dir: str | os.PathLike) -> None:
     link = cwd / LATEST
     if not any(run.is_relative_to(cwd / root) for root in RUN_ROOTS) or (link.is_dir() and not link.is_symlink()):
         return  # a run elsewhere, or a directory of the user's called latest
-    tmp = link.with_name(f".latest.{os.getpid()}.tmp")
+    tmp = temp_path(link)
     try:
         link.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
         try:
             tmp.symlink_to(os.path.relpath(run, link.parent), target_is_directory=True)
         except (OSError, NotImplementedError):  # no symlinks here (Windows without the privilege, some mounts)
             tmp.write_text(f"{run}\n", encoding="utf-8")
-        os.replace(tmp, link)
+        replace(tmp, link)  # (retried on Windows while sample.py reads the old one)
     except OSError as e:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+        remove_quietly(tmp)
         logging.getLogger(__name__).warning(f"could not update {LATEST}: {e}")

@@ -8,7 +8,6 @@ retrains. Also a CLI: `python -m data.bpe --path FILE --vocab-size N` trains (or
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import sys
 import time
@@ -16,7 +15,8 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from common.files import write_text_atomic
-from common.text import error_line, in_keys
+from common.cli import ArgumentParser, cli_main
+from common.text import in_keys
 from data import corpus, sources
 from data.config import DataConfig
 from data.tokenizer import BPE_EOT, BPETokenizer, import_tokenizers
@@ -62,26 +62,32 @@ def train(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
     return BPETokenizer(model.to_str())
 
 
+def _cached(path: Path, note: Callable[[str], None] | None = None) -> BPETokenizer | None:
+    """The tokenizer cached at `path`; None when there is none (or it is unreadable: said with `note`)."""
+    if not path.is_file():
+        return None
+    try:
+        return BPETokenizer(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        if note is not None:
+            note(f"note: the cached tokenizer {path} is unreadable ({e}); training it again")
+        return None
+
+
 def cached_or_trained(texts: Callable[[], Iterable[str]], vocab_size: int,
                       note: Callable[[str], None]) -> BPETokenizer:
     """The BPE for the text `texts()` yields: the cached one when this text and size were trained before."""
     path, n_bytes = cache_path(texts(), vocab_size)
-    if path.is_file():
-        try:
-            return BPETokenizer(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as e:
-            note(f"note: the cached tokenizer {path} is unreadable ({e}); training it again")
+    if (cached := _cached(path, note)) is not None:
+        return cached
     if n_bytes == 0:
         raise ValueError("the text to train the BPE tokenizer on is empty: give a text file with some content")
     note(f"training a {vocab_size:,}-token BPE tokenizer on {n_bytes / 1e6:,.1f} MB of text")
     t0 = time.perf_counter()
     tok = train(texts(), vocab_size)
     seconds = time.perf_counter() - t0
-    if path.is_file():  # another process cached one meanwhile: use it, so that both agree
-        try:
-            return BPETokenizer(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            pass
+    if (cached := _cached(path)) is not None:  # another process cached one meanwhile: use it, so that both agree
+        return cached
     try:
         write_text_atomic(path, tok.json)
     except OSError as e:
@@ -100,8 +106,8 @@ def tokenizer_for(src: corpus.Corpus, cfg: DataConfig, train_chars: int,
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
+def run(argv: list[str] | None = None) -> int:
+    ap = ArgumentParser(
         prog="python -m data.bpe",
         description="Train your own byte-level BPE tokenizer on a corpus (or find it in the cache), as "
                     "data.tokenizer=bpe does before preparing the data, and say how long it took.")
@@ -117,19 +123,19 @@ def main(argv: list[str] | None = None) -> int:
                      encoding_errors=args.encoding_errors)
     keys = {"vocab_size": "--vocab-size", "tokenizer_sample_mb": "--sample-mb", "path": "--path",
             "val_fraction": "--val-fraction", "encoding_errors": "--encoding-errors"}
-    try:
-        with in_keys(keys):
-            cfg.validate()
-            src = corpus.resolve(cfg)
-            n_chars, _ = corpus.scan(src, cfg.encoding_errors, want_vocab=False)
-            t0 = time.perf_counter()
-            tok = tokenizer_for(src, cfg, int(n_chars * (1.0 - cfg.val_fraction)),
-                                lambda m: print(m, file=sys.stderr, flush=True))
-    except (ValueError, OSError) as e:
-        print(error_line(e), file=sys.stderr)
-        return 2
+    with in_keys(keys):
+        cfg.validate()
+        src = corpus.resolve(cfg)
+        n_chars, _ = corpus.scan(src, cfg.encoding_errors, want_vocab=False)
+        t0 = time.perf_counter()
+        tok = tokenizer_for(src, cfg, int(n_chars * (1.0 - cfg.val_fraction)),
+                            lambda m: print(m, file=sys.stderr, flush=True))
     print(f"{tok.describe()} for {src.display} in {time.perf_counter() - t0:.2f} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(run, argv)  # one `error:` line (exit 2), Ctrl-C (130), a closed pipe (141)
 
 
 if __name__ == "__main__":

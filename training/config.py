@@ -250,10 +250,9 @@ def validate(c: Config) -> None:
     c.data.validate()  # the data package's own checks (no I/O)
     if t.tokens_per_step is not None:
         t.grad_accum_steps = grad_accum_for(t.tokens_per_step, t.batch_size, m.block_size, _env_world_size())
-    if t.hellaswag is not None:  # read now: a bad file is one line before training, not at the first evaluation
-        from common.cli import read_text_file
-        from evals.hellaswag import read_examples
-        read_examples(read_text_file(t.hellaswag, "train.hellaswag"), f"train.hellaswag={t.hellaswag}")
+    if t.hellaswag is not None:  # read now (and kept): a bad file is one line before training, not at an evaluation
+        from training.eval_hellaswag import examples
+        examples(t.hellaswag)
     _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
     _check(lg.mode in ("online", "offline", "disabled"),
            f"logger.mode={lg.mode!r} is not valid: use online, offline or disabled")

@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 
 
 @functools.lru_cache(maxsize=2)
-def examples(path: str) -> list[hellaswag.Example]:  # read once per run (the config check read it first)
-    return hellaswag.read_examples(read_text_file(path, "train.hellaswag"), f"train.hellaswag={path}")
+def examples(path: str) -> tuple[hellaswag.Example, ...]:
+    """train.hellaswag's examples, read once per process: the config check (validate) reads them first."""
+    return tuple(hellaswag.read_examples(read_text_file(path, "train.hellaswag"), f"train.hellaswag={path}"))
 
 
 def at_eval(path: str, step: int, model, tokenizer, autocast, rt: dist_lib.DistInfo, report) -> dict:

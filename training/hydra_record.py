@@ -52,10 +52,12 @@ class RecordSnapshot:
         for path, old in self.files.items():
             if old is None:
                 path.unlink(missing_ok=True)
-            elif self._read(path) != old:
-                if not path.exists() or path.read_bytes() != old[0]:
-                    with atomic_write(path, "wb") as f:
-                        f.write(old[0])
+                continue
+            now = self._read(path)
+            if now is None or now[0] != old[0]:
+                with atomic_write(path, "wb") as f:
+                    f.write(old[0])
+            if now != old:
                 os.utime(path, ns=old[1:])
         if self.hydra_dir is not None and not self.hydra_dir_existed:
             try:
