@@ -11,8 +11,8 @@ import json
 import math
 import sys
 
-from checkpoint.locate import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
-                               resolve_checkpoint)
+from checkpoint.file import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
+                             resolve_checkpoint)
 from common.cli import ArgumentParser, cli_main, read_text_file
 from common.text import in_keys
 
@@ -96,8 +96,8 @@ def load_model(args: argparse.Namespace):
         device = resolve_device(args.device)
     if args.hf is not None:
         from data.hf_tokenizer import read_hf_tokenizer
-        from model import GPT
-        model, tokenizer = GPT.from_pretrained(args.hf), read_hf_tokenizer(args.hf)
+        from model.hf import from_pretrained
+        model, tokenizer = from_pretrained(args.hf), read_hf_tokenizer(args.hf)
     else:
         model, tokenizer_dict, _ = load_for_inference(resolve_checkpoint(args.run, args.checkpoint, "--hf DIR"))
         tokenizer = tokenizer_from_dict(tokenizer_dict)

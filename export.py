@@ -11,7 +11,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from checkpoint.locate import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
+from checkpoint.file import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
 from common.cli import ArgumentParser, cli_main
 from common.files import replace_dir
 

@@ -13,13 +13,10 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint.locate import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
-                               resolve_checkpoint)
+from checkpoint.file import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
+                             resolve_checkpoint)
 from common.cli import ArgumentParser, cli_main, read_text_file
 from common.text import in_keys
-from common.threads import configure_threads
-
-configure_threads()  # before torch is imported (run() imports it): see common/threads.py
 
 SEPARATOR = "\n---------------\n"
 
@@ -102,8 +99,8 @@ def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
     from model.device import cuda_bf16_native
     if args.init is not None:  # eval.py --hf reads the same directories the same way
         from data.hf_tokenizer import read_hf_tokenizer
-        from model import GPT
-        model, tokenizer = GPT.from_pretrained(args.init).to(device).eval(), read_hf_tokenizer(args.init)
+        from model.hf import from_pretrained
+        model, tokenizer = from_pretrained(args.init).to(device), read_hf_tokenizer(args.init)
     else:
         from data.tokenizer import tokenizer_from_dict
         model, tok, _ = load_for_inference(ckpt_path, device)
@@ -116,8 +113,11 @@ def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
 
 def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
     """Token ids of the prompt (default "\\n", else token 0), cut to its last `block_size` with a notice."""
-    if text is None:  # token 0 if a char vocabulary has no "\n"
-        return (tokenizer.encode("\n")[-block_size:] or [0]) if "\n" in getattr(tokenizer, "stoi", "\n") else [0]
+    if text is None:
+        try:
+            return tokenizer.encode("\n")[-block_size:] or [0]
+        except ValueError:  # a char vocabulary without "\n"
+            return [0]
     try:
         ids = tokenizer.encode(text)
     except ValueError as e:
@@ -179,6 +179,7 @@ def run(argv: list[str] | None = None) -> int:
     ckpt_path = None if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
     import torch
     from model.device import resolve_device
+    from model.generate import generate_tokens
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
@@ -189,6 +190,8 @@ def run(argv: list[str] | None = None) -> int:
     if args.compile and not compile_decode:
         print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
     if args.attention_map:
+        from data.sources import cache_dir
+        os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))  # matplotlib's font cache: not in ~
         from viz.attention_map import draw_attention_map
         draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(args.init or ckpt_path))
         print(f"attention map written to {args.attention_map}", file=sys.stderr)
@@ -203,11 +206,11 @@ def run(argv: list[str] | None = None) -> int:
         sink = out if args.stream else io.StringIO()  # --no-stream: each sample is printed whole once done
         write((SEPARATOR if i else "") + head)
         t0 = time.perf_counter()
-        tokens = model.generate_stream(torch.tensor([ids], device=device), args.max_new_tokens,
-                                       temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                       use_kv_cache=args.kv_cache, generator=generator, compile=compile_decode,
-                                       vocab_limit=tokenizer.vocab_size,  # padded vocabulary ids: never sampled
-                                       cuda_graphs=args.cuda_graphs)
+        tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens,
+                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                                 use_kv_cache=args.kv_cache, generator=generator, compile=compile_decode,
+                                 vocab_limit=tokenizer.vocab_size,  # padded vocabulary ids: never sampled
+                                 cuda_graphs=args.cuda_graphs)
         n_tokens += stream_text(tokens, tokenizer, write, args.stop)
         seconds += time.perf_counter() - t0  # no sync needed: every token has been read back to print it
         out.write("" if sink is out else sink.getvalue())
@@ -224,6 +227,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from data.sources import cache_dir
-    os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))  # matplotlib's font cache: not in ~
     sys.exit(main())

@@ -1,5 +1,8 @@
-"""One checkpoint file: a plain dict, written atomically, loaded with torch.load(weights_only=True), so loading
-never unpickles code; every way a file can be unusable is one CheckpointError line. Keys: docs/design.md.
+"""One checkpoint file: which one the user means (a path, a run directory's best.pt or last.pt, the newest run),
+and writing and reading it. A plain dict (format 1; keys: docs/design.md), written atomically and loaded with
+torch.load(weights_only=True), so loading never unpickles code; every way a file can be unusable is one
+CheckpointError line. torch and common.files are imported when a file is read or written: sample.py checks its
+arguments first.
 """
 from __future__ import annotations
 
@@ -7,17 +10,21 @@ import errno
 import os
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from pickle import UnpicklingError  # what torch.load(weights_only=True) raises on a refused object
-
-import torch
-
-from common.files import atomic_write, fsync_dir, remove_quietly, replace, temp_path
+from typing import Any, Optional
 
 FORMAT = "tinygpt"
 VERSION = 1
 REQUIRED_KEYS = ("model", "model_config", "step")
+RUN_ROOTS = ("outputs", "multirun")          # Hydra's default output dirs, relative to the cwd
+CHECKPOINT_NAMES = ("best.pt", "last.pt")     # in order of preference
+DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
+LAST_DCP = "last_dcp"
+BEST_DCP = "best_dcp"
+HF_CONFIG = "config.json"  # what makes a directory a Hugging Face model directory
 
 
 class CheckpointError(ValueError):
@@ -55,6 +62,8 @@ def _save_error(path: Path, e: BaseException, full: bool = False) -> OSError:
 
 def save_checkpoint(obj: dict, path: str | os.PathLike) -> Path:
     """Write `obj` to `path` atomically (common.files.atomic_write); a failure is one OSError line."""
+    import torch
+    from common.files import atomic_write
     path, full = Path(path), False
     try:
         with atomic_write(path) as f:
@@ -70,6 +79,7 @@ def save_checkpoint(obj: dict, path: str | os.PathLike) -> Path:
 
 def link_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
     """Atomically make `dst` hold the same bytes as `src` (hard link; copy where links are unsupported)."""
+    from common.files import atomic_write, fsync_dir, remove_quietly, replace, temp_path
     src, dst = Path(src), Path(dst)
     tmp = temp_path(dst)
     try:
@@ -90,10 +100,24 @@ def link_checkpoint(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
 
 def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
     """Delete temp files a killed save left behind (`.last.pt.<pid>.<id>.tmp`); returns how many."""
+    from common.files import remove_quietly
     stale = list(Path(run_dir).glob(".*.pt.*.tmp"))
     for p in stale:
         remove_quietly(p)
     return len(stale)
+
+
+def is_main_rank() -> bool:
+    """Rank 0, or the only process: the one that writes checkpoint files."""
+    import torch.distributed as dist
+    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+
+
+def barrier(group: Any = None) -> None:
+    """All ranks meet (a no-op without a process group); `group`: the run's CPU control group."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier(group=group)
 
 
 def _not_a_checkpoint(p: Path) -> CheckpointError:
@@ -104,6 +128,7 @@ def _not_a_checkpoint(p: Path) -> CheckpointError:
 def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     """Load (onto the CPU; `mmap`: tensors paged in on use) and check a tinygpt checkpoint file with
     torch.load(weights_only=True); CheckpointError if unusable. checkpoint.locate.read_checkpoint calls it."""
+    import torch
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
         raise CheckpointError(f"checkpoint {p} does not exist: check the path (a run directory holds last.pt "
@@ -162,6 +187,28 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     return ckpt
 
 
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    p = Path(path)
+    return p.is_dir() and (p / ".metadata").is_file() and (p / DCP_META).is_file()
+
+
+def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bool = False,
+                    mmap: bool = False) -> tuple[Path, dict]:
+    """(its path, the checkpoint) that `path` names, checked: a file, or a sharded directory's metadata unless
+    `model` (then weights and a tokenizer are required); `run_dir`: a run directory's best.pt, else last.pt."""
+    p = Path(os.path.expanduser(str(path)))
+    if run_dir and p.is_dir():
+        p = checkpoint_in_run(p)
+    ckpt = load_checkpoint(p / DCP_META if not model and is_sharded_checkpoint(p) else p, mmap=mmap)
+    if model and ckpt.get("model") is None:
+        raise CheckpointError(f"checkpoint {p} holds no model weights (a sharded checkpoint's metadata?): use the "
+                              "run's last.pt or best.pt")
+    if model and not isinstance(ckpt.get("tokenizer"), dict):
+        raise CheckpointError(f"checkpoint {p} has no tokenizer: it was not written by train.py; use a last.pt or "
+                              "best.pt from a training run")
+    return p, ckpt
+
+
 def tokenizer_name(tok: dict) -> str:
     """Format 1's "tokenizer" entry in words for error lines: "gpt2 BPE", "char (65 characters)" or
     "own BPE (4096 tokens)"."""
@@ -170,3 +217,99 @@ def tokenizer_name(tok: dict) -> str:
     if tok.get("type") == "bpe":
         return f"own BPE ({tok.get('vocab_size')} tokens)"
     return "gpt2 BPE" if tok.get("type") == "gpt2" else str(tok.get("type", "unknown"))
+
+
+def add_checkpoint_options(parser, required: bool = False):
+    """--run DIR | --checkpoint FILE, mutually exclusive; returns the group, for a CLI's other source (--init)."""
+    src = parser.add_mutually_exclusive_group(required=required)
+    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
+    src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
+    return src
+
+
+def checkpoint_in_run(run_dir, other: str | None = None) -> Path:
+    """best.pt, else last.pt, of a run directory; FileNotFoundError (one line) when it has neither, which says
+    so when it is a Hugging Face directory: use `other` (the CLI's option for those, e.g. "--init HF_DIR")."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory {run_dir} does not exist: pass a directory containing best.pt "
+                                "or last.pt")
+    for name in CHECKPOINT_NAMES:
+        if (run_dir / name).is_file():
+            return run_dir / name
+    if (run_dir / HF_CONFIG).is_file():
+        use = f"use {other.split()[0]} {run_dir}" if other else "pass a training run's directory"
+        raise FileNotFoundError(f"run directory {run_dir} is a Hugging Face directory ({HF_CONFIG}, no best.pt or "
+                                f"last.pt), not a training run: {use}")
+    raise FileNotFoundError(f"run directory {run_dir} has no best.pt or last.pt: has its training saved a "
+                            "checkpoint yet? (or pass --checkpoint FILE)")
+
+
+def find_newest_checkpoint(roots=RUN_ROOTS) -> Path | None:
+    """best.pt (else last.pt) of the run whose checkpoint was written most recently, under `roots`."""
+    found = [f for root in map(Path, roots) if root.is_dir()
+             for name in CHECKPOINT_NAMES for f in root.rglob(name) if f.is_file()]
+    newest = max(found, key=lambda f: (f.stat().st_mtime, str(f.parent)), default=None)
+    return checkpoint_in_run(newest.parent) if newest else None
+
+
+def check_hf_dir(path, option: str) -> None:
+    """FileNotFoundError (one line) unless `path`, given with `option` (--init, --hf), is a Hugging Face
+    directory; a tinygpt run directory or checkpoint there gets the hint to pass it with --run/--checkpoint."""
+    p = Path(path).expanduser()
+    if (p / HF_CONFIG).is_file():
+        return
+    if p.is_file():
+        raise FileNotFoundError(f"{option} {path} is a file, not a Hugging Face directory: a tinygpt checkpoint "
+                                f"goes with --checkpoint {path}")
+    if p.is_dir() and any((p / name).exists() for name in (*CHECKPOINT_NAMES, LAST_DCP)):
+        raise FileNotFoundError(f"{option} {path} is a tinygpt training run, not a Hugging Face directory: "
+                                f"use --run {path}")
+    if not p.exists():
+        raise FileNotFoundError(f"{option} {path} does not exist: check the path")
+    raise FileNotFoundError(f"{option} {path} has no {HF_CONFIG}: pass a local Hugging Face GPT-2 directory "
+                            "(written by export.py --hf, or save_pretrained)")
+
+
+def resolve_checkpoint(run=None, checkpoint=None, other: str = "--init HF_DIR") -> Path:
+    """--checkpoint FILE, else --run DIR's, else the newest run's (on stderr); `other`: the CLI's other source."""
+    if checkpoint is not None:
+        return Path(checkpoint)
+    path = checkpoint_in_run(Path(run), other) if run is not None else find_newest_checkpoint()
+    if path is None:
+        raise FileNotFoundError(f"no trained model found under ./{RUN_ROOTS[0]} or ./{RUN_ROOTS[1]} in {Path.cwd()}: "
+                                f"train one with `python train.py`, or pass --run DIR, --checkpoint FILE or {other}")
+    print(f"using {path}" + (" (newest run)" if run is None else ""), file=sys.stderr)
+    return path
+
+
+def overwrite_refusal(run_dir: str | os.PathLike) -> Optional[str]:
+    """Why a new run (train.resume=false) must not start in `run_dir`: it holds an earlier run's last.pt."""
+    if (Path(run_dir) / "last.pt").exists():
+        return (f"{run_dir} already holds last.pt from an earlier run: continue it with train.resume=true, or "
+                f"choose another hydra.run.dir (nothing was overwritten)")
+    return None
+
+
+def model_from_checkpoint(ckpt: dict, source: Any = "the checkpoint"):
+    """The GPT a checkpoint describes (on CPU, float32, in eval mode); ValueError if the weights do not fit."""
+    from model.config import GPTConfig
+    from model.gpt import GPT, model_with_weights
+    return model_with_weights(GPT, GPTConfig.from_dict(dict(ckpt["model_config"])), ckpt["model"], source).eval()
+
+
+def load_for_inference(path, device="cpu"):
+    """(float32 eval-mode model on `device`, tokenizer dict, checkpoint dict) of a checkpoint file (FSDP runs' too)."""
+    _, ckpt = read_checkpoint(path, model=True)
+    try:
+        model = model_from_checkpoint(ckpt)
+    except ValueError as e:  # bad model_config, or weights that do not fit it: say which file
+        raise ValueError(f"checkpoint {path}: {e}") from None
+    return model.to(device), ckpt["tokenizer"], ckpt
+
+
+def check_vocab(tokenizer_vocab_size: int, model) -> None:
+    """ValueError unless the model has a row for every token (more rows are padding: fine)."""
+    if tokenizer_vocab_size > model.config.vocab_size:
+        raise ValueError(f"the tokenizer has {tokenizer_vocab_size} tokens but the model only "
+                         f"{model.config.vocab_size}: model and tokenizer do not belong together")

@@ -8,12 +8,11 @@ import os
 from pathlib import Path
 from typing import Any, Optional
 
-from checkpoint import sharded
-from checkpoint.file import FORMAT, VERSION, link_checkpoint, remove_stale_temp_files, save_checkpoint, tokenizer_name
-from checkpoint.locate import (BEST_DCP, LAST_DCP, RUN_ROOTS, is_sharded_checkpoint, overwrite_refusal,
-                               resume_checkpoint)
+from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, barrier,
+                             is_main_rank, is_sharded_checkpoint, link_checkpoint, overwrite_refusal, read_checkpoint,
+                             remove_stale_temp_files, save_checkpoint, tokenizer_name)
 from common.files import remove_quietly, replace, temp_path
-from model.weights import check_weights, clean_state_dict
+from model.gpt import check_weights, clean_state_dict
 
 LATEST = Path(RUN_ROOTS[0]) / "latest"  # outputs/latest: the newest run with a checkpoint (cwd-relative)
 TOP_LEVEL = ("train_state", "rng")  # parts whose state_dicts are spread over the top level (format 1 has them there)
@@ -42,16 +41,18 @@ class CheckpointManager:
         fresh = spec is False or spec is None
         if fresh and (refusal := overwrite_refusal(self.run_dir)):
             raise ValueError(refusal)
-        if sharded.is_main_rank() and self.run_dir.is_dir():
+        if is_main_rank() and self.run_dir.is_dir():
             remove_stale_temp_files(self.run_dir)  # of saves a kill cut short
-            if not fresh:
-                sharded.recover_sharded(self.run_dir)  # finish a directory swap that a kill interrupted
+            if not fresh and any(self.run_dir.glob(".*_dcp.*")):  # a sharded save that a kill interrupted
+                from checkpoint.sharded import recover_sharded  # (imported only by runs that have sharded files)
+                recover_sharded(self.run_dir)
         if fresh:
             return None
-        sharded.barrier(self.group)
+        barrier(self.group)
         path, ckpt = resume_checkpoint(spec, self.run_dir)  # last.pt or last_dcp/, whichever is newer
         self._check_fits(ckpt, path)
         if is_sharded_checkpoint(path):  # DCP: weights + optimizer, resharded onto this world size
+            from checkpoint import sharded
             sharded.load_sharded(path, self.states["model"], self.states["optimizer"])
         else:
             self._load_file_weights(ckpt, path)
@@ -90,6 +91,7 @@ class CheckpointManager:
         if ckpt.get("optimizer") is None:
             raise ValueError(f"checkpoint {path} has no optimizer state, so it cannot be resumed: start a new run")
         if self.sharded:
+            from checkpoint import sharded
             sharded.load_full_model_state(model, ckpt["model"], str(path))
         else:
             model.load_state_dict(check_weights(model, ckpt["model"], str(path)))
@@ -112,14 +114,15 @@ class CheckpointManager:
                 state.update(sd if name in TOP_LEVEL else {name: sd})
         last = self.run_dir / "last.pt"
         if self.sharded:  # the resumable checkpoint is the DCP one; last.pt holds the weights for sample.py
+            from checkpoint import sharded
             state["sharded"] = True
             sharded.save_sharded(self.run_dir / LAST_DCP, model, optimizer, state, group=self.group,
                                  best_path=self.run_dir / BEST_DCP if best else None)
             state["model"] = sharded.full_model_state_dict(model)  # gathered on rank 0's CPU
-        elif sharded.is_main_rank():
+        elif is_main_rank():
             state["model"] = clean_state_dict(model.state_dict())
             state["optimizer"] = optimizer.state_dict()
-        if sharded.is_main_rank():
+        if is_main_rank():
             save_checkpoint(state, last)
             if best:
                 link_checkpoint(last, self.run_dir / "best.pt")
@@ -128,6 +131,43 @@ class CheckpointManager:
                 link_latest(self.run_dir)
         self.last, self.last_step = last, step  # once written: a save cut short leaves the previous one the last
         return last
+
+
+def resume_checkpoint(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[Path, dict]]:
+    """(path, checkpoint) that `train.resume` names, or None: true means the run dir's freshest resumable one
+    (last.pt with optimizer state vs last_dcp/, by step); a path is a file, a sharded dir or a run dir."""
+    if spec is False or spec is None:
+        return None
+    d = Path(run_dir) if spec is True else Path(os.path.expanduser(str(spec)))
+    last, shard = d / "last.pt", d / LAST_DCP
+    if (spec is not True and not d.is_dir()) or is_sharded_checkpoint(d):
+        path = d
+    elif is_sharded_checkpoint(shard):
+        file_step = _step(last, resumable=True) if last.is_file() else -1
+        path = last if file_step >= 0 and file_step >= _step(shard) else shard
+    elif last.is_file():
+        path = last
+    elif spec is True:
+        raise ValueError(f"train.resume=true but {d} has no last.pt (every run gets a new directory): pass the "
+                         f"earlier run's directory with hydra.run.dir=<run dir> train.resume=true, or give "
+                         f"train.resume=<path to last.pt>")
+    else:
+        raise CheckpointError(f"{d} is a directory without last.pt or last_dcp/: point at a run directory that "
+                              f"has one, or at a checkpoint file")
+    path, ckpt = read_checkpoint(path)
+    if ckpt.get("optimizer") is None and ckpt.get("sharded") and not is_sharded_checkpoint(path):
+        raise ValueError(f"{path} is the weights-only export of an FSDP run: resume from its sharded "
+                         f"checkpoint with train.resume={path.parent / LAST_DCP}")
+    return path, ckpt
+
+
+def _step(path: Path, resumable: bool = False) -> int:
+    """A checkpoint's step (mmap: weights stay on disk); -1 if unreadable, or `resumable` and no optimizer state."""
+    try:
+        ckpt = read_checkpoint(path, mmap=True)[1]
+        return -1 if resumable and ckpt.get("optimizer") is None else int(ckpt.get("step", -1))
+    except (ValueError, TypeError, OSError):
+        return -1
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -13,26 +13,16 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from checkpoint.file import CheckpointError, _save_error, save_checkpoint
-from checkpoint.locate import BEST_DCP, DCP_META, LAST_DCP, is_sharded_checkpoint, read_checkpoint
+from checkpoint.file import (BEST_DCP, DCP_META, LAST_DCP, CheckpointError, _save_error, barrier,  # noqa: F401
+                             is_main_rank, is_sharded_checkpoint, read_checkpoint, save_checkpoint)
 from common.files import replace, replace_dir
-from model.weights import check_weights, clean_state_dict
+from model.gpt import check_weights, clean_state_dict
 
 _GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dcp/ or best_dcp/"
 
 
 def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized()
-
-
-def is_main_rank() -> bool:
-    return not _distributed() or dist.get_rank() == 0
-
-
-def barrier(group: Any = None) -> None:
-    """All ranks meet (a no-op without a process group); `group`: the run's CPU control group."""
-    if _distributed():
-        dist.barrier(group=group)
 
 
 @contextlib.contextmanager
@@ -167,7 +157,8 @@ def export_single_file(src: str | os.PathLike, out: str | os.PathLike | None,
                        make_optimizer: Callable[[torch.nn.Module, dict], torch.optim.Optimizer]) -> Path:
     """Offline, one CPU process: a sharded checkpoint (or run dir with last_dcp/) -> one complete checkpoint.
     `make_optimizer(model, optim_config)` builds the run's optimizer, so the state has the layout a resume expects."""
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     shard = _export_source(Path(src))
     meta = read_checkpoint(shard)[1]
     out = Path(out) if out is not None else shard.parent / f"{shard.name.removesuffix('_dcp')}_full.pt"

@@ -1,19 +1,64 @@
-"""GPT: a GPT-2-style decoder-only transformer (nanoGPT's layout, GPT-2's module names so HF weights map 1:1).
-Sampling lives in model/generate.py and the Hugging Face format in model/hf.py; the methods here are thin.
+"""GPT: a GPT-2-style decoder-only transformer (nanoGPT's layout, GPT-2's module names so HF weights map 1:1): causal
+self-attention with two interchangeable paths over the same weights, "sdpa" (fused kernels) and "manual" (the
+textbook softmax, which can return its weights for maps and tests), the MLP, the block, the model, and the one
+way weights get into it (checkpoint, Hugging Face, fine-tune). Sampling lives in model/generate.py.
 """
 from __future__ import annotations
 
 import math
+import re
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import generate as _gen
-from model import hf
-from model.attention import CausalSelfAttention
 from model.config import GPTConfig
-from model.weights import model_with_weights
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, config: GPTConfig, layer_idx: int = 0):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_embd = config.n_embd
+        self.dropout = config.dropout
+        self.attention = config.attention
+        self.layer_idx = layer_idx  # which of a KVCache's per-layer buffers are this layer's
+        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused q, k, v
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
+        self.attn_dropout = nn.Dropout(config.dropout)
+        self.resid_dropout = nn.Dropout(config.dropout)
+
+    def forward(self, x, *, cache=None, input_pos=None, mask=None, need_weights=False):
+        """x (B, T, C) -> (y (B, T, C), weights (B, nh, T, Tk) if need_weights else None). With `cache`, k/v are
+        written at `input_pos` and attention runs over the cache under `mask` (Tq, Tk), True = may attend."""
+        B, T, C = x.size()
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # each (B, nh, T, hs)
+                   for t in self.c_attn(x).split(self.n_embd, dim=2))
+        if cache is not None:
+            assert mask is not None and input_pos is not None, "a cached forward needs input_pos and mask"
+            k, v = cache.update(self.layer_idx, input_pos, k, v)  # (B, nh, max_len, hs)
+
+        weights = None
+        if need_weights or self.attention == "manual":
+            y, weights = self.manual_attention(q, k, v, mask)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
+                is_causal=mask is None)  # (B, nh, T, hs); cached queries do not start at 0: explicit mask
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side: (B, T, C)
+        y = self.resid_dropout(self.c_proj(y))
+        return y, (weights if need_weights else None)
+
+    def manual_attention(self, q, k, v, mask=None):
+        """Textbook attention on (B, nh, Tq, hs) queries and (B, nh, Tk, hs) keys/values -> (y, weights)."""
+        Tq, Tk = q.size(-2), k.size(-2)
+        if mask is None:  # plain causal self-attention: lower-triangular, key j visible iff j <= i
+            mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
+        att = att.masked_fill(~mask, float("-inf"))  # future positions get zero weight after softmax
+        att = F.softmax(att, dim=-1)
+        y = self.attn_dropout(att) @ v  # (B, nh, Tq, Tk) @ (B, nh, Tk, hs) -> (B, nh, Tq, hs)
+        return y, att
 
 
 class MLP(nn.Module):
@@ -135,12 +180,35 @@ class GPT(nn.Module):
         finally:
             self.train(was_training)
 
-    # model.generate(idx, ...) is model.generate.generate(model, idx, ...): one signature, in one place
-    generate = _gen.generate  # idx (B, T) -> (B, T + max_new_tokens)
-    generate_stream = _gen.generate_tokens  # yields each new token as a (B, 1) LongTensor
 
-    @classmethod
-    def from_pretrained(cls, path) -> "GPT":
-        """A local Hugging Face GPT-2 directory (config.json + weights, 124M to 1.5B) as a GPT in eval mode."""
-        config, sd = hf.read_pretrained(path)
-        return model_with_weights(cls, config, sd, path).eval()
+def clean_state_dict(sd: dict) -> dict:
+    """Strip the `_orig_mod.` / `module.` prefixes wrappers add to parameter names."""
+    return {re.sub(r"^((_orig_mod|module)\.)+", "", k): v for k, v in sd.items()}
+
+
+def check_weights(model: torch.nn.Module, state_dict: dict, source) -> dict:
+    """`state_dict` without wrapper prefixes; a one-line ValueError when its names or shapes differ from `model`'s
+    (a None value counts as missing). `source` names where the weights come from."""
+    own, sd = model.state_dict(), clean_state_dict(state_dict)
+    missing = [k for k in own if sd.get(k) is None]
+    unexpected = [k for k in sd if k not in own]
+    wrong = [k for k in own if sd.get(k) is not None and tuple(sd[k].shape) != tuple(own[k].shape)]
+    parts = [f"missing {len(missing)} (e.g. {missing[0]})"] if missing else []
+    parts += [f"unexpected {len(unexpected)} (e.g. {unexpected[0]})"] if unexpected else []
+    parts += [f"{k} has shape {tuple(sd[k].shape)} there but {tuple(own[k].shape)} here" for k in wrong[:1]]
+    if parts:
+        raise ValueError(f"the weights in {source} do not match the model ({'; '.join(parts)}): use the model "
+                         f"settings they were trained with")
+    return sd
+
+
+def model_with_weights(model_cls, config, state_dict: dict, source) -> torch.nn.Module:
+    """`model_cls(config)` on the CPU holding `state_dict`'s tensors (float32), checked by check_weights."""
+    with torch.device("meta"):  # shapes only: the state_dict provides every value
+        model = model_cls(config)
+    sd = {k: v.to(torch.float32) if v.is_floating_point() else v
+          for k, v in check_weights(model, state_dict, source).items()}
+    model.load_state_dict(sd, assign=True)
+    if config.tie_weights:  # assign=True replaced the shared Parameter with two tensors: tie them again
+        model.lm_head.weight = model.transformer.wte.weight
+    return model

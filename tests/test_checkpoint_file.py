@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpoint import file as ck
-from checkpoint.locate import model_from_checkpoint
+from checkpoint.file import model_from_checkpoint
 from training.state import capture_rng_state
 from tests.helpers import find_non_plain
 

@@ -7,7 +7,7 @@ import os
 import export
 from checkpoint import file as ck
 from checkpoint import sharded as S
-from checkpoint.locate import model_from_checkpoint, read_checkpoint
+from checkpoint.file import model_from_checkpoint, read_checkpoint
 from tests.helpers import find_non_plain, tiny_model_and_opt, train_steps
 
 

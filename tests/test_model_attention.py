@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT, KVCache
-from model.attention import CausalSelfAttention
+from model import GPT
+from model.generate import KVCache
+from model.gpt import CausalSelfAttention
 
 
 

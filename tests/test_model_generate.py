@@ -124,7 +124,7 @@ def test_vocab_limit_samples_what_the_old_lm_head_hook_did(tiny_gpt_config, use_
     n = 2 * tiny_gpt_config.block_size  # the window slides
     for kw in (dict(temperature=0), dict(temperature=1.5, top_k=20, top_p=0.95)):
         def run(**extra):
-            return model.generate(idx, n, **kw, use_kv_cache=use_kv_cache,
+            return generate(model, idx, n, **kw, use_kv_cache=use_kv_cache,
                                   generator=torch.Generator().manual_seed(3), **extra)
         new = run(vocab_limit=limit)
         assert (new[:, 3:] < limit).all()
@@ -134,7 +134,7 @@ def test_vocab_limit_samples_what_the_old_lm_head_hook_did(tiny_gpt_config, use_
             assert torch.equal(new, run())
         finally:
             handle.remove()
-        stream = model.generate_stream(idx, n, **kw, use_kv_cache=use_kv_cache,
+        stream = generate_tokens(model, idx, n, **kw, use_kv_cache=use_kv_cache,
                                        generator=torch.Generator().manual_seed(3), vocab_limit=limit)
         assert torch.equal(torch.cat([idx, *stream], dim=1), new)
 
@@ -176,8 +176,8 @@ def test_greedy_cached_equals_uncached_past_block_size(tiny_gpt_config, attentio
     model = spiky_model(dataclasses.replace(tiny_gpt_config, attention=attention))
     n = 3 * tiny_gpt_config.block_size
     idx = torch.randint(0, tiny_gpt_config.vocab_size, (batch, 5), generator=torch.Generator().manual_seed(1))
-    cached = model.generate(idx, n, temperature=0)
-    uncached = model.generate(idx, n, temperature=0, use_kv_cache=False)
+    cached = generate(model, idx, n, temperature=0)
+    uncached = generate(model, idx, n, temperature=0, use_kv_cache=False)
     assert cached.shape == (batch, 5 + n) and torch.equal(cached[:, :5], idx)
     assert torch.equal(cached, uncached)
     assert torch.equal(cached, reference_generate(model, idx, n))
@@ -187,9 +187,9 @@ def test_sampling_with_same_generator_is_identical_cached_and_uncached(tiny_gpt_
     model = spiky_model(tiny_gpt_config)
     idx = torch.zeros(2, 3, dtype=torch.long)
     n, kw = 3 * tiny_gpt_config.block_size, dict(temperature=2.0, top_k=20, top_p=0.95)
-    a = model.generate(idx, n, **kw, generator=torch.Generator().manual_seed(5))
-    b = model.generate(idx, n, **kw, use_kv_cache=False, generator=torch.Generator().manual_seed(5))
-    c = model.generate(idx, n, **kw, generator=torch.Generator().manual_seed(6))
+    a = generate(model, idx, n, **kw, generator=torch.Generator().manual_seed(5))
+    b = generate(model, idx, n, **kw, use_kv_cache=False, generator=torch.Generator().manual_seed(5))
+    c = generate(model, idx, n, **kw, generator=torch.Generator().manual_seed(6))
     assert torch.equal(a, b) and not torch.equal(a, c)
 
     def ref(keep):
@@ -202,18 +202,18 @@ def test_sampling_with_same_generator_is_identical_cached_and_uncached(tiny_gpt_
 def test_prompt_longer_than_block_size_is_cropped_consistently(tiny_gpt_config):
     model = spiky_model(tiny_gpt_config)
     idx = torch.randint(0, 32, (1, 2 * tiny_gpt_config.block_size + 3))
-    out = model.generate(idx, 20, temperature=0)
-    assert torch.equal(out, model.generate(idx, 20, temperature=0, use_kv_cache=False))
+    out = generate(model, idx, 20, temperature=0)
+    assert torch.equal(out, generate(model, idx, 20, temperature=0, use_kv_cache=False))
     assert torch.equal(out, reference_generate(model, idx, 20))
 
 
 def test_stream_yields_b_by_1_tokens_matching_generate(tiny_gpt_config):
     model = spiky_model(tiny_gpt_config)
     idx = torch.zeros(2, 1, dtype=torch.long)
-    stream = model.generate_stream(idx, 10, temperature=0)
+    stream = generate_tokens(model, idx, 10, temperature=0)
     tokens = list(stream)
     assert len(tokens) == 10 and all(t.shape == (2, 1) and t.dtype == torch.long for t in tokens)
-    assert torch.equal(torch.cat([idx, *tokens], 1), model.generate(idx, 10, temperature=0))
+    assert torch.equal(torch.cat([idx, *tokens], 1), generate(model, idx, 10, temperature=0))
     assert torch.equal(generate(model, idx, 0), idx)
 
 
@@ -236,7 +236,7 @@ def test_bad_generation_arguments_raise_at_call_time(tiny_gpt_config, kwargs, ma
     model = GPT(tiny_gpt_config)
     args = {"idx": torch.zeros(1, 1, dtype=torch.long), "max_new_tokens": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
-        model.generate_stream(**args)  # an iterator, but validated before the first token
+        generate_tokens(model, **args)  # an iterator, but validated before the first token
 
 
 def test_compile_on_cpu_falls_back_with_a_warning(tiny_gpt_config):
@@ -244,9 +244,9 @@ def test_compile_on_cpu_falls_back_with_a_warning(tiny_gpt_config):
     idx = torch.zeros(1, 2, dtype=torch.long)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = model.generate(idx, 20, temperature=0, compile=True)
+        out = generate(model, idx, 20, temperature=0, compile=True)
     assert any("CUDA" in str(w.message) for w in caught)
-    assert torch.equal(out, model.generate(idx, 20, temperature=0))
+    assert torch.equal(out, generate(model, idx, 20, temperature=0))
 
 
 def _compiled(engine):
@@ -446,7 +446,7 @@ def test_graphed_step_on_fixed_buffers_gives_eager_tokens(tiny_gpt_config, monke
     monkeypatch.setattr(gen, "_step_before_draw", spy)
     graphed = _run(model, idx, n, gen.GraphedDecode(capture=False), kw, seed=7)
     assert torch.equal(graphed, _run(model, idx, n, gen.decode_one_token, kw, seed=7))
-    assert torch.equal(graphed, model.generate(idx, n, **kw, generator=torch.Generator().manual_seed(7)))
+    assert torch.equal(graphed, generate(model, idx, n, **kw, generator=torch.Generator().manual_seed(7)))
     first = seen[0]
     assert all(s[0] is first[0] and s[1] is first[1] and s[2:4] == first[2:4] for s in seen)  # same buffers
     assert all(s[4] is first[4] and s[5] == first[5] and s[4].static for s in seen)  # one static cache
@@ -563,9 +563,9 @@ def test_cuda_graphs_are_off_the_cpu_and_optional(tiny_gpt_config):
     idx = torch.tensor([[1, 2]])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        out = model.generate(idx, 20, temperature=0)
-        assert torch.equal(out, model.generate(idx, 20, temperature=0, cuda_graphs=False))
-        assert torch.equal(out, model.generate(idx, 20, temperature=0, use_kv_cache=False, cuda_graphs=True))
+        out = generate(model, idx, 20, temperature=0)
+        assert torch.equal(out, generate(model, idx, 20, temperature=0, cuda_graphs=False))
+        assert torch.equal(out, generate(model, idx, 20, temperature=0, use_kv_cache=False, cuda_graphs=True))
 
 
 @pytest.mark.cuda
@@ -584,7 +584,7 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
     def run(cuda_graphs, **kw):  # -> (tokens, tokens/s after the first 10: past the capture)
         g = torch.Generator(device="cuda").manual_seed(3)
         out, times = [], []
-        for t in model.generate_stream(idx, 400, generator=g, cuda_graphs=cuda_graphs, **kw):
+        for t in generate_tokens(model, idx, 400, generator=g, cuda_graphs=cuda_graphs, **kw):
             out.append(t.item())  # a sync per token, as sample.py's printing
             times.append(time.perf_counter())
         return out, 390 / (times[-1] - times[9])

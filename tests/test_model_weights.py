@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from model import GPT, GPTConfig
-from model.weights import check_weights, clean_state_dict, model_with_weights
+from model.gpt import check_weights, clean_state_dict, model_with_weights
 
 
 def _model(**kw):
