@@ -1,9 +1,7 @@
 """One checkpoint file: which one the user means (a path, a run directory's best.pt or last.pt, the newest run),
-and writing and reading it. A plain dict (format 1; keys: docs/design.md), written atomically and loaded with
-torch.load(weights_only=True), so loading never unpickles code; every way a file can be unusable is one
-CheckpointError line. torch and common.files are imported when a file is read or written: sample.py checks its
-arguments first.
-"""
+writing it atomically and reading it with torch.load(weights_only=True) (a plain dict, format 1: docs/design.md),
+so loading never unpickles code. Every unusable file is one CheckpointError line. torch is imported when a file
+is read or written: sample.py checks its arguments first."""
 from __future__ import annotations
 
 import errno
@@ -14,7 +12,6 @@ import sys
 import warnings
 from pathlib import Path
 from pickle import UnpicklingError  # what torch.load(weights_only=True) raises on a refused object
-from typing import Any, Optional
 
 FORMAT = "tinygpt"
 VERSION = 1
@@ -25,6 +22,7 @@ DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint d
 LAST_DCP = "last_dcp"
 BEST_DCP = "best_dcp"
 HF_CONFIG = "config.json"  # what makes a directory a Hugging Face model directory
+NOT_A_CHECKPOINT = "{} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or best.pt written by train.py"
 
 
 class CheckpointError(ValueError):
@@ -38,10 +36,8 @@ def _disk_full(e: BaseException, directory: Path | None = None) -> bool:
         if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             return True
         e = e.__cause__ or e.__context__
-    if directory is None:
-        return False
     try:
-        return shutil.disk_usage(directory).free < 16 << 20
+        return directory is not None and shutil.disk_usage(directory).free < 16 << 20
     except OSError:
         return False
 
@@ -107,27 +103,25 @@ def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
     return len(stale)
 
 
+def _distributed():
+    """torch.distributed while a process group is up, else None."""
+    import torch.distributed as dist
+    return dist if dist.is_available() and dist.is_initialized() else None
+
+
 def is_main_rank() -> bool:
     """Rank 0, or the only process: the one that writes checkpoint files."""
-    import torch.distributed as dist
-    return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+    return _distributed() is None or _distributed().get_rank() == 0
 
 
-def barrier(group: Any = None) -> None:
+def barrier(group=None) -> None:
     """All ranks meet (a no-op without a process group); `group`: the run's CPU control group."""
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier(group=group)
-
-
-def _not_a_checkpoint(p: Path) -> CheckpointError:
-    return CheckpointError(f"{p} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or best.pt "
-                           f"written by train.py")
+    if _distributed():
+        _distributed().barrier(group=group)
 
 
 def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
-    """Load (onto the CPU; `mmap`: tensors paged in on use) and check a tinygpt checkpoint file with
-    torch.load(weights_only=True); CheckpointError if unusable. checkpoint.locate.read_checkpoint calls it."""
+    """Load (onto the CPU; `mmap`: tensors paged in on use) and check a checkpoint file; CheckpointError if unusable."""
     import torch
     p = Path(os.path.expanduser(str(path)))
     if not p.exists():
@@ -150,7 +144,7 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
             raise CheckpointError(f"checkpoint {p} contains a pickled Python object{what}, which tinygpt refuses to "
                                   f"load (torch.load weights_only=True, for safety): use a checkpoint written by "
                                   f"tinygpt's train.py") from None
-        raise _not_a_checkpoint(p) from None
+        raise CheckpointError(NOT_A_CHECKPOINT.format(p)) from None
     except EOFError:
         raise CheckpointError(f"checkpoint {p} is truncated (unexpected end of file): use another checkpoint, "
                               f"e.g. best.pt, or train again") from None
@@ -169,7 +163,7 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
         raise CheckpointError(f"checkpoint {p} is truncated or corrupt ({e.strerror or e}): use another "
                               f"checkpoint, e.g. best.pt, or train again") from None
     except Exception:  # noqa: BLE001 - torch reads non-zip bytes as pickle; garbage raises KeyError, IndexError, ...
-        raise _not_a_checkpoint(p) from None
+        raise CheckpointError(NOT_A_CHECKPOINT.format(p)) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{p} is a PyTorch file but not a tinygpt checkpoint (no format='tinygpt' key): "
                               f"use a last.pt or best.pt written by train.py")
@@ -210,8 +204,7 @@ def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bo
 
 
 def tokenizer_name(tok: dict) -> str:
-    """Format 1's "tokenizer" entry in words for error lines: "gpt2 BPE", "char (65 characters)" or
-    "own BPE (4096 tokens)"."""
+    """Format 1's "tokenizer" entry in words for error lines: "gpt2 BPE", "char (65 characters)", "own BPE (4096 tokens)"."""
     if tok.get("type") == "char":
         return f"char ({len(tok.get('chars', ''))} characters)"
     if tok.get("type") == "bpe":
@@ -283,15 +276,7 @@ def resolve_checkpoint(run=None, checkpoint=None, other: str = "--init HF_DIR") 
     return path
 
 
-def overwrite_refusal(run_dir: str | os.PathLike) -> Optional[str]:
-    """Why a new run (train.resume=false) must not start in `run_dir`: it holds an earlier run's last.pt."""
-    if (Path(run_dir) / "last.pt").exists():
-        return (f"{run_dir} already holds last.pt from an earlier run: continue it with train.resume=true, or "
-                f"choose another hydra.run.dir (nothing was overwritten)")
-    return None
-
-
-def model_from_checkpoint(ckpt: dict, source: Any = "the checkpoint"):
+def model_from_checkpoint(ckpt: dict, source="the checkpoint"):
     """The GPT a checkpoint describes (on CPU, float32, in eval mode); ValueError if the weights do not fit."""
     from model.config import GPTConfig
     from model.gpt import GPT, model_with_weights

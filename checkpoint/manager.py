@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, barrier,
-                             is_main_rank, is_sharded_checkpoint, link_checkpoint, overwrite_refusal, read_checkpoint,
+                             is_main_rank, is_sharded_checkpoint, link_checkpoint, read_checkpoint,
                              remove_stale_temp_files, save_checkpoint, tokenizer_name)
 from common.files import remove_quietly, replace, temp_path
 from model.gpt import check_weights, clean_state_dict
@@ -168,6 +168,14 @@ def _step(path: Path, resumable: bool = False) -> int:
         return -1 if resumable and ckpt.get("optimizer") is None else int(ckpt.get("step", -1))
     except (ValueError, TypeError, OSError):
         return -1
+
+
+def overwrite_refusal(run_dir: str | os.PathLike) -> str | None:
+    """Why a new run (train.resume=false) must not start in `run_dir`: it holds an earlier run's last.pt."""
+    if (Path(run_dir) / "last.pt").exists():
+        return (f"{run_dir} already holds last.pt from an earlier run: continue it with train.resume=true, or "
+                f"choose another hydra.run.dir (nothing was overwritten)")
+    return None
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

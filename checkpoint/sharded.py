@@ -11,18 +11,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import torch
-import torch.distributed as dist
 
-from checkpoint.file import (BEST_DCP, DCP_META, LAST_DCP, CheckpointError, _save_error, barrier,  # noqa: F401
-                             is_main_rank, is_sharded_checkpoint, read_checkpoint, save_checkpoint)
+from checkpoint.file import (BEST_DCP, DCP_META, LAST_DCP, CheckpointError, _distributed, _save_error,  # noqa: F401
+                             barrier, is_main_rank, is_sharded_checkpoint, read_checkpoint, save_checkpoint)
 from common.files import replace, replace_dir
 from model.gpt import check_weights, clean_state_dict
 
 _GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dcp/ or best_dcp/"
-
-
-def _distributed() -> bool:
-    return dist.is_available() and dist.is_initialized()
 
 
 @contextlib.contextmanager
@@ -78,7 +73,7 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
         barrier(group)
         msd, osd = get_state_dict(model, optimizer)
         with _quiet_single_process():  # returns once every rank's shards are written
-            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp), no_dist=not _distributed())
+            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp), no_dist=_distributed() is None)
         if is_main_rank():
             save_checkpoint(meta, tmp / DCP_META)
             replace_dir(tmp, path, _beside(path, "old"))
@@ -101,7 +96,7 @@ def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer) -> 
     state = {"model": msd, "optimizer": osd}
     try:
         with _quiet_single_process():
-            dcp.load(state, checkpoint_id=str(path), no_dist=not _distributed())
+            dcp.load(state, checkpoint_id=str(path), no_dist=_distributed() is None)
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps per-rank failures
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ValueError(f"the sharded checkpoint {path} does not fit this model ({first}): resume with the "

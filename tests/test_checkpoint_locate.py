@@ -16,8 +16,8 @@ import torch
 from checkpoint import sharded as S
 from checkpoint.file import CheckpointError, save_checkpoint
 from checkpoint.file import (check_vocab, checkpoint_in_run, find_newest_checkpoint, load_for_inference,
-                             model_from_checkpoint, overwrite_refusal, read_checkpoint, resolve_checkpoint)
-from checkpoint.manager import resume_checkpoint
+                             model_from_checkpoint, read_checkpoint, resolve_checkpoint)
+from checkpoint.manager import overwrite_refusal, resume_checkpoint
 from tests.helpers import tiny_model_and_opt, train_steps
 
 
