@@ -1,4 +1,4 @@
-"""Causal multi-head attention: causality, path equivalence, per-head decomposition, cache consistency."""
+"""model/gpt.py's CausalSelfAttention (the sdpa and manual paths, attention maps) and model/generate.py's KVCache."""
 import dataclasses
 import math
 
