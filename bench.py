@@ -170,7 +170,7 @@ def parse_args(argv=None):
 def run(args) -> dict:
     import torch
     from benchmarks import commands, inprocess, prepare
-    from training.device import setup_device
+    from launch.device import setup_device
     if args.threads:
         torch.set_num_threads(args.threads)
     dev = setup_device(args.device, args.dtype)

@@ -27,11 +27,11 @@ from omegaconf.errors import OmegaConfBaseException
 from checkpoint.locate import overwrite_refusal
 from common import run_lock
 from common.text import one_line
-from training import distributed, init_from, memory, sweep
+from launch import console, distributed, memory, sweep
+from training import init_from
 from training.config import check_override, register_configs, to_dataclass, train_keys
-from training.hydra_record import RecordSnapshot
-from training.overrides import VALUE_FLAGS, data_path_note, flag_hint, lexer_hint, word_hint
-from training.signals import stop_on_closed_pipe
+from launch.hydra_record import RecordSnapshot
+from launch.overrides import VALUE_FLAGS, data_path_note, flag_hint, lexer_hint, word_hint
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
 CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
@@ -75,8 +75,8 @@ def _say_cpu_preset() -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> object:
-    """One run; a sweep's job returns its outcome instead of exiting, so that the sweep goes on (training/sweep.py)."""
-    stop_on_closed_pipe()  # `train.py | head`: the run stops as on Ctrl-C, without a logging error per line
+    """One run; a sweep's job returns its outcome instead of exiting, so that the sweep goes on (launch/sweep.py)."""
+    console.setup()  # the console's one handler (`train.py | head`: the run stops as on Ctrl-C, quietly)
     if not sweep.in_sweep():
         return _run(cfg)
     try:

@@ -122,7 +122,7 @@ def test_a_failing_preset_is_an_error_row_not_an_abort(tmp_path, monkeypatch):
 
     import torch
 
-    from training.device import setup_device
+    from launch.device import setup_device
 
     class Broken(torch.nn.Module):
         def forward(self, *a, **kw):
@@ -193,7 +193,7 @@ def test_quality_budget_stops_the_run(tmp_path, monkeypatch, cache_with_shakespe
 
 def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
     import training.step
-    from training.device import setup_device
+    from launch.device import setup_device
     calls = []
     real = training.step.train_step
 

@@ -7,8 +7,8 @@ import types
 
 from training import metrics as mt
 from training.config import Config
-from training.device import setup_device
-from training.distributed import DistInfo
+from launch.device import setup_device
+from launch.distributed import DistInfo
 from training.state import TrainState
 
 

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from training import device as dv
+from launch import device as dv
 from training.optim import build_optimizer, lr_at, param_groups
 
 

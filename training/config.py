@@ -114,9 +114,9 @@ def register_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
     # train.py's Checks callback, registered in code so that no YAML preset ever names code for Hydra to import
-    # (and the sweep report: training/sweep.py)
+    # (and the sweep report: launch/sweep.py)
     cs.store(name="train_checks", node={"hydra": {"callbacks": {"checks": {"_target_": "__main__.Checks"},
-                                                                "sweep": {"_target_": "training.sweep.SweepReport"}}}})
+                                                                "sweep": {"_target_": "launch.sweep.SweepReport"}}}})
 
 
 def _dotted(d: dict, prefix: str = "") -> Iterator[str]:
@@ -263,7 +263,7 @@ def validate(c: Config) -> None:
 
 
 def _env_world_size() -> int:
-    """The processes torchrun started (WORLD_SIZE, which training.distributed.init also reads), else 1."""
+    """The processes torchrun started (WORLD_SIZE, which launch.distributed.init also reads), else 1."""
     w = os.environ.get("WORLD_SIZE", "1")
     return int(w) if w.isdigit() and int(w) >= 1 else 1
 

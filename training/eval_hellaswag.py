@@ -13,7 +13,7 @@ from functools import partial
 
 from common.cli import read_text_file
 from evals import hellaswag
-from training import distributed as dist_lib
+from launch import distributed as dist_lib
 
 log = logging.getLogger(__name__)
 

@@ -17,15 +17,14 @@ from typing import Any, Callable, Optional
 import torch
 
 from checkpoint.manager import CheckpointManager
-from training import distributed as dist_lib
+from launch import distributed as dist_lib
 from training import eval_hellaswag, init_from
 from training.config import Config, gpt_config, to_dataclass, train_keys
-from training.console import console_with_bar
-from training.device import resolve_compile, setup_device
+from launch.device import resolve_compile, setup_device
 from training.metrics import RunLog
 from training.mfu import flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
-from training.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
+from launch.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
 from training.state import LossWindow, RNGState, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
 
@@ -129,7 +128,7 @@ class Trainer:
         show_bar = self.rt.is_main and sys.stderr.isatty()
         self.stop.install()
         try:
-            with console_with_bar(show_bar), self.report.progress(t.max_iters, st.step, show_bar):
+            with self.report.progress(t.max_iters, st.step, show_bar):
                 if st.eval_pending or (t.eval_at_start and not self.resumed):  # pending: a stop cut it short
                     self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():

@@ -15,13 +15,14 @@ from typing import TYPE_CHECKING, Optional
 
 from common.files import atomic_write
 from common.platform import command_line
-from training.wandb_run import WandbRun
+from launch.console import progress_bar
+from launch.wandb_run import WandbRun
 
 if TYPE_CHECKING:
     from data.cache import Prepared
     from training.config import Config
-    from training.device import DeviceSetup
-    from training.distributed import DistInfo
+    from launch.device import DeviceSetup
+    from launch.distributed import DistInfo
     from training.init_from import Source
     from training.state import TrainState
 
@@ -111,7 +112,7 @@ class RunLog:
         log.info(f"device: {dev.device} ({dev.name}), {dev.dtype_name}{' + GradScaler' if dev.use_grad_scaler else ''}"
                  ", " + ("torch.compile on" if compiled else "eager (no torch.compile)"))
         if rt.distributed:
-            from training.distributed import describe
+            from launch.distributed import describe
             log.info(f"parallel: {describe(rt)}")
         log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x {m.block_size} tokens x "
                  f"{c.train.grad_accum_steps} accumulation x {rt.world_size} process"
@@ -125,13 +126,8 @@ class RunLog:
 
     @contextlib.contextmanager
     def progress(self, total: int, initial: int, show: bool):
-        from tqdm import tqdm
-        self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not show,
-                        file=sys.stderr, smoothing=0.05, leave=True)
-        try:
+        with progress_bar(total, initial, show) as self.bar:
             yield self.bar
-        finally:
-            self.bar.close()
 
     @property
     def started(self) -> bool:

@@ -1,5 +1,5 @@
-"""training/device.py on Apple's MPS, mocked (no Mac here): precision, GradScaler's torch version, autocast, MFU,
-compile=auto; and training/distributed.py refusing MPS under torchrun."""
+"""launch/device.py on Apple's MPS, mocked (no Mac here): precision, GradScaler's torch version, autocast, MFU,
+compile=auto; and launch/distributed.py refusing MPS under torchrun."""
 from __future__ import annotations
 
 import contextlib
@@ -9,10 +9,10 @@ import pytest
 import torch
 from torch.torch_version import TorchVersion
 
-from training import device as training_device
-from training import distributed
+from launch import device as training_device
+from launch import distributed
 from training.config import train_keys
-from training.device import resolve_compile, setup_device
+from launch.device import resolve_compile, setup_device
 
 MPS = torch.device("mps")
 

@@ -1,4 +1,4 @@
-"""training/memory.py: the estimate of one training step's memory, the refusal line, and train.py's CPU OOM line."""
+"""launch/memory.py: the estimate of one training step's memory, the refusal line, and train.py's CPU OOM line."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO, run_cli
-from training import memory
+from launch import memory
 from training.config import Config
 
 TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",
@@ -47,7 +47,7 @@ def test_parameter_counts_match_the_model(tokenizer, tie, bias, pad):
 MEASURE = r"""
 import json, sys, torch
 from model import GPT, GPTConfig
-from training import memory
+from launch import memory
 from training.config import Config
 from training.optim import build_optimizer
 from training.step import train_step
@@ -170,7 +170,7 @@ def test_cpu_out_of_memory_while_training_is_one_line(tmp_path, tiny_corpus, all
 def test_the_own_bpe_estimate_uses_its_vocabulary():
     """data.tokenizer=bpe: the head and embedding are sized by data.vocab_size, not by the char bound (256)."""
     from training.config import to_dataclass
-    from training.memory import vocab_size
+    from launch.memory import vocab_size
     c = to_dataclass({"data": {"name": "text", "path": "x.txt", "tokenizer": "bpe", "vocab_size": 4096},
                       "model": {"pad_vocab_to": 64}})
     assert vocab_size(c) == 4096
