@@ -11,10 +11,9 @@ from typing import TYPE_CHECKING, Optional
 
 from common.platform import command_line
 from launch import console
-from launch.overrides import override
 
 if TYPE_CHECKING:
-    from launch.distributed import DistInfo
+    from launch.ranks import DistInfo
 
 SIGPIPE = 13  # POSIX's SIGPIPE number (Windows has no such signal, but a pipe's reader still leaves)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, SIGPIPE: 128 + SIGPIPE}  # 141: what shells report
@@ -74,6 +73,7 @@ class StopRequest:
 
 def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Optional[DistInfo] = None) -> str:
     """The command that resumes this run, launched as it was: its overrides, run dir and train.resume=true."""
+    from launch.overrides import override
     keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
     launch = ["python"]
     if info is not None and info.distributed:

@@ -33,6 +33,7 @@ from checkpoint import file as ck
 from checkpoint import locate as L
 from checkpoint import sharded as S
 from launch import distributed as D
+from launch import ranks as R
 from training import state as TS
 from launch.signals import StopRequest
 
@@ -118,25 +119,25 @@ def test_single_process_needs_no_process_group(monkeypatch):
     assert (info.rank, info.world_size, info.parallel, info.distributed) == (0, 1, "none", False)
     assert not torch.distributed.is_initialized()
     t = torch.tensor([3.0])
-    assert D.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
+    assert R.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
     stop = StopRequest(info)
     assert not stop.agreed()
     stop.signum = 15
     assert stop.agreed() and stop.signum == 15  # single process: immediate, no collective
     m = torch.nn.Linear(2, 2)
     assert D.wrap_model(m, info, torch.device("cpu")) is m
-    with D.grad_sync(m, info, last=False):
+    with R.grad_sync(m, info, last=False):
         pass
-    D.destroy(info)
+    R.destroy(info)
 
 
 def test_eval_plan_covers_every_batch_once():
-    ddp = [D.eval_plan(5, D.DistInfo(rank=r, world_size=2, parallel="ddp")) for r in range(2)]
+    ddp = [R.eval_plan(5, D.DistInfo(rank=r, world_size=2, parallel="ddp")) for r in range(2)]
     assert ddp == [[(0, True), (2, True), (4, True)], [(1, True), (3, True)]]
-    fsdp = [D.eval_plan(5, D.DistInfo(rank=r, world_size=2, parallel="fsdp")) for r in range(2)]
+    fsdp = [R.eval_plan(5, D.DistInfo(rank=r, world_size=2, parallel="fsdp")) for r in range(2)]
     assert [len(p) for p in fsdp] == [3, 3]  # same number of forwards: each is a collective under FSDP
     assert sorted(i for p in fsdp for i, counted in p if counted) == [0, 1, 2, 3, 4]
-    assert D.eval_plan(3, D.DistInfo()) == [(0, True), (1, True), (2, True)]
+    assert R.eval_plan(3, D.DistInfo()) == [(0, True), (1, True), (2, True)]
 
 
 @pytest.fixture
@@ -169,7 +170,7 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
             "step": 2}
     S.save_sharded(tmp_path / "s", f, fopt, meta)
     assert train_steps(f, fopt, 2, seed=2) == expected
-    assert D.weights_finite(list(f.parameters()), info)
+    assert R.weights_finite(list(f.parameters()), info)
     full = S.full_model_state_dict(f)
     _assert_close_weights(full, m.state_dict())
 

@@ -99,7 +99,7 @@ def test_ctrl_c_stops_cleanly_with_the_signals_windows_has(windows):
 def test_the_code_names_only_signals_windows_has():
     """A scan: signal.SIGHUP, SIGKILL, SIGUSR1... would be an AttributeError on Windows at import or at the stop."""
     used = {}
-    for path in [*REPO.glob("*.py"), *(p for d in ("common", "data", "model", "checkpoint", "training", "viz")
+    for path in [*REPO.glob("*.py"), *(p for d in ("common", "data", "model", "checkpoint", "training", "launch", "viz")
                                        for p in (REPO / d).rglob("*.py"))]:
         for name in re.findall(r"\bsignal\.(SIG[A-Z0-9_]+|CTRL_[A-Z_]+)\b", path.read_text(encoding="utf-8")):
             used.setdefault(name, set()).add(path.relative_to(REPO).as_posix())

@@ -5,10 +5,12 @@ import json
 import math
 import types
 
+import pytest
+
 from training import metrics as mt
 from training.config import Config
 from launch.device import setup_device
-from launch.distributed import DistInfo
+from launch.ranks import DistInfo
 from training.state import TrainState
 
 
@@ -65,3 +67,12 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
                           "mean_tokens_per_s": round(st.tokens / 2.0, 1), "num_params": 1_234_567,
                           "device": dev.name, "dtype": "float32", "compiled": False, "early_stopped": False}
     assert (run_dir / "loss.png").is_file()
+
+
+def test_flops_and_mfu():
+    flops_per_token, mfu = mt.flops_per_token, mt.mfu
+    # nanoGPT's GPT-2 small estimate: 6N + 12*L*H*Q*T
+    f = flops_per_token(124_000_000, 12, 12, 64, 1024)
+    assert f == 6 * 124e6 + 12 * 12 * 12 * 64 * 1024
+    assert mfu(1000.0, f, None) is None
+    assert mfu(1e5, f, 312e12) == pytest.approx(1e5 * f / 312e12)

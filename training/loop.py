@@ -12,21 +12,22 @@ import time
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from checkpoint.manager import CheckpointManager
-from launch import distributed as dist_lib
-from training import eval_hellaswag, init_from
+from launch import ranks
 from training.config import Config, gpt_config, to_dataclass, train_keys
 from launch.device import resolve_compile, setup_device
-from training.metrics import RunLog
-from training.mfu import flops_per_token, mfu
+from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
 from launch.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
 from training.state import LossWindow, RNGState, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
+
+if TYPE_CHECKING:
+    from training.init_from import Source
 
 log = logging.getLogger(__name__)
 
@@ -49,8 +50,8 @@ class TrainResult:
 class Trainer:
     """One run: setup() builds every part, run() trains, finish() writes the summary (also after errors)."""
 
-    def __init__(self, c: Config, run_dir: Path, rt: dist_lib.DistInfo, cli_overrides: Optional[list[str]],
-                 source: Optional[init_from.Source]):
+    def __init__(self, c: Config, run_dir: Path, rt: ranks.DistInfo, cli_overrides: Optional[list[str]],
+                 source: Optional[Source]):
         t, m = c.train, c.model
         self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
         self.stop = StopRequest(rt)
@@ -69,20 +70,23 @@ class Trainer:
         c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
         self.dev = setup_device(t.device, t.dtype, rt.local_rank)
         device = self.dev.device
-        dist_lib.check_dtype(rt, self.dev.dtype)
+        ranks.check_dtype(rt, self.dev.dtype)
         self.peak_flops = self.dev.peak_flops * rt.world_size if self.dev.peak_flops else None  # all GPUs' MFU
-        with dist_lib.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
+        with ranks.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
             self.prepared = prepare(c.data, progress=rt.is_main, log=log.info)
         self.tokenizer = self.prepared.tokenizer
         if self.source is not None:
+            from training import init_from
             init_from.check_tokenizer(self.source, self.tokenizer.to_dict())
         self.token_bytes = token_bytes(self.tokenizer).to(device)  # for bits per byte
         self.gpt_config = gpt_config(m, self.tokenizer.vocab_size)
         seed_all(t.seed)
-        self.model = init_from.build(GPT, self.gpt_config, self.source, t.resume).to(device)  # same on every rank
+        self.model = GPT(self.gpt_config) if self.source is None else \
+            init_from.build(GPT, self.gpt_config, self.source, t.resume)
+        self.model.to(device)  # the same on every rank
         if rt.rank:
             torch.manual_seed(t.seed + rt.rank)  # different dropout masks per process
-        self.wrapped = dist_lib.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
+        self.wrapped = ranks.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
         self.num_params = self.model.num_params()
         self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, m.n_embd // m.n_head, m.block_size)
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
@@ -137,7 +141,7 @@ class Trainer:
                     loss = self.guard.run("train", lambda: train_step(
                         self.module, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
                         autocast=self.dev.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
-                        grad_sync=partial(dist_lib.grad_sync, self.wrapped, self.rt)))
+                        grad_sync=partial(ranks.grad_sync, self.wrapped, self.rt)))
                     self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
                     st.tokens += self.tokens_per_step
@@ -165,10 +169,10 @@ class Trainer:
             st.step - st.best_step >= t.patience * t.eval_interval
 
     def _evaluate(self) -> dict[str, dict]:
-        plan = dist_lib.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
+        plan = ranks.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
         stop = lambda: self.stop.signum is not None and not self.rt.distributed  # noqa: E731
         return {split: eval_stats(self.module, partial(self.loader.eval_batch, split), plan, stop=stop,
-                                  autocast=self.dev.autocast, reduce_sum=partial(dist_lib.all_reduce_sum, info=self.rt),
+                                  autocast=self.dev.autocast, reduce_sum=partial(ranks.all_reduce_sum, info=self.rt),
                                   token_bytes=self.token_bytes) for split in ("train", "val")}
 
     def _to_eager(self) -> None:  # the compile guard's fallback
@@ -197,15 +201,17 @@ class Trainer:
             st.best_val_loss, st.best_step = stats["val"]["loss"], step
         self.report.eval(step, stats, self.lr_at(step - 1), st.tokens, st.elapsed(), improved)
         if self.c.train.hellaswag:  # optional benchmark, every rank (training/eval_hellaswag.py)
+            from training import eval_hellaswag
             eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer, self.dev.autocast,
-                                   self.rt, self.report)
+                                   partial(ranks.eval_plan, info=self.rt),
+                                   partial(ranks.all_reduce_sum, info=self.rt), self.rt.is_main, self.report)
         if save:
             self._save(step, best=improved)
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights
-        if not dist_lib.weights_finite(self.model.parameters(), self.rt):
+        if not ranks.weights_finite(self.model.parameters(), self.rt):
             self._diverged(step, float("nan"))
         self.ckpt.save(step, best)
 
@@ -256,19 +262,21 @@ class Trainer:
 
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
 def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optional[list[str]] = None,
-          source: Optional[init_from.Source] = None, rt: Optional[dist_lib.DistInfo] = None,
+          source: Optional[Source] = None, rt: Optional[ranks.DistInfo] = None,
           on_start: Optional[Callable[[], None]] = None) -> TrainResult:
     """Train per `cfg` (DictConfig, dict or Config) into `run_dir`; without `rt`, set up `source` and torchrun too.
     `on_start`: called once the run is set up (a resume accepted), before its first step."""
     owner = rt is None
     if owner:
         cfg = to_dataclass(cfg)
-        source = init_from.apply(cfg, cli_overrides)  # a fine-tune source sets cfg.model's shape
-        rt = dist_lib.init(cfg.train.device, cfg.train.parallel)
+        if cfg.model.init_from:  # a fine-tune source sets cfg.model's shape
+            from training import init_from
+            source = init_from.apply(cfg, cli_overrides)
+        rt = ranks.init(cfg.train.device, cfg.train.parallel)
     trainer, status, result = None, "failed", None
     try:
         if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
-            run_dir = dist_lib.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
+            run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
         trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source)
         trainer.setup()
         if on_start is not None:
@@ -290,5 +298,5 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
             result = None
         finally:
             if owner:  # also on errors
-                dist_lib.destroy(rt, together=result is not None)
+                ranks.destroy(rt, together=result is not None)
     return trainer.closing(result)
