@@ -212,3 +212,17 @@ def test_busy_machine_warns_and_records_the_load(monkeypatch, capsys):
     result = bench.run(bench.parse_args(["--only", "train", "--device", "cpu"]))
     assert result["busy"] and result["load_avg_start"] == [99.0, 50.0, 20.0]
     assert "warning: the machine is busy (1-minute load average 99.0 >" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_codepath_counts_executed_lines_per_file(tmp_path, capsys):
+    """benchmarks/codepath.py: coverage's executed lines of a checkout's own files, tests left out."""
+    from benchmarks.codepath import executed, report
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "helper.py").write_text("X = 1\n")
+    (tmp_path / "lib.py").write_text("def f():\n    return 1\n\n\ndef unused():\n    return 2\n")
+    (tmp_path / "main.py").write_text("import sys\nsys.path.insert(0, 'tests')\nimport helper\nimport lib\nlib.f()\n")
+    files = executed(tmp_path, ["main.py"], tmp_path, tmp_path)
+    assert files == {"main.py": 5, "lib.py": 3}  # unused()'s body never ran; tests/ is not counted
+    report("x", files, detail=True)
+    assert capsys.readouterr().out.splitlines()[0] == "x: 8 lines in 2 files"
