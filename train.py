@@ -29,6 +29,7 @@ from checkpoint.locate import overwrite_refusal
 from common import run_lock
 from common.text import one_line
 from launch import console, memory, ranks
+from model.device import resolve_device
 from training.config import check_override, register_configs, to_dataclass, train_keys
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
@@ -36,7 +37,7 @@ CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  #
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
 _auto_cpu = _told = _raise_hydra_errors = None  # set by the command line
-_config = _source = _rt = None  # Checks' work, done once: the Config, its fine-tune source, this process's DistInfo
+_config = _source = _rt = _device = None  # Checks' work, done once: the Config, its fine-tune source, DistInfo, device
 _clean = False  # main's run ended, or stopped on a signal every rank agreed on: ranks leave together
 _record = None  # a resume's run dir as it was: put back if the resume is refused
 _failure: tuple[str, str] | None = None  # (status, error line) of the last _fail: a sweep job's outcome
@@ -103,7 +104,7 @@ def _run(cfg: DictConfig) -> None:
            f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
     try:
         result = train(_config or cfg, out, cli_overrides=list(HydraConfig.get().overrides.task), source=_source,
-                       rt=_rt, on_start=_record.keep if _record else None)  # (a sweep's job: train() sets itself up)
+                       rt=_rt, on_start=_record.keep if _record else None, device=_device)  # (a sweep's job: train() sets itself up)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
         _clean = result.clean
     except torch.OutOfMemoryError:
@@ -158,7 +159,7 @@ class Checks(Callback):
     """Checks the composed config before Hydra makes the run directory (it would turn an exception into a warning)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        global _config, _source, _rt, _record
+        global _config, _source, _rt, _device, _record
         try:
             _config = c = to_dataclass(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
             if c.model.init_from:  # a fine-tune's shape is its source's
@@ -166,13 +167,14 @@ class Checks(Callback):
                 _source = init_from.apply(c, list(config.hydra.overrides.task))
             with train_keys():  # a bad device is told as train.device=...
                 _rt = rt = ranks.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
+                _device = device = resolve_device(c.train.device, rt.local_rank)  # the run's, resolved once
             if rt.distributed:  # rank 0's run directory for all (the default is a timestamp)
                 with read_write(config.hydra):
                     config.hydra.run.dir = ranks.broadcast_object(str(config.hydra.run.dir), rt)
                     if not rt.is_main:  # rank 0 alone records the config in .hydra/
                         config.hydra.output_subdir = None
             # rank 0 checks memory (before any allocation) and claims the directory for all
-            problem = memory.check(c, rt.world_size, rt.local_world_size) if rt.is_main else None
+            problem = memory.check(c, device, rt.world_size, rt.local_world_size) if rt.is_main else None
         except (ValueError, HydraException, OmegaConfBaseException) as e:
             _fail(e)
         if rt.is_main and c.train.resume is not False:  # before claim() and Hydra write into the run dir

@@ -6,6 +6,7 @@ import math
 import types
 
 import pytest
+import torch
 
 from training import metrics as mt
 from training.config import Config
@@ -36,7 +37,7 @@ def test_metrics_records_and_plot(tmp_path):
 def test_run_log_from_explicit_values(tmp_path, caplog):
     c = Config()
     c.train.max_iters = 4
-    run_dir, dev = tmp_path / "run", setup_device("cpu", "float32")
+    run_dir, dev = tmp_path / "run", setup_device(torch.device("cpu"), "float32")
     st = TrainState(tokens_per_step=c.train.batch_size * c.train.grad_accum_steps * c.model.block_size)
     tokenizer = types.SimpleNamespace(describe=lambda: "char (65 characters)")
     data = types.SimpleNamespace(tokenizer=tokenizer, dir=tmp_path / "cache",

@@ -51,9 +51,10 @@ class Trainer:
     """One run: setup() builds every part, run() trains, finish() writes the summary (also after errors)."""
 
     def __init__(self, c: Config, run_dir: Path, rt: ranks.DistInfo, cli_overrides: Optional[list[str]],
-                 source: Optional[Source]):
+                 source: Optional[Source], device: torch.device):
         t, m = c.train, c.model
         self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
+        self.device = device  # resolved once, where the run was set up
         self.stop = StopRequest(rt)
         self.report = RunLog(t.max_iters, enabled=rt.is_main)  # metrics.jsonl, wandb, log lines
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
@@ -68,7 +69,7 @@ class Trainer:
         from data.tokenizer import token_bytes
         from model import GPT
         c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
-        self.dev = setup_device(t.device, t.dtype, rt.local_rank)
+        self.dev = setup_device(self.device, t.dtype)
         device = self.dev.device
         ranks.check_dtype(rt, self.dev.dtype)
         self.peak_flops = self.dev.peak_flops * rt.world_size if self.dev.peak_flops else None  # all GPUs' MFU
@@ -263,9 +264,10 @@ class Trainer:
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
 def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optional[list[str]] = None,
           source: Optional[Source] = None, rt: Optional[ranks.DistInfo] = None,
-          on_start: Optional[Callable[[], None]] = None) -> TrainResult:
+          on_start: Optional[Callable[[], None]] = None, device: Optional[torch.device] = None) -> TrainResult:
     """Train per `cfg` (DictConfig, dict or Config) into `run_dir`; without `rt`, set up `source` and torchrun too.
-    `on_start`: called once the run is set up (a resume accepted), before its first step."""
+    `on_start`: called once the run is set up (a resume accepted), before its first step. `device`: the resolved
+    train.device (resolved here when not given)."""
     owner = rt is None
     if owner:
         cfg = to_dataclass(cfg)
@@ -277,7 +279,10 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
     try:
         if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
             run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
-        trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source)
+        if device is None:
+            from model.device import resolve_device
+            device = resolve_device(cfg.train.device, rt.local_rank)
+        trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source, device)
         trainer.setup()
         if on_start is not None:
             on_start()
