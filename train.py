@@ -104,7 +104,8 @@ def _run(cfg: DictConfig) -> None:
            f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
     try:
         result = train(_config or cfg, out, cli_overrides=list(HydraConfig.get().overrides.task), source=_source,
-                       rt=_rt, on_start=_record.keep if _record else None, device=_device)  # (a sweep's job: train() sets itself up)
+                       rt=_rt, on_start=_record.keep if _record else None, device=_device)  # (a sweep's job:
+        # train() sets itself up)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
         _clean = result.clean
     except torch.OutOfMemoryError:

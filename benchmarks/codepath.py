@@ -36,7 +36,8 @@ def executed(root: Path, args: list[str], cwd: Path, work: Path) -> dict[str, in
         raise SystemExit(f"error: {' '.join(args)} failed in {cwd}:\n{r.stderr[-2000:]}")
     subprocess.run([sys.executable, "-m", "coverage", "json", f"--data-file={data}", "-o", str(out)], cwd=cwd,
                    capture_output=True, check=True)
-    files = {os.path.relpath(f, root): len(v["executed_lines"]) for f, v in json.loads(out.read_text())["files"].items()}
+    report = json.loads(out.read_text())["files"]
+    files = {os.path.relpath(f, root): len(v["executed_lines"]) for f, v in report.items()}
     return {f: n for f, n in files.items() if n and not f.startswith("tests")}
 
 

@@ -6,13 +6,16 @@ from __future__ import annotations
 import inspect
 import os
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 
-from launch.ranks import DistInfo
 from model.device import resolve_device
 from training.config import PARALLEL_MODES
+
+if TYPE_CHECKING:
+    from launch.ranks import DistInfo
 
 CONTROL_TIMEOUT = timedelta(minutes=60)  # rank 0 may prepare a large dataset while the others wait
 _TORCHRUN = "torchrun --standalone --nproc_per_node=N train.py ..."
@@ -49,14 +52,16 @@ def resolve_parallel(spec: str, world_size: int, launched: bool) -> str:
     return "ddp" if world_size > 1 else "none"
 
 
-def init(device_spec: str = "auto", parallel: str = "none") -> DistInfo:
-    """Join the torchrun job: NCCL on CUDA, gloo on the CPU, plus the CPU control group (once; destroy() ends it)."""
+def init(info: DistInfo, device_spec: str = "auto", parallel: str = "none") -> DistInfo:
+    """Join the torchrun job: NCCL on CUDA, gloo on the CPU, plus the CPU control group (once; ranks.destroy() ends
+    it); `info` (a fresh launch.ranks.DistInfo) gets this process's place in it."""
     ws, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
     if ws < 1 or not 0 <= rank < ws:
         raise ValueError(f"RANK={rank} / WORLD_SIZE={ws} are inconsistent: launch with torchrun ({_TORCHRUN})")
     local_rank, local_ws = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", ws)
     mode = resolve_parallel(parallel, ws, launched_by_torchrun())
-    info = DistInfo(rank=rank, world_size=ws, local_rank=local_rank, local_world_size=local_ws, parallel=mode)
+    info.rank, info.world_size, info.local_rank, info.local_world_size = rank, ws, local_rank, local_ws
+    info.parallel = mode
     if mode == "none":
         return info
     device = resolve_device(device_spec, local_rank)

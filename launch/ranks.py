@@ -40,7 +40,7 @@ def init(device_spec: str = "auto", parallel: str = "none") -> DistInfo:
     """This process's DistInfo: a torchrun job's (launch/distributed.py joins its process group), else one process."""
     if any(k in os.environ for k in TORCHRUN_ENV):
         from launch import distributed
-        return distributed.init(device_spec, parallel)
+        return distributed.init(DistInfo(), device_spec, parallel)
     if parallel == "fsdp":
         raise ValueError("train.parallel=fsdp needs a torchrun launch: torchrun --standalone "
                          "--nproc_per_node=N train.py train.parallel=fsdp ... (N = number of GPUs)")

@@ -1,6 +1,6 @@
 """Stopping a run cleanly on SIGINT/SIGTERM or a closed output pipe (`train.py | head`, seen by launch/console.py),
-and the command line that continues it. The handlers only set a flag the loop polls between steps; a second Ctrl-C aborts at once
-(the atomic saves keep every file intact).
+and the command line that continues it. The handlers only set a flag the loop polls between steps; a second
+Ctrl-C aborts at once (the atomic saves keep every file intact).
 """
 from __future__ import annotations
 

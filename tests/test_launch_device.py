@@ -11,6 +11,7 @@ from torch.torch_version import TorchVersion
 
 from launch import device as training_device
 from launch import distributed
+from launch.ranks import DistInfo
 from training.config import train_keys
 from launch.device import resolve_compile, setup_device
 from model.device import resolve_device
@@ -73,7 +74,7 @@ def test_torchrun_on_mps_is_refused_before_any_process_group(mps):
     mps.setattr(distributed.dist, "init_process_group", lambda *a, **k: pytest.fail("a process group was started"))
     with pytest.raises(ValueError, match="^multi-process training does not support Apple's MPS device: use "
                                          r"train.device=cpu \(gloo\)"):
-        distributed.init("auto", "none")
+        distributed.init(DistInfo(), "auto", "none")
     for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         mps.delenv(k)
-    assert not distributed.init("mps", "none").distributed  # one process on MPS: no process group needed
+    assert not distributed.init(DistInfo(), "mps", "none").distributed  # one process on MPS: no process group needed

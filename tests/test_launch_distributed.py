@@ -115,7 +115,7 @@ def test_resolve_parallel():
 def test_single_process_needs_no_process_group(monkeypatch):
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    info = D.init("cpu", "ddp")
+    info = D.init(R.DistInfo(), "cpu", "ddp")
     assert (info.rank, info.world_size, info.parallel, info.distributed) == (0, 1, "none", False)
     assert not torch.distributed.is_initialized()
     t = torch.tensor([3.0])
@@ -132,12 +132,12 @@ def test_single_process_needs_no_process_group(monkeypatch):
 
 
 def test_eval_plan_covers_every_batch_once():
-    ddp = [R.eval_plan(5, D.DistInfo(rank=r, world_size=2, parallel="ddp")) for r in range(2)]
+    ddp = [R.eval_plan(5, R.DistInfo(rank=r, world_size=2, parallel="ddp")) for r in range(2)]
     assert ddp == [[(0, True), (2, True), (4, True)], [(1, True), (3, True)]]
-    fsdp = [R.eval_plan(5, D.DistInfo(rank=r, world_size=2, parallel="fsdp")) for r in range(2)]
+    fsdp = [R.eval_plan(5, R.DistInfo(rank=r, world_size=2, parallel="fsdp")) for r in range(2)]
     assert [len(p) for p in fsdp] == [3, 3]  # same number of forwards: each is a collective under FSDP
     assert sorted(i for p in fsdp for i, counted in p if counted) == [0, 1, 2, 3, 4]
-    assert R.eval_plan(3, D.DistInfo()) == [(0, True), (1, True), (2, True)]
+    assert R.eval_plan(3, R.DistInfo()) == [(0, True), (1, True), (2, True)]
 
 
 @pytest.fixture
@@ -146,7 +146,7 @@ def one_rank_group(tmp_path):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        yield D.DistInfo(parallel="fsdp", backend="gloo")
+        yield R.DistInfo(parallel="fsdp", backend="gloo")
     finally:
         dist.destroy_process_group()
 
