@@ -243,13 +243,15 @@ class Trainer:
 
     def closing(self, result: Optional[TrainResult]) -> TrainResult:
         """The last line of a run a signal stopped (`result`), or that a second Ctrl-C aborted (None: exit 130)."""
+        if result is not None and not (result.exit_code and self.rt.is_main):
+            return result  # (ran to its end: nothing to say)
         ckpt, resume = getattr(self, "ckpt", None), resume_command(self.run_dir, self.cli_overrides, self.rt)
         last, last_step = (ckpt.last, ckpt.last_step) if ckpt is not None else (None, None)
         line = f"stopped by {self.stop.name} after step {self.state.step}: saved {last}; resume with: {resume}"
         if result is None:
             result = TrainResult("interrupted", self.state.step, self.state.best_val_loss, self.run_dir, 130)
             line = interrupted_line(self.run_dir, last, last_step, resume)
-        if result.exit_code and self.rt.is_main:
+        if self.rt.is_main:
             log.info(line)
         return result
 
