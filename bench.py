@@ -170,10 +170,11 @@ def parse_args(argv=None):
 def run(args) -> dict:
     import torch
     from benchmarks import commands, inprocess, prepare
-    from training.device import setup_device
+    from launch.device import setup_device
+    from model.device import resolve_device
     if args.threads:
         torch.set_num_threads(args.threads)
-    dev = setup_device(args.device, args.dtype)
+    dev = setup_device(resolve_device(args.device), args.dtype)
     result = {"format": "tinygpt-bench", "version": 1, "started": datetime.now().isoformat(timespec="seconds"),
               "argv": sys.argv[1:], "quick": args.quick, "git": git_info(), "hardware": hardware(dev.device),
               "load_avg_start": load_avg(), "config": {k: v for k, v in vars(args).items() if k != "out"},

@@ -18,6 +18,7 @@ from pathlib import Path
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
 from hydra.experimental.callback import Callback
@@ -27,22 +28,19 @@ from omegaconf.errors import OmegaConfBaseException
 from checkpoint.locate import overwrite_refusal
 from common import run_lock
 from common.text import one_line
-from training import distributed, init_from, memory, sweep
+from launch import console, memory, ranks
+from model.device import resolve_device
 from training.config import check_override, register_configs, to_dataclass, train_keys
-from training.hydra_record import RecordSnapshot
-from training.overrides import VALUE_FLAGS, data_path_note, flag_hint, lexer_hint, word_hint
-from training.signals import stop_on_closed_pipe
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
 CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
 _auto_cpu = _told = _raise_hydra_errors = None  # set by the command line
-_config = _source = _rt = None  # Checks' work, done once: the Config, its fine-tune source, this process's DistInfo
+_config = _source = _rt = _device = None  # Checks' work, done once: the Config, its fine-tune source, DistInfo, device
 _clean = False  # main's run ended, or stopped on a signal every rank agreed on: ranks leave together
-_record: RecordSnapshot | None = None  # a resume's run dir as it was: put back if the resume is refused
+_record = None  # a resume's run dir as it was: put back if the resume is refused
 _failure: tuple[str, str] | None = None  # (status, error line) of the last _fail: a sweep job's outcome
-register_configs()
 
 
 def _log_to_files(message: str, level: int = logging.ERROR) -> None:
@@ -75,10 +73,11 @@ def _say_cpu_preset() -> None:
 
 @hydra.main(version_base=None, config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> object:
-    """One run; a sweep's job returns its outcome instead of exiting, so that the sweep goes on (training/sweep.py)."""
-    stop_on_closed_pipe()  # `train.py | head`: the run stops as on Ctrl-C, without a logging error per line
-    if not sweep.in_sweep():
+    """One run; a sweep's job returns its outcome instead of exiting, so that the sweep goes on (launch/sweep.py)."""
+    console.setup()  # the console's one handler (`train.py | head`: the run stops as on Ctrl-C, quietly)
+    if HydraConfig.get().mode != RunMode.MULTIRUN:
         return _run(cfg)
+    from launch import sweep
     try:
         _run(cfg)
     except SystemExit as e:
@@ -105,7 +104,8 @@ def _run(cfg: DictConfig) -> None:
            f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
     try:
         result = train(_config or cfg, out, cli_overrides=list(HydraConfig.get().overrides.task), source=_source,
-                       rt=_rt, on_start=_record.keep if _record else None)  # (a sweep's job: train() sets itself up)
+                       rt=_rt, on_start=_record.keep if _record else None, device=_device)  # (a sweep's job:
+        # train() sets itself up)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
         _clean = result.clean
     except torch.OutOfMemoryError:
@@ -160,30 +160,36 @@ class Checks(Callback):
     """Checks the composed config before Hydra makes the run directory (it would turn an exception into a warning)."""
 
     def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        global _config, _source, _rt, _record
+        global _config, _source, _rt, _device, _record
         try:
             _config = c = to_dataclass(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
-            _source = init_from.apply(c, list(config.hydra.overrides.task))  # a fine-tune's shape is its source's
+            if c.model.init_from:  # a fine-tune's shape is its source's
+                from training import init_from
+                _source = init_from.apply(c, list(config.hydra.overrides.task))
             with train_keys():  # a bad device is told as train.device=...
-                _rt = rt = distributed.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
+                _rt = rt = ranks.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
+                _device = device = resolve_device(c.train.device, rt.local_rank)  # the run's, resolved once
             if rt.distributed:  # rank 0's run directory for all (the default is a timestamp)
                 with read_write(config.hydra):
-                    config.hydra.run.dir = distributed.broadcast_object(str(config.hydra.run.dir), rt)
+                    config.hydra.run.dir = ranks.broadcast_object(str(config.hydra.run.dir), rt)
                     if not rt.is_main:  # rank 0 alone records the config in .hydra/
                         config.hydra.output_subdir = None
             # rank 0 checks memory (before any allocation) and claims the directory for all
-            problem = memory.check(c, rt.world_size, rt.local_world_size) if rt.is_main else None
+            problem = memory.check(c, device, rt.world_size, rt.local_world_size) if rt.is_main else None
         except (ValueError, HydraException, OmegaConfBaseException) as e:
             _fail(e)
         if rt.is_main and c.train.resume is not False:  # before claim() and Hydra write into the run dir
+            from launch.hydra_record import RecordSnapshot
             _record = RecordSnapshot(config.hydra.run.dir, config.hydra.output_subdir)
         if rt.is_main and not problem:
             problem = claim(str(config.hydra.run.dir), "hydra.run.dir", c.train.resume)
-        if problem := distributed.broadcast_object(problem, rt):
+        if problem := ranks.broadcast_object(problem, rt):
             _fail(problem)
         _say_cpu_preset()
-        if rt.is_main and (note := data_path_note(c.data.name, c.data.path, list(config.hydra.overrides.task))):
-            print(note, file=sys.stderr, flush=True)
+        if rt.is_main and c.data.path and c.data.name != "text":  # data.path alone: said to be read as the preset's
+            from launch.overrides import data_path_note
+            if note := data_path_note(c.data.name, c.data.path, list(config.hydra.overrides.task)):
+                print(note, file=sys.stderr, flush=True)
 
     def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
         """A sweep owns its sweep directory (before multirun.yaml is written): its jobs' directories are inside."""
@@ -200,6 +206,9 @@ def with_override(args: list[str], override: str) -> list[str]:
 def habits(args: list[str]) -> None:
     """The user's own arguments (before train.py adds any): nanoGPT's --key=value and config files, and values the
     shell split at a space, each refused in one line with the override to write."""
+    if all("=" in a and not a.startswith("-") for a in args):
+        return
+    from launch.overrides import VALUE_FLAGS, flag_hint, word_hint
     for i, a in enumerate(args):
         before = args[i - 1] if i else None
         hint = flag_hint(a) if a.startswith("-") else None if before in VALUE_FLAGS else word_hint(a, before)
@@ -211,14 +220,17 @@ def preflight(args: list[str]) -> None:
     """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed); other --flags are Hydra's."""
     multirun = bool({"-m", "--multirun"} & set(args))
     overrides = [a for a in args if a not in ("-m", "--multirun")]
-    if multirun and distributed.launched_by_torchrun():
-        _fail("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
+    if multirun and any(k in os.environ for k in ranks.TORCHRUN_ENV):
+        from launch.distributed import launched_by_torchrun
+        if launched_by_torchrun():
+            _fail("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
     if any(a.startswith("-") for a in overrides):
         return
     try:  # a sweep's jobs: the product of its a=1,2 values, as Hydra's basic sweeper makes them
         lists = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if multirun and
                  o.is_sweep_override() else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
     except OverrideParseException as e:
+        from launch.overrides import lexer_hint
         key, _, value = str(e.override).partition("=")
         if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
             _fail(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
@@ -251,6 +263,7 @@ if __name__ == "__main__":
         a in ("-h", "--help", "--hydra-help", "-sc", "--shell-completion", "--version")
         or a.lstrip("+~").split("=")[0].split("@")[0] == "experiment" for a in sys.argv[1:]))
     habits(sys.argv[1:])
+    register_configs(sweep=bool({"-m", "--multirun"} & set(sys.argv[1:])))
     if _auto_cpu:
         sys.argv[1:] = with_override(sys.argv[1:], "experiment=cpu")
     preflight(sys.argv[1:])
@@ -266,6 +279,6 @@ if __name__ == "__main__":
         if _record is not None:  # a resume that crashed before it started: its run dir as it was
             _record.restore()
         # after an error, leave at once; else together: a rank that left first would have torchrun kill the rest
-        distributed.destroy(_rt, together=_clean)
-    if sweep.failed():  # (the table said which)
+        ranks.destroy(_rt, together=_clean)
+    if "launch.sweep" in sys.modules and sys.modules["launch.sweep"].failed():  # (the table said which)
         sys.exit(1)

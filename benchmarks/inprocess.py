@@ -52,7 +52,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
     import torch
     from data.loader import BatchLoader, write_token_file
     from model import GPT
-    from training.mfu import flops_per_token, mfu
+    from training.metrics import flops_per_token, mfu
     from training.optim import build_optimizer
     from training.step import train_step
 

@@ -7,6 +7,7 @@ import textwrap
 import time
 
 import pytest
+import torch
 
 import bench
 from benchmarks import PRESETS, commands, gpt_config, inprocess, model_preset
@@ -122,13 +123,13 @@ def test_a_failing_preset_is_an_error_row_not_an_abort(tmp_path, monkeypatch):
 
     import torch
 
-    from training.device import setup_device
+    from launch.device import setup_device
 
     class Broken(torch.nn.Module):
         def forward(self, *a, **kw):
             raise RuntimeError("backend compiler failed\nlong inductor log")
     monkeypatch.setattr(torch, "compile", lambda m, *a, **kw: Broken())
-    bad = inprocess.bench_train_preset("tiny", 2, 1, 0, setup_device("cpu", "float32"), True, tmp_path)
+    bad = inprocess.bench_train_preset("tiny", 2, 1, 0, setup_device(torch.device("cpu"), "float32"), True, tmp_path)
     assert bad["error"] == "RuntimeError: backend compiler failed (try --compile off)" and "tokens_per_s" not in bad
     out = io.StringIO()
     bench.print_table({"hardware": bench.hardware(torch.device("cpu")), "git": {"commit": None}, "load_avg_start": None,
@@ -193,7 +194,7 @@ def test_quality_budget_stops_the_run(tmp_path, monkeypatch, cache_with_shakespe
 
 def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
     import training.step
-    from training.device import setup_device
+    from launch.device import setup_device
     calls = []
     real = training.step.train_step
 
@@ -201,7 +202,7 @@ def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
         calls.append(kw)
         return real(*a, **kw)
     monkeypatch.setattr(training.step, "train_step", spy)
-    row = inprocess.bench_train_preset("tiny", 2, 3, 1, setup_device("cpu", "float32"), False, tmp_path)
+    row = inprocess.bench_train_preset("tiny", 2, 3, 1, setup_device(torch.device("cpu"), "float32"), False, tmp_path)
     assert "error" not in row and row["measured_steps"] == 3
     assert len(calls) == 1 + 1 + 3 and calls[0]["grad_clip"] == 1.0  # first + warm-up + measured
 
@@ -212,3 +213,17 @@ def test_busy_machine_warns_and_records_the_load(monkeypatch, capsys):
     result = bench.run(bench.parse_args(["--only", "train", "--device", "cpu"]))
     assert result["busy"] and result["load_avg_start"] == [99.0, 50.0, 20.0]
     assert "warning: the machine is busy (1-minute load average 99.0 >" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_codepath_counts_executed_lines_per_file(tmp_path, capsys):
+    """benchmarks/codepath.py: coverage's executed lines of a checkout's own files, tests left out."""
+    from benchmarks.codepath import executed, report
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "helper.py").write_text("X = 1\n")
+    (tmp_path / "lib.py").write_text("def f():\n    return 1\n\n\ndef unused():\n    return 2\n")
+    (tmp_path / "main.py").write_text("import sys\nsys.path.insert(0, 'tests')\nimport helper\nimport lib\nlib.f()\n")
+    files = executed(tmp_path, ["main.py"], tmp_path, tmp_path)
+    assert files == {"main.py": 5, "lib.py": 3}  # unused()'s body never ran; tests/ is not counted
+    report("x", files, detail=True)
+    assert capsys.readouterr().out.splitlines()[0] == "x: 8 lines in 2 files"

@@ -11,8 +11,8 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 import common.platform
-from training import signals
-from training.signals import EXIT_CODES, StopRequest
+from launch import signals
+from launch.signals import EXIT_CODES, StopRequest
 
 REPO = Path(__file__).resolve().parent.parent
 # What Python's `signal` module offers on Windows: the signals signal.signal accepts there, the two handler
@@ -99,9 +99,9 @@ def test_ctrl_c_stops_cleanly_with_the_signals_windows_has(windows):
 def test_the_code_names_only_signals_windows_has():
     """A scan: signal.SIGHUP, SIGKILL, SIGUSR1... would be an AttributeError on Windows at import or at the stop."""
     used = {}
-    for path in [*REPO.glob("*.py"), *(p for d in ("common", "data", "model", "checkpoint", "training", "viz")
+    for path in [*REPO.glob("*.py"), *(p for d in ("common", "data", "model", "checkpoint", "training", "launch", "viz")
                                        for p in (REPO / d).rglob("*.py"))]:
         for name in re.findall(r"\bsignal\.(SIG[A-Z0-9_]+|CTRL_[A-Z_]+)\b", path.read_text(encoding="utf-8")):
             used.setdefault(name, set()).add(path.relative_to(REPO).as_posix())
-    assert "SIGINT" in used and "SIGTERM" in used  # the scan sees training/signals.py
+    assert "SIGINT" in used and "SIGTERM" in used  # the scan sees launch/signals.py
     assert {k: v for k, v in used.items() if k not in WINDOWS_SIGNALS} == {}

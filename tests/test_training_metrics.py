@@ -5,10 +5,13 @@ import json
 import math
 import types
 
+import pytest
+import torch
+
 from training import metrics as mt
 from training.config import Config
-from training.device import setup_device
-from training.distributed import DistInfo
+from launch.device import setup_device
+from launch.ranks import DistInfo
 from training.state import TrainState
 
 
@@ -34,7 +37,7 @@ def test_metrics_records_and_plot(tmp_path):
 def test_run_log_from_explicit_values(tmp_path, caplog):
     c = Config()
     c.train.max_iters = 4
-    run_dir, dev = tmp_path / "run", setup_device("cpu", "float32")
+    run_dir, dev = tmp_path / "run", setup_device(torch.device("cpu"), "float32")
     st = TrainState(tokens_per_step=c.train.batch_size * c.train.grad_accum_steps * c.model.block_size)
     tokenizer = types.SimpleNamespace(describe=lambda: "char (65 characters)")
     data = types.SimpleNamespace(tokenizer=tokenizer, dir=tmp_path / "cache",
@@ -65,3 +68,12 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
                           "mean_tokens_per_s": round(st.tokens / 2.0, 1), "num_params": 1_234_567,
                           "device": dev.name, "dtype": "float32", "compiled": False, "early_stopped": False}
     assert (run_dir / "loss.png").is_file()
+
+
+def test_flops_and_mfu():
+    flops_per_token, mfu = mt.flops_per_token, mt.mfu
+    # nanoGPT's GPT-2 small estimate: 6N + 12*L*H*Q*T
+    f = flops_per_token(124_000_000, 12, 12, 64, 1024)
+    assert f == 6 * 124e6 + 12 * 12 * 12 * 64 * 1024
+    assert mfu(1000.0, f, None) is None
+    assert mfu(1e5, f, 312e12) == pytest.approx(1e5 * f / 312e12)

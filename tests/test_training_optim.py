@@ -6,7 +6,8 @@ import math
 import pytest
 import torch
 
-from training import device as dv
+from launch import device as dv
+from model.device import resolve_device
 from training.optim import build_optimizer, lr_at, param_groups
 
 
@@ -86,17 +87,17 @@ def test_peak_flops_table(name, expect):
 
 
 def test_cpu_device_and_dtype():
-    assert dv.resolve_device("cpu").type == "cpu"
+    assert resolve_device("cpu").type == "cpu"
     assert dv.resolve_dtype("auto", torch.device("cpu")) == torch.float32
     assert dv.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
     with pytest.raises(ValueError, match="float16 needs a GPU"):
         dv.resolve_dtype("float16", torch.device("cpu"))
-    setup = dv.setup_device("cpu", "auto")
+    setup = dv.setup_device(torch.device("cpu"), "auto")
     assert setup.peak_flops is None and not setup.use_grad_scaler  # no MFU on CPU
     assert dv.resolve_compile("auto", torch.device("cpu")) is False
     if not torch.cuda.is_available():
         with pytest.raises(ValueError, match="no CUDA GPU"):
-            dv.resolve_device("cuda")
+            resolve_device("cuda")
 
 
 def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):

@@ -108,15 +108,17 @@ def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
     return GPTConfig(vocab_size=pad_vocab(vocab_size, m.pad_vocab_to), **shape)
 
 
-def register_configs() -> None:
+def register_configs(sweep: bool = False) -> None:
     """Register the schema with Hydra's ConfigStore (idempotent). Imported lazily: Hydra is optional here."""
     from hydra.core.config_store import ConfigStore
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
     # train.py's Checks callback, registered in code so that no YAML preset ever names code for Hydra to import
-    # (and the sweep report: training/sweep.py)
-    cs.store(name="train_checks", node={"hydra": {"callbacks": {"checks": {"_target_": "__main__.Checks"},
-                                                                "sweep": {"_target_": "training.sweep.SweepReport"}}}})
+    # (and, for a sweep (-m), its report: launch/sweep.py)
+    callbacks = {"checks": {"_target_": "__main__.Checks"}}
+    if sweep:
+        callbacks["sweep"] = {"_target_": "launch.sweep.SweepReport"}
+    cs.store(name="train_checks", node={"hydra": {"callbacks": callbacks}})
 
 
 def _dotted(d: dict, prefix: str = "") -> Iterator[str]:
@@ -263,7 +265,7 @@ def validate(c: Config) -> None:
 
 
 def _env_world_size() -> int:
-    """The processes torchrun started (WORLD_SIZE, which training.distributed.init also reads), else 1."""
+    """The processes torchrun started (WORLD_SIZE, which launch.distributed.init also reads), else 1."""
     w = os.environ.get("WORLD_SIZE", "1")
     return int(w) if w.isdigit() and int(w) >= 1 else 1
 

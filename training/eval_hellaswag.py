@@ -9,11 +9,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from functools import partial
 
 from common.cli import read_text_file
 from evals import hellaswag
-from training import distributed as dist_lib
 
 log = logging.getLogger(__name__)
 
@@ -24,14 +22,15 @@ def examples(path: str) -> tuple[hellaswag.Example, ...]:
     return tuple(hellaswag.read_examples(read_text_file(path, "train.hellaswag"), f"train.hellaswag={path}"))
 
 
-def at_eval(path: str, step: int, model, tokenizer, autocast, rt: dist_lib.DistInfo, report) -> dict:
-    """Score `path` with `model` (the DDP/FSDP-wrapped one: every rank calls this) and report it on rank 0."""
+def at_eval(path: str, step: int, model, tokenizer, autocast, plan, reduce_sum, is_main: bool, report) -> dict:
+    """Score `path` with `model` (the DDP/FSDP-wrapped one: every rank calls this, `plan(n)` its share of the n
+    examples, `reduce_sum` summing over ranks) and report it on rank 0."""
     t0, ex = time.perf_counter(), examples(path)
     r = hellaswag.score(model, ex, tokenizer.encode_ordinary, vocab_limit=tokenizer.vocab_size, autocast=autocast,
-                        plan=dist_lib.eval_plan(len(ex), rt), reduce_sum=partial(dist_lib.all_reduce_sum, info=rt))
-    if rt.is_main:
+                        plan=plan(len(ex)), reduce_sum=reduce_sum)
+    if is_main:
         log.info(f"step {step}: {hellaswag.summary(r)} | {time.perf_counter() - t0:.1f} s")
         if report.metrics is not None:
             report.metrics.write({"type": "hellaswag", "step": step, **r})
-        report.wandb.log({f"eval/hellaswag_{k}": v for k, v in r.items() if k != "examples"}, step=step)
+        report.track({f"eval/hellaswag_{k}": v for k, v in r.items() if k != "examples"}, step=step)
     return r

@@ -12,22 +12,22 @@ import time
 from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import torch
 
 from checkpoint.manager import CheckpointManager
-from training import distributed as dist_lib
-from training import eval_hellaswag, init_from
+from launch import ranks
 from training.config import Config, gpt_config, to_dataclass, train_keys
-from training.console import console_with_bar
-from training.device import resolve_compile, setup_device
-from training.metrics import RunLog
-from training.mfu import flops_per_token, mfu
+from launch.device import resolve_compile, setup_device
+from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
-from training.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
+from launch.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
 from training.state import LossWindow, RNGState, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
+
+if TYPE_CHECKING:
+    from training.init_from import Source
 
 log = logging.getLogger(__name__)
 
@@ -50,10 +50,11 @@ class TrainResult:
 class Trainer:
     """One run: setup() builds every part, run() trains, finish() writes the summary (also after errors)."""
 
-    def __init__(self, c: Config, run_dir: Path, rt: dist_lib.DistInfo, cli_overrides: Optional[list[str]],
-                 source: Optional[init_from.Source]):
+    def __init__(self, c: Config, run_dir: Path, rt: ranks.DistInfo, cli_overrides: Optional[list[str]],
+                 source: Optional[Source], device: torch.device):
         t, m = c.train, c.model
         self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
+        self.device = device  # resolved once, where the run was set up
         self.stop = StopRequest(rt)
         self.report = RunLog(t.max_iters, enabled=rt.is_main)  # metrics.jsonl, wandb, log lines
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
@@ -68,22 +69,25 @@ class Trainer:
         from data.tokenizer import token_bytes
         from model import GPT
         c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
-        self.dev = setup_device(t.device, t.dtype, rt.local_rank)
+        self.dev = setup_device(self.device, t.dtype)
         device = self.dev.device
-        dist_lib.check_dtype(rt, self.dev.dtype)
+        ranks.check_dtype(rt, self.dev.dtype)
         self.peak_flops = self.dev.peak_flops * rt.world_size if self.dev.peak_flops else None  # all GPUs' MFU
-        with dist_lib.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
+        with ranks.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
             self.prepared = prepare(c.data, progress=rt.is_main, log=log.info)
         self.tokenizer = self.prepared.tokenizer
         if self.source is not None:
+            from training import init_from
             init_from.check_tokenizer(self.source, self.tokenizer.to_dict())
         self.token_bytes = token_bytes(self.tokenizer).to(device)  # for bits per byte
         self.gpt_config = gpt_config(m, self.tokenizer.vocab_size)
         seed_all(t.seed)
-        self.model = init_from.build(GPT, self.gpt_config, self.source, t.resume).to(device)  # same on every rank
+        self.model = GPT(self.gpt_config) if self.source is None else \
+            init_from.build(GPT, self.gpt_config, self.source, t.resume)
+        self.model.to(device)  # the same on every rank
         if rt.rank:
             torch.manual_seed(t.seed + rt.rank)  # different dropout masks per process
-        self.wrapped = dist_lib.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
+        self.wrapped = ranks.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
         self.num_params = self.model.num_params()
         self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, m.n_embd // m.n_head, m.block_size)
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
@@ -129,7 +133,7 @@ class Trainer:
         show_bar = self.rt.is_main and sys.stderr.isatty()
         self.stop.install()
         try:
-            with console_with_bar(show_bar), self.report.progress(t.max_iters, st.step, show_bar):
+            with self.report.progress(t.max_iters, st.step, show_bar):
                 if st.eval_pending or (t.eval_at_start and not self.resumed):  # pending: a stop cut it short
                     self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
@@ -138,7 +142,7 @@ class Trainer:
                     loss = self.guard.run("train", lambda: train_step(
                         self.module, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
                         autocast=self.dev.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
-                        grad_sync=partial(dist_lib.grad_sync, self.wrapped, self.rt)))
+                        grad_sync=partial(ranks.grad_sync, self.wrapped, self.rt)))
                     self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
                     st.tokens += self.tokens_per_step
@@ -166,10 +170,10 @@ class Trainer:
             st.step - st.best_step >= t.patience * t.eval_interval
 
     def _evaluate(self) -> dict[str, dict]:
-        plan = dist_lib.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
+        plan = ranks.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
         stop = lambda: self.stop.signum is not None and not self.rt.distributed  # noqa: E731
         return {split: eval_stats(self.module, partial(self.loader.eval_batch, split), plan, stop=stop,
-                                  autocast=self.dev.autocast, reduce_sum=partial(dist_lib.all_reduce_sum, info=self.rt),
+                                  autocast=self.dev.autocast, reduce_sum=partial(ranks.all_reduce_sum, info=self.rt),
                                   token_bytes=self.token_bytes) for split in ("train", "val")}
 
     def _to_eager(self) -> None:  # the compile guard's fallback
@@ -198,15 +202,17 @@ class Trainer:
             st.best_val_loss, st.best_step = stats["val"]["loss"], step
         self.report.eval(step, stats, self.lr_at(step - 1), st.tokens, st.elapsed(), improved)
         if self.c.train.hellaswag:  # optional benchmark, every rank (training/eval_hellaswag.py)
+            from training import eval_hellaswag
             eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer, self.dev.autocast,
-                                   self.rt, self.report)
+                                   partial(ranks.eval_plan, info=self.rt),
+                                   partial(ranks.all_reduce_sum, info=self.rt), self.rt.is_main, self.report)
         if save:
             self._save(step, best=improved)
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights
-        if not dist_lib.weights_finite(self.model.parameters(), self.rt):
+        if not ranks.weights_finite(self.model.parameters(), self.rt):
             self._diverged(step, float("nan"))
         self.ckpt.save(step, best)
 
@@ -237,13 +243,15 @@ class Trainer:
 
     def closing(self, result: Optional[TrainResult]) -> TrainResult:
         """The last line of a run a signal stopped (`result`), or that a second Ctrl-C aborted (None: exit 130)."""
+        if result is not None and not (result.exit_code and self.rt.is_main):
+            return result  # (ran to its end: nothing to say)
         ckpt, resume = getattr(self, "ckpt", None), resume_command(self.run_dir, self.cli_overrides, self.rt)
         last, last_step = (ckpt.last, ckpt.last_step) if ckpt is not None else (None, None)
         line = f"stopped by {self.stop.name} after step {self.state.step}: saved {last}; resume with: {resume}"
         if result is None:
             result = TrainResult("interrupted", self.state.step, self.state.best_val_loss, self.run_dir, 130)
             line = interrupted_line(self.run_dir, last, last_step, resume)
-        if result.exit_code and self.rt.is_main:
+        if self.rt.is_main:
             log.info(line)
         return result
 
@@ -257,20 +265,26 @@ class Trainer:
 
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
 def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optional[list[str]] = None,
-          source: Optional[init_from.Source] = None, rt: Optional[dist_lib.DistInfo] = None,
-          on_start: Optional[Callable[[], None]] = None) -> TrainResult:
+          source: Optional[Source] = None, rt: Optional[ranks.DistInfo] = None,
+          on_start: Optional[Callable[[], None]] = None, device: Optional[torch.device] = None) -> TrainResult:
     """Train per `cfg` (DictConfig, dict or Config) into `run_dir`; without `rt`, set up `source` and torchrun too.
-    `on_start`: called once the run is set up (a resume accepted), before its first step."""
+    `on_start`: called once the run is set up (a resume accepted), before its first step. `device`: the resolved
+    train.device (resolved here when not given)."""
     owner = rt is None
     if owner:
         cfg = to_dataclass(cfg)
-        source = init_from.apply(cfg, cli_overrides)  # a fine-tune source sets cfg.model's shape
-        rt = dist_lib.init(cfg.train.device, cfg.train.parallel)
+        if cfg.model.init_from:  # a fine-tune source sets cfg.model's shape
+            from training import init_from
+            source = init_from.apply(cfg, cli_overrides)
+        rt = ranks.init(cfg.train.device, cfg.train.parallel)
     trainer, status, result = None, "failed", None
     try:
         if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
-            run_dir = dist_lib.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
-        trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source)
+            run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
+        if device is None:
+            from model.device import resolve_device
+            device = resolve_device(cfg.train.device, rt.local_rank)
+        trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source, device)
         trainer.setup()
         if on_start is not None:
             on_start()
@@ -291,5 +305,5 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
             result = None
         finally:
             if owner:  # also on errors
-                dist_lib.destroy(rt, together=result is not None)
+                ranks.destroy(rt, together=result is not None)
     return trainer.closing(result)

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING, Optional
 
 from common.files import atomic_write
 from common.platform import command_line
-from training.wandb_run import WandbRun
+from launch.console import progress_bar
 
 if TYPE_CHECKING:
     from data.cache import Prepared
     from training.config import Config
-    from training.device import DeviceSetup
-    from training.distributed import DistInfo
+    from launch.device import DeviceSetup
+    from launch.ranks import DistInfo
     from training.init_from import Source
     from training.state import TrainState
 
@@ -68,6 +68,19 @@ def records_up_to(records: list[dict], step: int) -> list[dict]:
     return [r for r in records if r.get("type") in ("train", "eval") and int(r.get("step", -1)) <= step]
 
 
+def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, block_size: int) -> float:
+    """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N for the weights + 12·L·H·Q·T for
+    attention (N parameters, L layers, H heads, Q head size, T context)."""
+    return 6.0 * n_params + 12.0 * n_layer * n_head * head_dim * block_size
+
+
+def mfu(tokens_per_s: float, flops_per_tok: float, peak: Optional[float]) -> Optional[float]:
+    """Achieved / peak FLOP/s as a fraction, or None when the peak is unknown."""
+    if not peak or tokens_per_s <= 0:
+        return None
+    return tokens_per_s * flops_per_tok / peak
+
+
 def format_count(n: float) -> str:
     """12345678 -> '12.35M' (tokens, parameters)."""
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
@@ -89,7 +102,7 @@ class RunLog:
     def __init__(self, max_iters: int, enabled: bool = True):
         self.max_iters, self.enabled = max_iters, enabled
         self.metrics: Optional[MetricsWriter] = None  # rank 0, once started
-        self.wandb, self.bar = WandbRun(), None
+        self.wandb, self.bar = None, None  # wandb: a launch.wandb_run.WandbRun, with logger=wandb only
 
     def start(self, c: "Config", run_dir: Path, st: "TrainState", *, data: "Prepared", num_params: int,
               vocab_size: int, dev: "DeviceSetup", compiled: bool, rt: "DistInfo", source: Optional["Source"],
@@ -97,6 +110,8 @@ class RunLog:
         """wandb first (a missing API key must not leave files behind), then metrics.jsonl, then the opening lines."""
         self.model, self.num_params, self.dev = c.model, num_params, dev  # for the summary
         if c.logger.name == "wandb":
+            from launch.wandb_run import WandbRun
+            self.wandb = WandbRun()
             self.wandb.start(c, run_dir, st.wandb_run_id)
         source_metrics = resumed_from.parent / "metrics.jsonl" if resumed_from is not None else None
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl", source_metrics, st.step)
@@ -111,7 +126,7 @@ class RunLog:
         log.info(f"device: {dev.device} ({dev.name}), {dev.dtype_name}{' + GradScaler' if dev.use_grad_scaler else ''}"
                  ", " + ("torch.compile on" if compiled else "eager (no torch.compile)"))
         if rt.distributed:
-            from training.distributed import describe
+            from launch.distributed import describe
             log.info(f"parallel: {describe(rt)}")
         log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x {m.block_size} tokens x "
                  f"{c.train.grad_accum_steps} accumulation x {rt.world_size} process"
@@ -125,17 +140,17 @@ class RunLog:
 
     @contextlib.contextmanager
     def progress(self, total: int, initial: int, show: bool):
-        from tqdm import tqdm
-        self.bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not show,
-                        file=sys.stderr, smoothing=0.05, leave=True)
-        try:
+        with progress_bar(total, initial, show) as self.bar:
             yield self.bar
-        finally:
-            self.bar.close()
+
+    def track(self, data: dict, step: int) -> None:
+        """`data` to the tracker (wandb), if the run has one."""
+        if self.wandb is not None:
+            self.wandb.log(data, step=step)
 
     @property
     def started(self) -> bool:
-        return self.metrics is not None or self.wandb.run is not None
+        return self.metrics is not None or (self.wandb is not None and self.wandb.run is not None)
 
     def train(self, step: int, loss: float, lr: float, tokens: int, elapsed: float, tps: float,
               util: Optional[float]) -> None:
@@ -144,7 +159,7 @@ class RunLog:
         self.metrics.write({"type": "train", "step": step, "loss": loss, "lr": lr, "tokens": tokens,
                             "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
                             **({"mfu": round(util, 4)} if util is not None else {})})
-        self.wandb.log({"train/loss": loss, "lr": lr, "tokens": tokens, "tokens_per_s": tps,
+        self.track({"train/loss": loss, "lr": lr, "tokens": tokens, "tokens_per_s": tps,
                         **({"mfu": util} if util is not None else {})}, step=step)
         line = f"loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s" + \
             (f" | mfu {util * 100:.1f}%" if util is not None else "")
@@ -160,7 +175,7 @@ class RunLog:
         bpb = {f"{split}_bpb": stats[split]["bpb"] for split in ("train", "val") if stats[split]["bpb"] is not None}
         self.metrics.write({"type": "eval", "step": step, "train_loss": tr["loss"], "val_loss": va["loss"], **bpb,
                             "lr": lr, "tokens": tokens, "elapsed_s": round(elapsed, 3)})
-        self.wandb.log({"eval/train_loss": tr["loss"], "eval/val_loss": va["loss"],
+        self.track({"eval/train_loss": tr["loss"], "eval/val_loss": va["loss"],
                         **{f"eval/{k}": v for k, v in bpb.items()}}, step=step)
         val_bpb = f" ({va['bpb']:.3f} bpb)" if va["bpb"] is not None else ""
         log.info(f"step {step}/{self.max_iters}: train loss {tr['loss']:.4f}, val loss {va['loss']:.4f}{val_bpb}"
@@ -187,7 +202,8 @@ class RunLog:
         except OSError as e:
             log.warning(f"could not write the run summary or loss.png: {e}")
         finally:
-            self.wandb.finish(exit_code=0 if status == "completed" else 1)
+            if self.wandb is not None:
+                self.wandb.finish(exit_code=0 if status == "completed" else 1)
         if status == "completed":
             done = f"best val loss {best:.4f} at step {st.best_step}" if st.best_step is not None else "no evaluation"
             log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in {format_duration(round(wall, 3))}, "

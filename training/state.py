@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from common.rng import seed_for
-from training.distributed import DistInfo, all_reduce_mean
+from launch.ranks import DistInfo, all_reduce_mean
 
 
 def seed_all(seed: int) -> None:

@@ -1,4 +1,4 @@
-"""training/memory.py: the estimate of one training step's memory, the refusal line, and train.py's CPU OOM line."""
+"""launch/memory.py: the estimate of one training step's memory, the refusal line, and train.py's CPU OOM line."""
 from __future__ import annotations
 
 import json
@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from tests.helpers import REPO, run_cli
-from training import memory
+from launch import memory
 from training.config import Config
+
+CPU = torch.device("cpu")
 
 TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",
         "model.block_size=32", "train.batch_size=4", "train.eval_iters=2", "optim.warmup_iters=2"]
@@ -47,7 +49,7 @@ def test_parameter_counts_match_the_model(tokenizer, tie, bias, pad):
 MEASURE = r"""
 import json, sys, torch
 from model import GPT, GPTConfig
-from training import memory
+from launch import memory
 from training.config import Config
 from training.optim import build_optimizer
 from training.step import train_step
@@ -91,28 +93,28 @@ def test_estimate_is_close_to_the_measured_peak(batch, dropout, optim):
 def test_refusals_name_the_estimate_and_the_fix(monkeypatch):
     monkeypatch.setattr(memory, "available", lambda device: 2 * GiB)
     c = _config(n_layer=4, n_head=4, n_embd=128, block_size=64)
-    assert memory.check(c) is None  # the CPU preset's 24 x 64 tokens
+    assert memory.check(c, torch.device("cpu")) is None  # the CPU preset's 24 x 64 tokens
     c.train.batch_size = 200_000
-    line = memory.check(c)
+    line = memory.check(c, CPU)
     assert line.startswith("train.batch_size=200000 with model.block_size=64 needs about ") and "\n" not in line
     assert ("GiB of memory for one training step (estimate, for up to 256 distinct characters), but 2.0 GiB is "
             "available: lower train.batch_size to at most ") in line, line
     assert line.endswith("(raise train.grad_accum_steps to keep the global batch) or use a smaller model"), line
     c.train.batch_size = int(line.split("at most ")[1].split()[0])  # the suggestion fits, with room
-    assert memory.estimate(c).total <= 0.8 * 2 * GiB and memory.check(c) is None
-    assert "is available for 2 processes" in memory.check(c, world_size=2, local_world_size=2)  # one host
+    assert memory.estimate(c).total <= 0.8 * 2 * GiB and memory.check(c, CPU) is None
+    assert "is available for 2 processes" in memory.check(c, CPU, world_size=2, local_world_size=2)  # one host
 
     big = _config(n_layer=2, n_head=1, n_embd=65536)
     big.data.tokenizer = "gpt2"  # a known vocabulary: a plain "(estimate)"
-    assert memory.check(big) == (
+    assert memory.check(big, CPU) == (
         "the model (model.n_layer=2, model.n_embd=65536: 106.39B parameters) needs about 1.5 TiB of memory for its "
         "weights, gradients and optimizer state alone (estimate), but 2.0 GiB is available: use a smaller model "
         "(lower model.n_embd or model.n_layer)")
     big.model.init_from = "gpt2-dir"  # a fine-tune's shape is only known once its source is read: no check
-    assert memory.check(big) is None
+    assert memory.check(big, CPU) is None
     big.model.init_from = None
     monkeypatch.setattr(memory, "available", lambda device: None)  # not Linux: no check
-    assert memory.check(big) is None
+    assert memory.check(big, CPU) is None
 
 
 def test_available_memory_on_linux():
@@ -135,14 +137,14 @@ def test_mps_is_checked_against_the_macs_unified_memory(monkeypatch):
     assert memory.available(torch.device("mps")) == 2 * GiB
     c = _config(n_layer=4, n_head=4, n_embd=128, block_size=64)
     c.train.device, c.train.batch_size = "auto", 200_000
-    line = memory.check(c)
+    line = memory.check(c, torch.device("mps"))
     assert "GiB of memory for one training step" in line and "but 2.0 GiB is available: lower" in line, line
     fits = int(line.split("at most ")[1].split()[0])
     assert memory.estimate(c, "mps").total > memory.estimate(c, "mps", half=True).total
     c.train.dtype = "bfloat16"  # macOS 14+: fewer bytes per activation, a larger batch fits
-    assert int(memory.check(c).split("at most ")[1].split()[0]) > fits
+    assert int(memory.check(c, torch.device("mps")).split("at most ")[1].split()[0]) > fits
     monkeypatch.setattr(memory, "available_memory", lambda: None)  # macOS did not answer: no check
-    assert memory.check(c) is None
+    assert memory.check(c, torch.device("mps")) is None
 
 @pytest.mark.slow
 @pytest.mark.parametrize("alloc, words", [
@@ -170,7 +172,7 @@ def test_cpu_out_of_memory_while_training_is_one_line(tmp_path, tiny_corpus, all
 def test_the_own_bpe_estimate_uses_its_vocabulary():
     """data.tokenizer=bpe: the head and embedding are sized by data.vocab_size, not by the char bound (256)."""
     from training.config import to_dataclass
-    from training.memory import vocab_size
+    from launch.memory import vocab_size
     c = to_dataclass({"data": {"name": "text", "path": "x.txt", "tokenizer": "bpe", "vocab_size": 4096},
                       "model": {"pad_vocab_to": 64}})
     assert vocab_size(c) == 4096

@@ -1,10 +1,10 @@
-"""training/hydra_record.py: the .hydra/ files and train.log of a run dir put back byte for byte (and time)."""
+"""launch/hydra_record.py: the .hydra/ files and train.log of a run dir put back byte for byte (and time)."""
 from __future__ import annotations
 
 import logging
 import os
 
-from training.hydra_record import RecordSnapshot
+from launch.hydra_record import RecordSnapshot
 
 
 def _state(d):

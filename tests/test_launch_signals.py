@@ -1,4 +1,4 @@
-"""training/signals.py: a signal sets a flag; a second Ctrl-C aborts at once; handlers are restored."""
+"""launch/signals.py: a signal sets a flag; a second Ctrl-C aborts at once; handlers are restored."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from training.signals import EXIT_CODES, StopRequest
+from launch.signals import EXIT_CODES, StopRequest
 
 
 def test_first_signal_is_a_flag_second_ctrl_c_aborts():
@@ -34,7 +34,7 @@ def test_install_outside_the_main_thread_is_a_no_op():
 
 
 def test_the_closing_line_of_an_aborted_run_names_the_checkpoint(tmp_path):
-    from training.signals import interrupted_line
+    from launch.signals import interrupted_line
     run = tmp_path / "run"
     assert interrupted_line(run, None, None, "CMD") == "interrupted; no checkpoint was written yet"
     assert interrupted_line(run, tmp_path / "other" / "last.pt", 7, "CMD") == \
@@ -51,36 +51,9 @@ def test_the_resume_command_pastes_back_for_any_run_dir():
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from training.signals import resume_command
+    from launch.signals import resume_command
     for run in ("outputs/2026-01-01/10-00-00", "my runs/é a", "it's here", 'a "b"'):
         parts = shlex.split(resume_command(run, ["model.n_layer=2", "data.path='my book.txt'"]))
         assert parts[:2] == ["python", "train.py"] and parts[-1] == "train.resume=true"
         parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(parts[2:])}
         assert parsed["hydra.run.dir"] == run and parsed["data.path"] == "my book.txt"
-
-
-def test_a_closed_pipe_is_quiet_and_stops_the_run(capsys):
-    """`train.py | head`: the console handler's BrokenPipeError goes quiet (no `--- Logging error ---`) and the
-    next agreed() stops the run with exit code 141."""
-    import logging
-
-    from training import signals
-    r, w = os.pipe()
-    os.close(r)
-    stream = os.fdopen(w, "w", buffering=1)
-    log = logging.getLogger("pipe-test")
-    handler = logging.StreamHandler(stream)
-    log.addHandler(handler)
-    log.propagate = False
-    signals.stop_on_closed_pipe(log)
-    try:
-        log.warning("a line nobody reads")
-        log.warning("and another")
-        stop = StopRequest()
-        assert stop.agreed() and stop.signum == signals.SIGPIPE and EXIT_CODES[stop.signum] == 141
-        assert stop.name == "a closed output pipe"
-    finally:
-        signals._pipe_closed.clear()
-        log.removeHandler(handler)
-        stream.close()
-    assert "Logging error" not in capsys.readouterr().err

@@ -1,11 +1,11 @@
-"""training/overrides.py: values quoted for Hydra's grammar read back unchanged; arguments that are not overrides
+"""launch/overrides.py: values quoted for Hydra's grammar read back unchanged; arguments that are not overrides
 (nanoGPT's --flags and config files, a value the shell split, an unquoted non-ASCII value) get the fix."""
 from __future__ import annotations
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from training.overrides import data_path_note, flag_hint, lexer_hint, override, quote, word_hint
+from launch.overrides import data_path_note, flag_hint, lexer_hint, override, quote, word_hint
 
 
 @pytest.mark.parametrize("value", ["outputs/2026-01-01/10-00-00", "my runs/a b", "é/ü 中", "it's", 'say "hi"',

@@ -1,15 +1,12 @@
-"""Scale-out on PyTorch's own engine (torchrun, DDP, FSDP2): this module only decides which process group, which
-wrapper, when gradients sync and where ranks agree on a number. A plain `python train.py` starts no process group.
+"""Scale-out on PyTorch's own engine (torchrun, DDP, FSDP2): joining a torchrun job's process group and wrapping the
+model for it. Imported only under torchrun (launch/ranks.py decides); the loop's collectives are in launch/ranks.py.
 """
 from __future__ import annotations
 
-import contextlib
 import inspect
-import math
 import os
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -17,28 +14,11 @@ import torch.distributed as dist
 from model.device import resolve_device
 from training.config import PARALLEL_MODES
 
+if TYPE_CHECKING:
+    from launch.ranks import DistInfo
+
 CONTROL_TIMEOUT = timedelta(minutes=60)  # rank 0 may prepare a large dataset while the others wait
 _TORCHRUN = "torchrun --standalone --nproc_per_node=N train.py ..."
-
-
-@dataclass
-class DistInfo:
-    """This process's place in the job. A single process is rank 0 of 1 with parallel="none"."""
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-    local_world_size: int = 1
-    parallel: str = "none"  # resolved: none | ddp | fsdp
-    backend: Optional[str] = None  # nccl | gloo | None (no process group)
-    control_group: Any = None  # CPU gloo group: stop flag, RNG gathering, barriers (never the GPU stream)
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def distributed(self) -> bool:  # a process group is in use
-        return self.parallel != "none"
 
 
 def _env_int(name: str, default: int) -> int:
@@ -72,14 +52,16 @@ def resolve_parallel(spec: str, world_size: int, launched: bool) -> str:
     return "ddp" if world_size > 1 else "none"
 
 
-def init(device_spec: str = "auto", parallel: str = "none") -> DistInfo:
-    """Join the torchrun job: NCCL on CUDA, gloo on the CPU, plus the CPU control group (once; destroy() ends it)."""
+def init(info: DistInfo, device_spec: str = "auto", parallel: str = "none") -> DistInfo:
+    """Join the torchrun job: NCCL on CUDA, gloo on the CPU, plus the CPU control group (once; ranks.destroy() ends
+    it); `info` (a fresh launch.ranks.DistInfo) gets this process's place in it."""
     ws, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
     if ws < 1 or not 0 <= rank < ws:
         raise ValueError(f"RANK={rank} / WORLD_SIZE={ws} are inconsistent: launch with torchrun ({_TORCHRUN})")
     local_rank, local_ws = _env_int("LOCAL_RANK", 0), _env_int("LOCAL_WORLD_SIZE", ws)
     mode = resolve_parallel(parallel, ws, launched_by_torchrun())
-    info = DistInfo(rank=rank, world_size=ws, local_rank=local_rank, local_world_size=local_ws, parallel=mode)
+    info.rank, info.world_size, info.local_rank, info.local_world_size = rank, ws, local_rank, local_ws
+    info.parallel = mode
     if mode == "none":
         return info
     device = resolve_device(device_spec, local_rank)
@@ -98,56 +80,9 @@ def init(device_spec: str = "auto", parallel: str = "none") -> DistInfo:
     return info
 
 
-def destroy(info: Optional[DistInfo], together: bool = False) -> None:
-    """End init()'s process group, never raising; `together` (a run that ended well): first wait for every rank."""
-    if info is None or not info.distributed or not dist.is_initialized():
-        return
-    with contextlib.suppress(Exception):  # shutting down after an error must not hide that error
-        if together:
-            dist.monitored_barrier(group=info.control_group, timeout=timedelta(seconds=60))
-        dist.destroy_process_group()
-
-
-def all_reduce_sum(t: torch.Tensor, info: DistInfo) -> torch.Tensor:  # in place; a no-op in one process
-    if info.distributed:
-        dist.all_reduce(t, op=dist.ReduceOp.SUM)
-    return t
-
-
-def all_reduce_mean(t: torch.Tensor, info: DistInfo) -> torch.Tensor:  # in place; a no-op in one process
-    return all_reduce_sum(t, info).div_(info.world_size) if info.distributed else t
-
-
-def broadcast_object(obj: Any, info: DistInfo) -> Any:
-    """Rank 0's (picklable) object on every rank, over the CPU control group."""
-    if not info.distributed:
-        return obj
-    box = [obj]
-    dist.broadcast_object_list(box, src=0, group=info.control_group)
-    return box[0]
-
-
-@contextlib.contextmanager
-def main_first(info: DistInfo):
-    """Run the body on local rank 0 first, then on the others (e.g. to fill a shared cache): a CPU barrier."""
-    if info.distributed and info.local_rank != 0:
-        dist.barrier(group=info.control_group)
-    try:
-        yield
-    finally:
-        if info.distributed and info.local_rank == 0:
-            dist.barrier(group=info.control_group)
-
-
 def describe(info: DistInfo) -> str:  # of a process group (metrics' opening lines)
     what = {"ddp": "DDP", "fsdp": "FSDP2 (fully_shard per block)"}[info.parallel]
     return f"{what} over {info.world_size} process{'es' if info.world_size > 1 else ''} ({info.backend})"
-
-
-def check_dtype(info: DistInfo, dtype: torch.dtype) -> None:
-    if info.parallel == "fsdp" and dtype == torch.float16:  # GradScaler's inf checks would differ per shard
-        raise ValueError("train.parallel=fsdp does not support float16 with a GradScaler: use "
-                         "train.dtype=bfloat16 (or float32), or train.parallel=ddp")
 
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
@@ -171,40 +106,4 @@ def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
         fully_shard(model, **kw)
     return model
 
-
-@contextlib.contextmanager
-def grad_sync(model: torch.nn.Module, info: DistInfo, last: bool):
-    """Context for one micro-step's forward+backward: gradients are reduced across ranks only when `last`."""
-    inner = getattr(model, "_orig_mod", model)  # torch.compile(DDP(...)) -> DDP
-    if info.parallel == "ddp" and not last:
-        with inner.no_sync():
-            yield
-    elif info.parallel == "fsdp" and not last:
-        inner.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            inner.set_requires_gradient_sync(True)
-    else:
-        yield
-
-
-def weights_finite(params, info: DistInfo) -> bool:
-    """All weights finite, on every rank (FSDP: each rank checks its shards; one MIN all-reduce)."""
-    local = [t for t in (p.detach().to_local() if hasattr(p, "to_local") else p.detach() for p in params)
-             if t.numel()]
-    ok = not local or bool(torch.isfinite(torch.nn.utils.get_total_norm(local, foreach=True)).item())
-    if info.distributed:
-        flag = torch.tensor([int(ok)], dtype=torch.int32)
-        dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=info.control_group)
-        ok = bool(flag.item())
-    return ok
-
-
-def eval_plan(n: int, info: DistInfo) -> list[tuple[int, bool]]:
-    """This rank's eval batches as (index, counted); FSDP pads with uncounted ones (each forward is a collective)."""
-    mine = [(i, True) for i in range(info.rank, n, info.world_size)]
-    if info.parallel == "fsdp":
-        mine += [(0, False)] * (math.ceil(n / info.world_size) - len(mine))
-    return mine
 

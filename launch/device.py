@@ -17,7 +17,7 @@ from torch.torch_version import TorchVersion
 
 from common.platform import compile_unsupported
 from common.text import setting_error
-from model.device import resolve_device, resolve_dtype  # noqa: F401 - re-exported: training's device choice
+from model.device import resolve_dtype
 
 # (regex on the device name, readable name, dense bf16 FLOP/s from the datasheet). First match wins,
 # so the more specific names come first. Datasheets quote "with sparsity" numbers too: those are 2x.
@@ -74,8 +74,8 @@ class DeviceSetup:
         return str(self.dtype).replace("torch.", "")
 
 
-def setup_device(device_spec: str = "auto", dtype_spec: str = "auto", local_rank: int = 0) -> DeviceSetup:
-    device = resolve_device(device_spec, local_rank)
+def setup_device(device: torch.device, dtype_spec: str = "auto") -> DeviceSetup:
+    """The run's `device` (resolved once, by model.device.resolve_device) set up for training in `dtype_spec`."""
     dtype = resolve_dtype(dtype_spec, device)
     if device.type == "mps" and dtype == torch.float16 and TorchVersion(torch.__version__) < (2, 8):
         raise setting_error("{dtype=}float16 on Apple's MPS needs torch 2.8 or newer (its GradScaler): upgrade "

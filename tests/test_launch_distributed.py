@@ -1,4 +1,4 @@
-"""training/distributed.py and the loop under torchrun: CPU, gloo, 2 processes.
+"""launch/distributed.py and the loop under torchrun: CPU, gloo, 2 processes.
 
 Fast tests check the helpers in-process (a one-rank gloo group where a process group is needed). The slow
 ones launch `python -m torch.distributed.run --standalone --nproc_per_node=2 train.py ...` (the user's
@@ -32,9 +32,10 @@ from tests.helpers import REPO, find_non_plain, run_cli, tiny_model_and_opt, tra
 from checkpoint import file as ck
 from checkpoint import locate as L
 from checkpoint import sharded as S
-from training import distributed as D
+from launch import distributed as D
+from launch import ranks as R
 from training import state as TS
-from training.signals import StopRequest
+from launch.signals import StopRequest
 
 TINY = ["experiment=cpu", "train.device=cpu", "optim=adamw", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
         "model.dropout=0.0", "train.device=cpu", "train.batch_size=4", "train.eval_iters=3",
@@ -114,29 +115,29 @@ def test_resolve_parallel():
 def test_single_process_needs_no_process_group(monkeypatch):
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    info = D.init("cpu", "ddp")
+    info = D.init(R.DistInfo(), "cpu", "ddp")
     assert (info.rank, info.world_size, info.parallel, info.distributed) == (0, 1, "none", False)
     assert not torch.distributed.is_initialized()
     t = torch.tensor([3.0])
-    assert D.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
+    assert R.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
     stop = StopRequest(info)
     assert not stop.agreed()
     stop.signum = 15
     assert stop.agreed() and stop.signum == 15  # single process: immediate, no collective
     m = torch.nn.Linear(2, 2)
     assert D.wrap_model(m, info, torch.device("cpu")) is m
-    with D.grad_sync(m, info, last=False):
+    with R.grad_sync(m, info, last=False):
         pass
-    D.destroy(info)
+    R.destroy(info)
 
 
 def test_eval_plan_covers_every_batch_once():
-    ddp = [D.eval_plan(5, D.DistInfo(rank=r, world_size=2, parallel="ddp")) for r in range(2)]
+    ddp = [R.eval_plan(5, R.DistInfo(rank=r, world_size=2, parallel="ddp")) for r in range(2)]
     assert ddp == [[(0, True), (2, True), (4, True)], [(1, True), (3, True)]]
-    fsdp = [D.eval_plan(5, D.DistInfo(rank=r, world_size=2, parallel="fsdp")) for r in range(2)]
+    fsdp = [R.eval_plan(5, R.DistInfo(rank=r, world_size=2, parallel="fsdp")) for r in range(2)]
     assert [len(p) for p in fsdp] == [3, 3]  # same number of forwards: each is a collective under FSDP
     assert sorted(i for p in fsdp for i, counted in p if counted) == [0, 1, 2, 3, 4]
-    assert D.eval_plan(3, D.DistInfo()) == [(0, True), (1, True), (2, True)]
+    assert R.eval_plan(3, R.DistInfo()) == [(0, True), (1, True), (2, True)]
 
 
 @pytest.fixture
@@ -145,7 +146,7 @@ def one_rank_group(tmp_path):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        yield D.DistInfo(parallel="fsdp", backend="gloo")
+        yield R.DistInfo(parallel="fsdp", backend="gloo")
     finally:
         dist.destroy_process_group()
 
@@ -169,7 +170,7 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
             "step": 2}
     S.save_sharded(tmp_path / "s", f, fopt, meta)
     assert train_steps(f, fopt, 2, seed=2) == expected
-    assert D.weights_finite(list(f.parameters()), info)
+    assert R.weights_finite(list(f.parameters()), info)
     full = S.full_model_state_dict(f)
     _assert_close_weights(full, m.state_dict())
 

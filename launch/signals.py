@@ -1,47 +1,22 @@
-"""Stopping a run cleanly on SIGINT/SIGTERM or a closed output pipe (`train.py | head`), and the command line
-that continues it. The handlers only set a flag the loop polls between steps; a second Ctrl-C aborts at once
-(the atomic saves keep every file intact).
+"""Stopping a run cleanly on SIGINT/SIGTERM or a closed output pipe (`train.py | head`, seen by launch/console.py),
+and the command line that continues it. The handlers only set a flag the loop polls between steps; a second
+Ctrl-C aborts at once (the atomic saves keep every file intact).
 """
 from __future__ import annotations
 
-import logging
-import os
 import signal
-import sys
 import threading
 from pathlib import Path
-from typing import Optional
-
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING, Optional
 
 from common.platform import command_line
-from training.distributed import DistInfo
-from training.overrides import override
+from launch import console
+
+if TYPE_CHECKING:
+    from launch.ranks import DistInfo
 
 SIGPIPE = 13  # POSIX's SIGPIPE number (Windows has no such signal, but a pipe's reader still leaves)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, SIGPIPE: 128 + SIGPIPE}  # 141: what shells report
-_pipe_closed = threading.Event()  # the console's reader left: the run stops as on a signal
-
-
-def stop_on_closed_pipe(root: logging.Logger | None = None) -> None:
-    """The console handlers of `root` (stdout/stderr), on a closed pipe, go quiet (their stream then writes to
-    the null device) and ask the run to stop, instead of printing a `--- Logging error ---` per line."""
-    for h in (root or logging.getLogger()).handlers:
-        if type(h) is logging.StreamHandler and not getattr(h, "_tinygpt_pipe", False):
-            h._tinygpt_pipe, h.handleError = True, _pipe_aware(h, h.handleError)
-
-
-def _pipe_aware(handler: logging.StreamHandler, handle_error):
-    def handle(record: logging.LogRecord) -> None:
-        if not isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
-            return handle_error(record)
-        try:  # later writes (and the final flush at exit) go nowhere, quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), handler.stream.fileno())
-        except (OSError, ValueError, AttributeError):
-            handler.stream = open(os.devnull, "w")
-        _pipe_closed.set()
-    return handle
 
 
 class StopRequest:
@@ -69,13 +44,15 @@ class StopRequest:
 
     def agreed(self) -> bool:
         """Stop now? This process's signal or any rank's, from the async all-reduce the previous call posted."""
-        if self.signum is None and _pipe_closed.is_set():
+        if self.signum is None and console.reader_gone():
             self.signum = SIGPIPE
         agreed = mine = int(self.signum or 0)
         if self.info is not None and self.info.distributed:
             self.finish()
             agreed = int(self._buf.item()) if self._buf is not None else 0
             if not agreed:
+                import torch
+                import torch.distributed as dist
                 self._buf = torch.tensor([mine], dtype=torch.int64)
                 self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.info.control_group,
                                              async_op=True)
@@ -96,6 +73,7 @@ class StopRequest:
 
 def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Optional[DistInfo] = None) -> str:
     """The command that resumes this run, launched as it was: its overrides, run dir and train.resume=true."""
+    from launch.overrides import override
     keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
     launch = ["python"]
     if info is not None and info.distributed:

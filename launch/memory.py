@@ -29,8 +29,8 @@ class Estimate:
         return self.static + self.per_sequence * self.batch_size
 
 
-def vocab_size(c: Config) -> int:
-    kind = c.data.validate()
+def vocab_size(c: Config, kind: Optional[str] = None) -> int:
+    kind = kind or c.data.validate()
     n = GPT2_VOCAB if kind == "gpt2" else int(c.data.vocab_size) if kind == "bpe" else CHAR_VOCAB
     return pad_vocab(n, c.model.pad_vocab_to)
 
@@ -45,10 +45,11 @@ def num_params(c: Config, vocab: int) -> tuple[int, int]:
     return matrices + vectors + embeddings, matrices
 
 
-def estimate(c: Config, device_type: str = "cpu", half: bool = False, world_size: int = 1) -> Estimate:
+def estimate(c: Config, device_type: str = "cpu", half: bool = False, world_size: int = 1,
+             vocab: Optional[int] = None) -> Estimate:
     """Peak bytes of one training step on one process. `half`: bf16/fp16 autocast (fp32 master weights)."""
     m, t = c.model, c.train
-    C, T, L, V, H = m.n_embd, m.block_size, m.n_layer, vocab_size(c), m.n_head
+    C, T, L, V, H = m.n_embd, m.block_size, m.n_layer, vocab or vocab_size(c), m.n_head
     P, P_muon = num_params(c, V)
     optimizer = 4 * P_muon + 8 * (P - P_muon) if c.optim.name == "muon" else 8 * P  # fp32 moments
     static = 4 * P + 4 * P + optimizer  # weights + gradients + state
@@ -85,27 +86,27 @@ def gib(n: float) -> str:
     return f"{n / 2**40:.1f} TiB" if n >= 2**40 else f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
-def check(c: Config, world_size: int = 1, local_world_size: int = 1) -> Optional[str]:
+def check(c: Config, device, world_size: int = 1, local_world_size: int = 1) -> Optional[str]:
     """The one-line refusal when one training step would need more memory than the device has free, else None.
-    CPU processes under torchrun share the host: each needs its own share."""
+    CPU processes under torchrun share the host: each needs its own share. `device`: the run's (a torch.device)."""
     import torch
-    from model.device import resolve_device, resolve_dtype
+    from model.device import resolve_dtype
     if c.model.init_from:  # a fine-tune's shape is its source's, read later by the loop
         return None
     try:
-        device = resolve_device(c.train.device)
         half = resolve_dtype(c.train.dtype, device) != torch.float32
-    except ValueError:  # the loop reports a missing device as before
+    except ValueError:  # the loop reports a dtype the device lacks
         return None
     free = available(device)
     if free is None:
         return None
     share = local_world_size if device.type == "cpu" else 1
-    e = estimate(c, device.type, half, world_size)
+    kind = c.data.validate()
+    e = estimate(c, device.type, half, world_size, vocab_size(c, kind))
     if e.total * share <= free:
         return None
     m, t, mem = c.model, c.train, "GPU memory" if device.type == "cuda" else "memory"
-    note = "estimate" if c.data.validate() != "char" else f"estimate, for up to {CHAR_VOCAB} distinct characters"
+    note = "estimate" if kind != "char" else f"estimate, for up to {CHAR_VOCAB} distinct characters"
     have = f"{gib(free)} is free on {device}" if device.type == "cuda" else f"{gib(free)} is available"
     if share > 1:
         have += f" for {share} processes"

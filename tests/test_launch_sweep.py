@@ -1,4 +1,4 @@
-"""training/sweep.py: each job's record (status, best val, bpb from its metrics.jsonl) and the sweep's table."""
+"""launch/sweep.py: each job's record (status, best val, bpb from its metrics.jsonl) and the sweep's table."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 
 from tests.helpers import run_cli
-from training.sweep import outcome, record, table, write_summary
+from launch.sweep import outcome, record, table, write_summary
 
 
 def test_records_and_the_table_name_every_job_and_its_outcome(tmp_path):

@@ -1,0 +1,92 @@
+"""The console: the one logging handler that prints a run's lines on stdout (train.log is Hydra's file handler).
+While a progress bar is drawn it writes above it through tqdm.write and leaves the per-interval train lines
+(`extra={"progress": True}`) to the bar's postfix. When stdout's reader leaves (`train.py | head`) it goes quiet
+(stdout then writes to the null device) and `reader_gone()` tells the loop to stop as on Ctrl-C (docs/faults.md),
+even before the next line would have failed: a pipe whose reader closed is seen between two steps.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import stat
+import sys
+import threading
+
+_gone = threading.Event()  # stdout's reader has left
+
+
+class Console(logging.StreamHandler):
+    """stdout, message only; above the bar while one is shown; quiet once the reader has left."""
+    bar = None  # the tqdm bar being drawn (progress_bar), if any
+
+    def __init__(self):
+        super().__init__(sys.stdout)
+        self.setFormatter(logging.Formatter("%(message)s"))
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if _gone.is_set() or (self.bar is not None and getattr(record, "progress", False)):
+            return
+        try:
+            if self.bar is not None:
+                self.bar.write(self.format(record), file=self.stream)
+            else:
+                self.stream.write(self.format(record) + self.terminator)
+            self.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            _left(self.stream)
+        except Exception:  # noqa: BLE001 - logging must never break training
+            self.handleError(record)
+
+
+def setup() -> Console:
+    """The console handler on the root logger, once (Hydra's job logging gives each job train.log only)."""
+    root = logging.getLogger()
+    handler = next((h for h in root.handlers if isinstance(h, Console)), None)
+    if handler is None:
+        handler = Console()
+        root.addHandler(handler)
+    return handler
+
+
+def _left(stream) -> None:
+    try:  # later writes (and the final flush at exit) go nowhere, quietly
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, stream.fileno())
+        os.close(fd)
+    except (OSError, ValueError, AttributeError):
+        pass
+    _gone.set()
+
+
+def reader_gone() -> bool:
+    """Has stdout's reader left? A write said so, or (a pipe, where poll() can tell) the pipe says so now."""
+    if not _gone.is_set() and hasattr(select, "poll"):
+        try:
+            fd = sys.stdout.fileno()
+            if stat.S_ISFIFO(os.fstat(fd).st_mode):
+                p = select.poll()
+                p.register(fd, 0)  # POLLERR / POLLHUP only: a pipe with no reader reports POLLERR
+                if p.poll(0):
+                    _left(sys.stdout)
+        except (OSError, ValueError, AttributeError):  # a replaced stdout (tests): only a failed write tells
+            pass
+    return _gone.is_set()
+
+
+@contextlib.contextmanager
+def progress_bar(total: int, initial: int, show: bool):
+    """A tqdm bar on stderr (shown only when `show`); the console writes above it while it lasts."""
+    from tqdm import tqdm
+    bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not show, file=sys.stderr,
+               smoothing=0.05, leave=True)
+    consoles = [h for h in logging.getLogger().handlers if isinstance(h, Console)] if show else []
+    for h in consoles:
+        h.bar = bar
+    try:
+        yield bar
+    finally:
+        for h in consoles:
+            h.bar = None
+        bar.close()

@@ -1,0 +1,111 @@
+"""launch/console.py: the one console handler: above the progress bar, quiet once stdout's reader has left
+(`train.py | head` in a terminal ends at once with 141, no `--- Logging error ---`)."""
+from __future__ import annotations
+
+import fcntl
+import io
+import logging
+import os
+import pty
+import struct
+import subprocess
+import sys
+import termios
+import threading
+import time
+
+import pytest
+
+from checkpoint import file as ck
+from launch import console
+from launch.signals import EXIT_CODES, SIGPIPE, StopRequest
+from tests.helpers import REPO
+
+
+@pytest.fixture
+def handler(monkeypatch):
+    monkeypatch.setattr(console, "_gone", threading.Event())
+    h = console.Console()
+    h.stream = io.StringIO()
+    log = logging.getLogger("tinygpt-console-test")
+    log.addHandler(h)
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    yield h, log
+    log.removeHandler(h)
+
+
+def test_above_a_bar_the_per_interval_lines_are_left_to_it(handler):
+    h, log = handler
+    with console.progress_bar(10, 0, show=False):  # not shown: no bar to write above
+        log.info("a train line", extra={"progress": True})
+    h.bar = type("Bar", (), {"write": staticmethod(lambda msg, file: file.write(f"[{msg}]\n"))})()
+    log.info("an eval line")
+    log.info("a train line", extra={"progress": True})  # the bar's postfix shows these
+    assert h.stream.getvalue() == "a train line\n[an eval line]\n"
+
+
+def test_a_closed_pipe_is_quiet_and_stops_the_run(handler, capsys):
+    h, log = handler
+    r, w = os.pipe()
+    os.close(r)
+    h.stream = os.fdopen(w, "w", buffering=1)
+    try:
+        log.warning("a line nobody reads")
+        log.warning("and another")
+        stop = StopRequest()
+        assert stop.agreed() and stop.signum == SIGPIPE and EXIT_CODES[stop.signum] == 141
+        assert stop.name == "a closed output pipe"
+    finally:
+        h.stream.close()
+    assert "Logging error" not in capsys.readouterr().err
+
+
+def test_setup_adds_one_handler(monkeypatch):
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])
+    assert console.setup() is console.setup() and len(root.handlers) == 1
+
+
+@pytest.mark.slow
+def test_head_in_a_terminal_stops_at_once_with_a_checkpoint(tmp_path, tiny_corpus):
+    """`python train.py ... | head -n 5` with stderr a terminal (so the progress bar is drawn): the run ends within
+    seconds of the reader leaving, saves last.pt, prints no traceback and exits 141."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    args = [sys.executable, str(REPO / "train.py"), "experiment=cpu", "train.device=cpu", "model=tiny", "data=text",
+            f"data.path={tiny_corpus}", "train.max_iters=100000", "train.eval_interval=100000", "hydra.run.dir=r"]
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 0-column terminal hides the bar
+    proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdin=slave, stdout=subprocess.PIPE, stderr=slave)
+    os.close(slave)
+    terminal = []
+
+    def drain():
+        while True:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:  # the last writer closed it
+                return
+            if not chunk:
+                return
+            terminal.append(chunk)
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        head = [proc.stdout.readline() for _ in range(5)]
+        proc.stdout.close()  # as head does after its 5 lines
+        left = time.monotonic()
+        proc.wait(timeout=120)
+        took = time.monotonic() - left
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        reader.join(timeout=5)
+        os.close(master)
+    err = b"".join(terminal).decode(errors="replace")
+    assert all(head) and proc.returncode == 141, err
+    assert took < 10, f"{took:.1f} s after the reader left"
+    assert "Logging error" not in err and "Traceback" not in err, err
+    assert "step/s" in err or "s/step" in err, err  # the progress bar was drawn
+    assert ck.load_checkpoint(tmp_path / "r" / "last.pt")["step"] >= 0
+    assert "stopped by a closed output pipe" in (tmp_path / "r" / "train.log").read_text()
