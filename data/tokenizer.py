@@ -33,7 +33,7 @@ class Tokenizer:
     in_transformers = True  # whether transformers' AutoTokenizer loads its exported files (char-level: no)
 
     def describe(self) -> str:
-        return describe_tokenizer(self.to_dict())
+        return f"{describe_tokenizer(self.to_dict())} ({self.vocab_size:,} tokens)"
 
     def unknown_characters(self, text: str) -> list[str]:
         """The characters of `text` that it cannot encode, sorted (byte-level tokenizers: none)."""
@@ -109,6 +109,9 @@ class CharTokenizer(Tokenizer):
 
     def to_dict(self) -> dict:
         return {"type": "char", "chars": "".join(self.chars)}
+
+    def describe(self) -> str:
+        return describe_tokenizer(self.to_dict())
 
 
 class GPT2Tokenizer(Tokenizer):
@@ -204,6 +207,9 @@ class BPETokenizer(Tokenizer):
     def to_dict(self) -> dict:
         return {"type": "bpe", "vocab_size": self.vocab_size, "json": self.json}
 
+    def describe(self) -> str:
+        return f"own BPE ({self.vocab_size:,} tokens)"
+
 
 def _ascii_alnum(ch: str) -> bool:
     return ch.isascii() and ch.isalnum()
@@ -250,18 +256,22 @@ def token_bytes(tokenizer: Tokenizer):
 
 
 def describe_tokenizer(d: dict) -> str:
-    """A description's name for messages ("char (65 characters)", "gpt2 BPE (50,257 tokens)", "own BPE (4,096
-    tokens)"), without building the tokenizer."""
-    kind = d.get("type") if isinstance(d, dict) else None
+    """A description's name for messages ("char (65 characters)", "gpt2 BPE", "own BPE (4096 tokens)"), without
+    building the tokenizer."""
+    kind = d.get("type")
     if kind == "char":
         return f"char ({len(d.get('chars', ''))} characters)"
-    return {"gpt2": "gpt2 BPE", "bpe": "own BPE"}.get(kind, str(kind)) + f" ({vocab_size_of(d):,} tokens)"
+    if kind == "bpe":
+        return f"own BPE ({d.get('vocab_size')} tokens)"
+    return "gpt2 BPE" if kind == "gpt2" else str(kind or "unknown")
 
 
 def vocab_size_of(d: dict) -> int:
     """The number of ids of a description, without building the tokenizer."""
-    kind = d.get("type")
-    return {"gpt2": 50257, "bpe": d.get("vocab_size") or 0}.get(kind, len(d.get("chars", "")))
+    if d.get("type") == "gpt2":
+        from data.sources import GPT2_VOCAB_SIZE
+        return GPT2_VOCAB_SIZE
+    return int(d.get("vocab_size") or 0) if d.get("type") == "bpe" else len(d.get("chars", ""))
 
 
 def data_setting(d: dict) -> str:
