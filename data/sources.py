@@ -198,6 +198,7 @@ class Corpus:
     nbytes: int
     given: str | None  # the path setting as given, for messages ("a.txt", "[a.txt,b.txt]"); None: the download
     text_key: str  # the field of a .jsonl line, or the column of a parquet / Arrow file, that holds the text
+    digest: str | None = None  # `sha256()` when known already (the download, checked): no second read
 
     @property
     def keyed(self) -> bool:  # whether `text_key` picks the text (part of the cache key then)
@@ -249,7 +250,8 @@ def resolve(cfg) -> Corpus:
     else:  # the Shakespeare presets without a local copy: cache / download
         p = shakespeare_path()
         files, names, display, abspath, shown = [p], None, str(p), str(p.absolute()), None
-    src = Corpus(files, names, display, abspath, sum(f.stat().st_size for f in files), shown, cfg.text_key)
+    src = Corpus(files, names, display, abspath, sum(f.stat().st_size for f in files), shown, cfg.text_key,
+                 None if given else SHAKESPEARE_SHA256)
     if not any([_has_text(src, f) for f in files]):  # a list: every columnar file is checked
         what = f"all {len(files)} files of {display} are empty" if names else f"{display} is empty"
         rows = " (no rows)" if all(f.suffix in COLUMNAR for f in files) else ""
@@ -291,6 +293,8 @@ def hash_rest(f, hasher) -> None:
 def sha256(src: Corpus) -> str:
     """For one file exactly `sha256sum file`; for a directory, over names, sizes and contents (parquet and Arrow
     files too: their bytes, as for text)."""
+    if src.digest is not None:
+        return src.digest
     h = hashlib.sha256()
     for i, f in enumerate(src.files):
         h.update(file_header(src, i))

@@ -45,17 +45,13 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return self.decode_bytes(ids).decode("utf-8", errors="replace")
 
-
-def _ids_list(ids: Iterable[int]) -> list[int]:
-    if hasattr(ids, "tolist"):  # torch / numpy
-        ids = ids.tolist()
-    return [int(i) for i in ids]
-
-
-def _foreign_ids(ids: list[int], vocab_size: int, vocabulary: str) -> ValueError:
-    bad = sorted({i for i in ids if not 0 <= i < vocab_size})
-    return ValueError(f"token ids {bad[:_MAX_LISTED]} are outside {vocabulary}: "
-                      f"the ids come from a different tokenizer")
+    def _ids(self, ids: Iterable[int], vocabulary: str) -> list[int]:
+        """`ids` (a list, numpy or torch) as ints, or a one-line ValueError naming those outside `vocabulary`."""
+        ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]  # hasattr: torch / numpy
+        if bad := sorted({i for i in ids if not 0 <= i < self.vocab_size}):
+            raise ValueError(f"token ids {bad[:_MAX_LISTED]} are outside {vocabulary}: the ids come from a "
+                             f"different tokenizer")
+        return ids
 
 
 class CharTokenizer(Tokenizer):
@@ -96,16 +92,13 @@ class CharTokenizer(Tokenizer):
         return table
 
     def decode(self, ids: Sequence[int]) -> str:
-        ids = _ids_list(ids)
-        if any(not 0 <= i < self.vocab_size for i in ids):
-            raise _foreign_ids(ids, self.vocab_size, f"this {self.vocab_size}-character vocabulary")
-        return "".join([self.chars[i] for i in ids])
+        return "".join([self.chars[i] for i in self._ids(ids, f"this {self.vocab_size}-character vocabulary")])
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         return self.decode(ids).encode("utf-8", errors="surrogatepass")
 
     def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
-        return [self.decode([i]).encode("utf-8", errors="surrogatepass") for i in _ids_list(ids)]
+        return [self.decode([i]).encode("utf-8", errors="surrogatepass") for i in ids]
 
     def to_dict(self) -> dict:
         return {"type": "char", "chars": "".join(self.chars)}
@@ -133,10 +126,7 @@ class GPT2Tokenizer(Tokenizer):
         return self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
     def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
-        ids = _ids_list(ids)
-        if any(not 0 <= i < self.vocab_size for i in ids):
-            raise _foreign_ids(ids, self.vocab_size, f"the GPT-2 vocabulary (0..{self.eot_id})")
-        return self.enc.decode_tokens_bytes(ids)
+        return self.enc.decode_tokens_bytes(self._ids(ids, f"the GPT-2 vocabulary (0..{self.eot_id})"))
 
     @staticmethod
     def to_dict() -> dict:
@@ -199,10 +189,7 @@ class BPETokenizer(Tokenizer):
         return np.fromiter(itertools.chain.from_iterable(e.ids for e in batch), dtype=np.uint32)
 
     def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
-        ids = _ids_list(ids)
-        if any(not 0 <= i < self.vocab_size for i in ids):
-            raise _foreign_ids(ids, self.vocab_size, f"this {self.vocab_size}-token BPE vocabulary")
-        return [self._bytes[i] for i in ids]
+        return [self._bytes[i] for i in self._ids(ids, f"this {self.vocab_size}-token BPE vocabulary")]
 
     def to_dict(self) -> dict:
         return {"type": "bpe", "vocab_size": self.vocab_size, "json": self.json}
