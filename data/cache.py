@@ -183,7 +183,6 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
             return None
     note(f"prepared {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens in {seconds:.1f} s "
          f"({src.nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
-    return Prepared(final, meta, [final / f for f in meta["shards"]["train"]],
-                    [final / f for f in meta["shards"]["val"]], tok)
+    return Prepared(final, meta, tok)
 
 

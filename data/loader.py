@@ -170,40 +170,39 @@ class TokenShards:
 
 @dataclass
 class Prepared:
+    """A prepared directory: its meta.json, tokenizer and each split's shards (`token_files()`: opened once)."""
     dir: Path
     meta: dict
-    train_paths: list[Path]
-    val_paths: list[Path]
     tokenizer: Tokenizer
-    cached: bool = field(default=False, compare=False)
-    # the source this call read; meta.json's source.path names the first copy prepared with this content
-    source: str | None = field(default=None, compare=False)
-    files: tuple[TokenShards, TokenShards] | None = field(default=None, compare=False, repr=False)
+    cached: bool = False  # found in the cache (not prepared by this call)
+    source: str | None = None  # the source this call read; meta.json's source.path names the first copy prepared
+    files: tuple[TokenShards, TokenShards] | None = field(default=None, repr=False)
+
+    def paths(self, split: str) -> list[Path]:
+        names = self.meta.get("shards") or {"train": ["train.bin"], "val": ["val.bin"]}  # version 1: one a split
+        return [self.dir / n for n in names[split]]
 
     def token_files(self) -> tuple[TokenShards, TokenShards]:
         """(train, val), each read as one sequence across its shards, opened and checked once."""
         if self.files is None:
-            self.files = TokenShards(self.train_paths), TokenShards(self.val_paths)
+            self.files = TokenShards(self.paths("train")), TokenShards(self.paths("val"))
         return self.files
+
+    train_paths = property(lambda self: self.paths("train"))
+    val_paths = property(lambda self: self.paths("val"))
+    train_tokens = property(lambda self: int(self.meta["train_tokens"]))
+    val_tokens = property(lambda self: int(self.meta["val_tokens"]))
 
     @property
     def train_path(self) -> Path:
         """The train token file of a corpus that fits one shard (tests, small data); token_files() reads any size."""
-        assert len(self.train_paths) == 1, f"{self.dir} has {len(self.train_paths)} train shards"
-        return self.train_paths[0]
+        (path,) = self.train_paths
+        return path
 
     @property
     def val_path(self) -> Path:
-        assert len(self.val_paths) == 1, f"{self.dir} has {len(self.val_paths)} val shards"
-        return self.val_paths[0]
-
-    @property
-    def train_tokens(self) -> int:
-        return int(self.meta["train_tokens"])
-
-    @property
-    def val_tokens(self) -> int:
-        return int(self.meta["val_tokens"])
+        (path,) = self.val_paths
+        return path
 
 
 def _positive_int(name: str, value) -> int:

@@ -19,7 +19,7 @@ from common.cli import exit_quietly_on_broken_pipe
 from common.text import error_line, in_keys
 from data import sources
 from data.config import DataConfig
-from data.loader import Prepared, TokenShards
+from data.loader import Prepared
 from data.tokenizer import tokenizer_from_dict
 
 FORMAT = "tinygpt-prepared"
@@ -87,9 +87,9 @@ def load_prepared(directory: str | os.PathLike, *, expect_key: str | None = None
     if expect_key is not None and meta.get("key") != expect_key:
         raise ValueError(f"{d / 'meta.json'} does not match its directory (key {meta.get('key')!r}): delete {d} "
                          f"and prepare again")
-    names = meta.get("shards") or {"train": ["train.bin"], "val": ["val.bin"]}  # version 1: one file a split
+    p = Prepared(d, meta, None)
     try:
-        splits = {split: TokenShards([d / n for n in names[split]]) for split in ("train", "val")}
+        splits = dict(zip(("train", "val"), p.token_files()))
     except FileNotFoundError as e:
         raise ValueError(f"{d} is incomplete ({e.__class__.__name__}: a token file is missing): delete it and "
                          f"prepare again") from None
@@ -99,9 +99,8 @@ def load_prepared(directory: str | os.PathLike, *, expect_key: str | None = None
         if len(ts) != meta.get(f"{split}_tokens") or ts.vocab_size != meta.get("vocab_size"):
             raise ValueError(f"{split} shards of {d} do not match {d / 'meta.json'} ({len(ts):,} tokens, vocabulary "
                              f"{ts.vocab_size}): delete {d} and prepare again")
-    train, val = splits["train"], splits["val"]
-    return Prepared(d, meta, [f.path for f in train.files], [f.path for f in val.files],
-                    tokenizer_from_dict(meta["tokenizer"]), files=(train, val))
+    p.tokenizer = tokenizer_from_dict(meta["tokenizer"])
+    return p
 
 
 def lookup(final: Path, key: str, note: Callable[[str], None]) -> Prepared | None:
