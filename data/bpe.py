@@ -35,8 +35,10 @@ def sample(pieces: Iterable[str], train_chars: int, max_bytes: int) -> Iterator[
             return
         if not text:
             continue
-        raw = text[:chars].encode("utf-8", errors="surrogatepass")[:left]
-        text = raw.decode("utf-8", errors="ignore")  # a character cut by the byte limit is dropped
+        text = text[:chars]  # the same string (no copy) when the whole piece is taken
+        if len(raw := text.encode("utf-8", errors="surrogatepass")) > left:
+            raw = raw[:left]
+            text = raw.decode("utf-8", errors="ignore")  # a character cut by the byte limit is dropped
         chars, left = chars - len(text), left - len(raw)
         yield text
 
@@ -75,8 +77,13 @@ def _cached(path: Path, note: Callable[[str], None] | None = None) -> BPETokeniz
         return None
 
 
-def cached_or_trained(texts: list[str], vocab_size: int, note: Callable[[str], None]) -> BPETokenizer:
-    """The BPE for `texts`: the cached one when this text and size were trained before."""
+def tokenizer_for(pieces: list[str], cfg: DataConfig, train_chars: int,
+                  note: Callable[[str], None]) -> BPETokenizer:
+    """`cfg`'s BPE for a corpus whose train split is its first `train_chars` characters and which starts with
+    `pieces` (at least its first `tokenizer_sample_mb` MB: `corpus.scan` collects them); the cached one when this
+    sample and size were trained before."""
+    vocab_size = int(cfg.vocab_size)
+    texts = list(sample(pieces, train_chars, int(float(cfg.tokenizer_sample_mb) * 1e6)))
     path, n_bytes = cache_path(texts, vocab_size)
     if (cached := _cached(path, note)) is not None:
         return cached
@@ -95,14 +102,6 @@ def cached_or_trained(texts: list[str], vocab_size: int, note: Callable[[str], N
     short = f" (the text has too few repeated pairs for {vocab_size:,})" if tok.vocab_size < vocab_size else ""
     note(f"trained a {tok.vocab_size:,}-token BPE{short} in {seconds:.1f} s: {path}")
     return tok
-
-
-def tokenizer_for(pieces: list[str], cfg: DataConfig, train_chars: int,
-                  note: Callable[[str], None]) -> BPETokenizer:
-    """`cfg`'s BPE for a corpus whose train split is its first `train_chars` characters and which starts with
-    `pieces` (at least its first `tokenizer_sample_mb` MB: `corpus.scan` collects them)."""
-    max_bytes = int(float(cfg.tokenizer_sample_mb) * 1e6)
-    return cached_or_trained(list(sample(pieces, train_chars, max_bytes)), int(cfg.vocab_size), note)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

@@ -56,12 +56,6 @@ def _own_name(root: Path, pid: int | None = None) -> Path:
     return root / f".tmp-{_host()}-{os.getpid() if pid is None else pid}-{os.urandom(6).hex()}"
 
 
-def _partial_key(tmp: Path) -> str | None:
-    with suppress(OSError, ValueError, AttributeError):
-        return json.loads((tmp / PROGRESS).read_text(encoding="utf-8"))["head"]["key"]
-    return None
-
-
 def _claim(root: Path, key: str) -> Path | None:
     """Adopt the `.tmp-*` of a dead run of `key` by renaming it to our own name (of two racing runs, one wins);
     remove dead ones of other keys that have nothing to continue from, or are older than STALE_PARTIAL_S."""
@@ -70,7 +64,7 @@ def _claim(root: Path, key: str) -> Path | None:
         with suppress(OSError):
             if not stale.is_dir() or _owner_alive(stale):
                 continue
-            other = _partial_key(stale)
+            other = saved_head(stale).get("key")
             if mine is None and other == key:
                 target = _own_name(root)
                 os.rename(stale, target)  # FileNotFoundError when another run adopted it first
@@ -146,6 +140,7 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
         n_train = int(n_chars * (1.0 - vf))
         if tok is None:  # a fresh start: the char vocabulary just scanned, or the own BPE (trained or cached)
             tok = CharTokenizer(chars) if tok_kind == "char" else bpe.tokenizer_for(sample, cfg, n_train, note)
+            chars = sample = None  # not held while encoding
         sink = ShardWriter(tmp, tok.vocab_size, shard_tokens, {"key": key, "chars": n_chars,
                                                                "tokenizer": tok.to_dict()})
         start = sink.resume()
