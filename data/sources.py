@@ -23,6 +23,7 @@ from typing import Any
 
 from common.files import atomic_write
 from common.text import one_line, setting_error
+from data import cache_dir
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SIZE = 1_115_394
@@ -38,11 +39,6 @@ GPT2_VOCAB_SIZE = 50257
 
 COLUMNAR = (".parquet", ".arrow")  # parquet files and `datasets` save_to_disk Arrow files: data/columnar.py
 SUFFIXES = (".txt", ".jsonl", *COLUMNAR)  # what a directory contributes
-
-
-def cache_dir() -> Path:
-    """`$TINYGPT_CACHE` if set (and non-empty), else `~/.cache/tinygpt`. Not created here."""
-    return Path(os.environ.get("TINYGPT_CACHE") or "~/.cache/tinygpt").expanduser()
 
 
 def shakespeare_cache_path() -> Path:
