@@ -110,7 +110,7 @@ def run(argv: list[str] | None = None) -> int:
     padded = model.config.vocab_size - tokenizer.vocab_size
     print(f"wrote {out}: {', '.join(names)} ({tokenizer.describe()}"
           + (f"; {padded} padded vocabulary rows dropped" if padded else "") + ")")
-    tok = ("AutoTokenizer.from_pretrained(d)" if tokenizer.to_dict()["type"] in ("gpt2", "bpe")
+    tok = ("AutoTokenizer.from_pretrained(d)" if tokenizer.in_transformers
            else "the characters' ids in vocab.json (docs/export_eval.md)")
     print(f"load it with transformers: GPT2LMHeadModel.from_pretrained(d) and {tok}, d = {str(out)!r}")
     return 0

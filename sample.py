@@ -116,15 +116,12 @@ def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
 
 def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
     """Token ids of the prompt (default "\\n", else token 0), cut to its last `block_size` with a notice."""
-    if text is None:
-        try:
-            return tokenizer.encode("\n")[-block_size:] or [0]
-        except ValueError:  # a char vocabulary without "\n"
-            return [0]
+    if text is None:  # token 0 if a char vocabulary has no "\n"
+        return (tokenizer.encode("\n")[-block_size:] or [0]) if not tokenizer.unknown_characters("\n") else [0]
     try:
         ids = tokenizer.encode(text)
     except ValueError as e:
-        unknown = sorted(set(text) - tokenizer.stoi.keys()) if hasattr(tokenizer, "stoi") else []  # char vocabulary
+        unknown = tokenizer.unknown_characters(text)
         if not unknown:
             raise ValueError(f"cannot encode the prompt: {e}") from None
         more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""

@@ -1,10 +1,11 @@
 """Your own tokenizer: a byte-level BPE trained with Hugging Face `tokenizers` on the start of the corpus.
 
 It learns from the first `tokenizer_sample_mb` MB (UTF-8) of the train split only, so validation text never
-shapes the vocabulary and a huge corpus costs no more than its sample. The pre-tokenizer is GPT-2's and
-<|endoftext|> its one special token. Trained tokenizers are cached by the hash of that sample and the vocabulary
-size, as `$TINYGPT_CACHE/tokenizers/bpe-<vocab>-<key>.json` beside GPT-2's ranks, so preparing again never
-retrains. Also a CLI: `python -m data.bpe --path FILE --vocab-size N` trains (or finds) one and says how long.
+shapes the vocabulary and a huge corpus costs no more than its sample. The read that counts the characters
+(data/corpus.py `scan`) collects that sample, held in memory, so it costs no read of its own. The pre-tokenizer is
+GPT-2's and <|endoftext|> its one special token. Trained tokenizers are cached by the hash of that sample and the
+vocabulary size, as `$TINYGPT_CACHE/tokenizers/bpe-<vocab>-<key>.json` beside GPT-2's ranks, so preparing again
+never retrains. Also a CLI: `python -m data.bpe --path FILE --vocab-size N` trains (or finds) one and says how long.
 """
 from __future__ import annotations
 
@@ -25,17 +26,19 @@ FORMAT_VERSION = 1  # part of the cache key: a change to how tokenizers are trai
 MIN_FREQUENCY = 2  # a pair seen once in the sample is noise, not a token
 
 
-def sample(src: corpus.Corpus, errors: str, train_chars: int, max_bytes: int) -> Iterator[str]:
+def sample(pieces: Iterable[str], train_chars: int, max_bytes: int) -> Iterator[str]:
     """The text the tokenizer learns from, in pieces: the first `max_bytes` bytes (as UTF-8) of the first
-    `train_chars` characters (the train split); document boundaries end a piece."""
+    `train_chars` characters (the train split) of the corpus's `pieces` (its chunks; a document ends a piece)."""
     chars, left = train_chars, max_bytes
-    for text in corpus.read_text(src, errors):
+    for text in pieces:
         if chars <= 0 or left <= 0:
             return
         if not text:
             continue
-        raw = text[:chars].encode("utf-8", errors="surrogatepass")[:left]
-        text = raw.decode("utf-8", errors="ignore")  # a character cut by the byte limit is dropped
+        text = text[:chars]  # the same string (no copy) when the whole piece is taken
+        if len(raw := text.encode("utf-8", errors="surrogatepass")) > left:
+            raw = raw[:left]
+            text = raw.decode("utf-8", errors="ignore")  # a character cut by the byte limit is dropped
         chars, left = chars - len(text), left - len(raw)
         yield text
 
@@ -74,17 +77,21 @@ def _cached(path: Path, note: Callable[[str], None] | None = None) -> BPETokeniz
         return None
 
 
-def cached_or_trained(texts: Callable[[], Iterable[str]], vocab_size: int,
-                      note: Callable[[str], None]) -> BPETokenizer:
-    """The BPE for the text `texts()` yields: the cached one when this text and size were trained before."""
-    path, n_bytes = cache_path(texts(), vocab_size)
+def tokenizer_for(pieces: list[str], cfg: DataConfig, train_chars: int,
+                  note: Callable[[str], None]) -> BPETokenizer:
+    """`cfg`'s BPE for a corpus whose train split is its first `train_chars` characters and which starts with
+    `pieces` (at least its first `tokenizer_sample_mb` MB: `corpus.scan` collects them); the cached one when this
+    sample and size were trained before."""
+    vocab_size = int(cfg.vocab_size)
+    texts = list(sample(pieces, train_chars, int(float(cfg.tokenizer_sample_mb) * 1e6)))
+    path, n_bytes = cache_path(texts, vocab_size)
     if (cached := _cached(path, note)) is not None:
         return cached
     if n_bytes == 0:
         raise ValueError("the text to train the BPE tokenizer on is empty: give a text file with some content")
     note(f"training a {vocab_size:,}-token BPE tokenizer on {n_bytes / 1e6:,.1f} MB of text")
     t0 = time.perf_counter()
-    tok = train(texts(), vocab_size)
+    tok = train(texts, vocab_size)
     seconds = time.perf_counter() - t0
     if (cached := _cached(path)) is not None:  # another process cached one meanwhile: use it, so that both agree
         return cached
@@ -95,14 +102,6 @@ def cached_or_trained(texts: Callable[[], Iterable[str]], vocab_size: int,
     short = f" (the text has too few repeated pairs for {vocab_size:,})" if tok.vocab_size < vocab_size else ""
     note(f"trained a {tok.vocab_size:,}-token BPE{short} in {seconds:.1f} s: {path}")
     return tok
-
-
-def tokenizer_for(src: corpus.Corpus, cfg: DataConfig, train_chars: int,
-                  note: Callable[[str], None]) -> BPETokenizer:
-    """`cfg`'s BPE for the corpus `src` whose train split is its first `train_chars` characters."""
-    max_bytes = int(float(cfg.tokenizer_sample_mb) * 1e6)
-    return cached_or_trained(lambda: sample(src, cfg.encoding_errors, train_chars, max_bytes), int(cfg.vocab_size),
-                             note)
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
@@ -125,10 +124,10 @@ def run(argv: list[str] | None = None) -> int:
             "val_fraction": "--val-fraction", "encoding_errors": "--encoding-errors"}
     with in_keys(keys):
         cfg.validate()
-        src = corpus.resolve(cfg)
-        n_chars, _ = corpus.scan(src, cfg.encoding_errors, want_vocab=False)
+        src = sources.resolve(cfg)
+        n_chars, _, pieces = corpus.scan(src, cfg.encoding_errors, False, int(cfg.tokenizer_sample_mb * 1e6))
         t0 = time.perf_counter()
-        tok = tokenizer_for(src, cfg, int(n_chars * (1.0 - cfg.val_fraction)),
+        tok = tokenizer_for(pieces, cfg, int(n_chars * (1.0 - cfg.val_fraction)),
                             lambda m: print(m, file=sys.stderr, flush=True))
     print(f"{tok.describe()} for {src.display} in {time.perf_counter() - t0:.2f} s")
     return 0

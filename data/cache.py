@@ -1,9 +1,10 @@
-"""The prepared-data cache: `cache_dir()/prepared/<name>-<tokenizer>-<key>/` holding the token shards of each split
-(train-00000.bin ..., val-00000.bin ...) and meta.json listing them.
+"""Filling the prepared-data cache on a miss: `cache_dir()/prepared/<name>-<tokenizer>-<key>/` gets the token
+shards of each split (train-00000.bin ..., val-00000.bin ...) and meta.json listing them (data/prepare.py keys,
+finds and reads them back).
 
-The key hashes everything the tokens depend on; a directory appears under its final name only once complete
-(built in `.tmp-<host>-<pid>-<random>`, then renamed), so a killed run never leaves one a later run would trust; a
-later run of the same key adopts a dead run's `.tmp-*` (renaming it to its own name) and keeps its closed shards.
+A directory appears under its final name only once complete (built in `.tmp-<host>-<pid>-<random>`, then renamed),
+so a killed run never leaves one a later run would trust; a later run of the same key adopts a dead run's `.tmp-*`
+(renaming it to its own name) and keeps its closed shards.
 """
 from __future__ import annotations
 
@@ -13,116 +14,25 @@ import os
 import re
 import shutil
 import socket
+import sys
 import time
 from contextlib import contextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
+from tqdm import tqdm
+
 from common.files import fsync_dir, write_text_atomic
 from common.platform import pid_alive
-from data import sources
-from data.shards import PROGRESS, TokenShards
-from data.tokenizer import Tokenizer, tokenizer_from_dict
+from common.text import setting_error
+from data import bpe, corpus, sources
+from data.config import DataConfig
+from data.encode import encode_bpe, encode_char
+from data.loader import Prepared, dtype_for_vocab
+from data.shards import PROGRESS, ShardWriter, saved_head
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer_from_dict
 
-FORMAT = "tinygpt-prepared"
-FORMAT_VERSION = 2  # 2: meta.json lists each split's shards; 1 (one train.bin and one val.bin) is still read
-KEY_VERSION = 1  # in the key: shards did not change the tokens, so caches of version 1 keep their keys
 STALE_PARTIAL_S = 7 * 24 * 3600  # a dead run's closed shards are kept this long for a rerun to continue from
-
-
-@dataclass
-class Prepared:
-    dir: Path
-    meta: dict
-    train_paths: list[Path]
-    val_paths: list[Path]
-    tokenizer: Tokenizer
-    cached: bool = field(default=False, compare=False)
-    # the source this call read; meta.json's source.path names the first copy prepared with this content
-    source: str | None = field(default=None, compare=False)
-    files: tuple[TokenShards, TokenShards] | None = field(default=None, compare=False, repr=False)
-
-    def token_files(self) -> tuple[TokenShards, TokenShards]:
-        """(train, val), each read as one sequence across its shards, opened and checked once."""
-        if self.files is None:
-            self.files = TokenShards(self.train_paths), TokenShards(self.val_paths)
-        return self.files
-
-    @property
-    def train_path(self) -> Path:
-        """The train token file of a corpus that fits one shard (tests, small data); token_files() reads any size."""
-        assert len(self.train_paths) == 1, f"{self.dir} has {len(self.train_paths)} train shards"
-        return self.train_paths[0]
-
-    @property
-    def val_path(self) -> Path:
-        assert len(self.val_paths) == 1, f"{self.dir} has {len(self.val_paths)} val shards"
-        return self.val_paths[0]
-
-    @property
-    def train_tokens(self) -> int:
-        return int(self.meta["train_tokens"])
-
-    @property
-    def val_tokens(self) -> int:
-        return int(self.meta["val_tokens"])
-
-
-def prepared_root() -> Path:
-    return sources.cache_dir() / "prepared"
-
-
-def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str, **more) -> str:
-    """`more`: settings given only for the sources they affect, so the keys of all others stay what they were."""
-    blob = json.dumps({"format": KEY_VERSION, "source": source_hash, "tokenizer": tokenizer,
-                       "val_fraction": float(val_fraction), "encoding_errors": encoding_errors, **more}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-def load_prepared(directory: str | os.PathLike, *, expect_key: str | None = None) -> Prepared:
-    """Open a prepared directory, checking meta.json and every token-file header (ValueError if damaged)."""
-    d = Path(directory)
-    try:
-        meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{d / 'meta.json'} is missing or not valid JSON ({type(e).__name__}): delete {d} and "
-                         f"prepare again") from None
-    if meta.get("format") != FORMAT or meta.get("version") not in (1, FORMAT_VERSION):
-        raise ValueError(f"{d} was prepared by another version (format {meta.get('format')!r} v{meta.get('version')}):"
-                         f" delete it and prepare again")
-    if expect_key is not None and meta.get("key") != expect_key:
-        raise ValueError(f"{d / 'meta.json'} does not match its directory (key {meta.get('key')!r}): delete {d} "
-                         f"and prepare again")
-    names = meta.get("shards") or {"train": ["train.bin"], "val": ["val.bin"]}  # version 1: one file a split
-    try:
-        splits = {split: TokenShards([d / n for n in names[split]]) for split in ("train", "val")}
-    except FileNotFoundError as e:
-        raise ValueError(f"{d} is incomplete ({e.__class__.__name__}: a token file is missing): delete it and "
-                         f"prepare again") from None
-    except (KeyError, TypeError, AssertionError):
-        raise ValueError(f"{d / 'meta.json'} lists no shards for a split: delete {d} and prepare again") from None
-    for split, ts in splits.items():
-        if len(ts) != meta.get(f"{split}_tokens") or ts.vocab_size != meta.get("vocab_size"):
-            raise ValueError(f"{split} shards of {d} do not match {d / 'meta.json'} ({len(ts):,} tokens, vocabulary "
-                             f"{ts.vocab_size}): delete {d} and prepare again")
-    train, val = splits["train"], splits["val"]
-    return Prepared(d, meta, [f.path for f in train.files], [f.path for f in val.files],
-                    tokenizer_from_dict(meta["tokenizer"]), files=(train, val))
-
-
-def lookup(final: Path, key: str, note: Callable[[str], None]) -> Prepared | None:
-    """The cached copy at `final` if it checks out; a damaged one is noted and removed."""
-    if not final.is_dir():
-        return None
-    try:
-        p = load_prepared(final, expect_key=key)
-    except ValueError as e:
-        note(f"note: the prepared data in {final} is damaged ({e}); preparing it again")
-        shutil.rmtree(final, ignore_errors=True)
-        return None
-    p.cached = True
-    return p
 
 
 def _owner_alive(tmp: Path) -> bool:
@@ -146,12 +56,6 @@ def _own_name(root: Path, pid: int | None = None) -> Path:
     return root / f".tmp-{_host()}-{os.getpid() if pid is None else pid}-{os.urandom(6).hex()}"
 
 
-def _partial_key(tmp: Path) -> str | None:
-    with suppress(OSError, ValueError, AttributeError):
-        return json.loads((tmp / PROGRESS).read_text(encoding="utf-8"))["head"]["key"]
-    return None
-
-
 def _claim(root: Path, key: str) -> Path | None:
     """Adopt the `.tmp-*` of a dead run of `key` by renaming it to our own name (of two racing runs, one wins);
     remove dead ones of other keys that have nothing to continue from, or are older than STALE_PARTIAL_S."""
@@ -160,7 +64,7 @@ def _claim(root: Path, key: str) -> Path | None:
         with suppress(OSError):
             if not stale.is_dir() or _owner_alive(stale):
                 continue
-            other = _partial_key(stale)
+            other = saved_head(stale).get("key")
             if mine is None and other == key:
                 target = _own_name(root)
                 os.rename(stale, target)  # FileNotFoundError when another run adopted it first
@@ -209,3 +113,71 @@ def publish(tmp: Path, final: Path, meta: dict) -> bool:
         return False
     fsync_dir(final.parent)
     return True
+
+
+def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, head: dict, more: dict, final: Path,
+          note: Callable[[str], None], progress: bool, shard_tokens: int) -> Prepared | None:
+    """Prepare `src` into `final` (data/prepare.py made the key and meta.json's `head`); None when another process
+    published it first. Reads the text twice: to count characters (and collect the char vocabulary or the own
+    BPE's sample), then to encode it (hashing it again, to catch a file that changed meanwhile)."""
+    errors, vf, key = cfg.encoding_errors, float(cfg.val_fraction), head["key"]
+
+    def changed_error():
+        return ValueError(f"{src.display} changed while it was being prepared: run again once it is stable")
+
+    t0 = time.perf_counter()
+    gpt2 = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
+    with staging(final.parent, key) as tmp:
+        saved = saved_head(tmp)
+        if saved.get("key") == key:  # continuing a killed run: its count and tokenizer stand (same content)
+            n_chars, tok, chars = saved["chars"], gpt2 or tokenizer_from_dict(saved["tokenizer"]), None
+        else:
+            tok, sample_bytes = gpt2, int(float(cfg.tokenizer_sample_mb) * 1e6) if tok_kind == "bpe" else 0
+            n_chars, chars, sample = corpus.scan(src, errors, tok_kind == "char", sample_bytes)
+        if n_chars == 0:
+            raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file "
+                                "with some content", src.display, errors)
+        n_train = int(n_chars * (1.0 - vf))
+        if tok is None:  # a fresh start: the char vocabulary just scanned, or the own BPE (trained or cached)
+            tok = CharTokenizer(chars) if tok_kind == "char" else bpe.tokenizer_for(sample, cfg, n_train, note)
+            chars = sample = None  # not held while encoding
+        sink = ShardWriter(tmp, tok.vocab_size, shard_tokens, {"key": key, "chars": n_chars,
+                                                               "tokenizer": tok.to_dict()})
+        start = sink.resume()
+        done = f", continuing after {len(sink.done)} finished shards" if sink.done else ""
+        note(f"preparing {cfg.name} ({src.nbytes / 1e6:,.1f} MB, {tok.describe()}) from {src.display} into "
+             f"{final}{done}")
+        hasher = hashlib.sha256()
+        with tqdm(total=src.nbytes, unit="B", unit_scale=True, unit_divisor=1024, desc=f"prepare {cfg.name}",
+                  file=sys.stderr, disable=None if progress else True, leave=False) as bar:
+            texts = corpus.read_text(src, errors, hasher=hasher, bar=bar)
+            try:
+                if isinstance(tok, CharTokenizer):
+                    forced = 0
+                    encode_char(texts, n_train, tok, sink, changed_error, start)
+                else:
+                    forced = encode_bpe(texts, n_train, tok, sink, note, start)
+                sink.finish()
+            except BaseException:
+                sink.abandon()
+                raise
+        if hasher.hexdigest() != src_hash:
+            raise changed_error()
+        seconds = time.perf_counter() - t0
+        meta = {
+            **head, "tokenizer": tok.to_dict(), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
+            "dtype": dtype_for_vocab(tok.vocab_size).name,
+            "train_tokens": sink.count("train"), "val_tokens": sink.count("val"),
+            "shards": {"train": sink.files("train"), "val": sink.files("val")}, "shard_tokens": shard_tokens,
+            "source": {"path": src.abspath, "files": len(src.files), "bytes": src.nbytes, "chars": n_chars,
+                       "sha256": src_hash, "encoding_errors": errors, **more},
+            "split": {"val_fraction": vf, "by": "characters", "train_chars": n_train, "val_chars": n_chars - n_train},
+            "forced_bpe_cuts": forced, "seconds": round(seconds, 3),
+        }
+        if not publish(tmp, final, meta):  # another process finished first: the caller reads its (identical) result
+            return None
+    note(f"prepared {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens in {seconds:.1f} s "
+         f"({src.nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
+    return Prepared(final, meta, tok)
+
+

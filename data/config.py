@@ -1,11 +1,12 @@
 """`DataConfig`: which text to train on and how to tokenize and split it (data sets: see README).
 
 A plain dataclass (no Hydra import) so it serves both the Python API and the Hydra `data` node. `validate()` is
-called by `data.prepare.prepare`, not `__post_init__`, so OmegaConf can build the node from defaults.
+not run by `__post_init__`, so OmegaConf can build the node from defaults: the config edge calls it once, and
+later calls (`data.prepare.prepare` makes one) return the remembered answer while no field has changed.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Optional, Sequence
 
 from common.text import setting_error
@@ -36,8 +37,19 @@ class DataConfig:
                                 "({path=}[a.txt,b.txt])", p)
         return [str(x) for x in items]
 
+    _checked = None  # (the fields checked, the effective tokenizer); unannotated: not a dataclass field
+
     def validate(self) -> str:
-        """Check every field (one-line ValueError naming the option) and return the effective tokenizer."""
+        """Check every field (one-line ValueError naming the option) and return the effective tokenizer. The checks
+        run once: a later call returns the remembered answer unless a field changed since."""
+        values = repr([getattr(self, f.name) for f in fields(self)])  # repr: a list path compares too
+        if self._checked is not None and self._checked[0] == values:
+            return self._checked[1]
+        kind = self._check()
+        self._checked = (values, kind)
+        return kind
+
+    def _check(self) -> str:
         if self.name not in NAMES:
             raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, {name=}shakespeare or "
                                 "{name=}text (with {path=}<file or directory>)", self.name)

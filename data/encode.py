@@ -1,13 +1,12 @@
 """Streamed encoding of the corpus into the train/val token shards, in bounded memory.
 
-Char-level maps code points through a lookup table. GPT-2 BPE cuts the text only where its pre-tokenizer always
-splits (same ids as one whole encode) and encodes the pieces on a thread pool, in order: docs/design.md (Data).
+Char-level maps code points through a lookup table. BPE (GPT-2's or your own) cuts the text only where GPT-2's
+pre-tokenizer always splits (`find_safe_cut`: same ids as one whole encode) and encodes the pieces on a thread
+pool, in order: docs/design.md (Data).
 """
 from __future__ import annotations
 
 import collections
-import itertools
-import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator
 
@@ -17,46 +16,10 @@ from common.platform import usable_cores
 from data.corpus import blocks
 from data.loader import dtype_for_vocab
 from data.shards import ShardWriter, skip_chars
-from data.tokenizer import CharTokenizer, GPT2Tokenizer
+from data.tokenizer import CharTokenizer, Tokenizer, find_safe_cut
 
 SEGMENT_CHARS = 1 << 19  # characters per BPE work item
-BATCH_CHARS = 1 << 13  # the own BPE: a work item goes to `tokenizers` as a batch of safe sub-pieces of this size
 MAX_CARRY_CHARS = 32 << 20  # if no safe BPE boundary shows up in this much text, cut anyway (noted)
-
-
-def _ascii_alnum(ch: str) -> bool:
-    return ch.isascii() and ch.isalnum()
-
-
-def find_safe_cut(text: str, lo: int, hi: int) -> int:
-    """Largest c in [lo, hi] such that GPT-2 encodes text[:c] + text[c:] as it encodes text; -1 if none found.
-    Safe cuts: "a\\n|b" and "a| b" between ASCII letters/digits, and punctuation/symbol (not ') | letter ("。|你")."""
-    n = len(text)
-    lo, hi = max(lo, 1), min(hi, n - 1)
-    if lo > hi:
-        return -1
-    for sep, after in (("\n", 1), (" ", 0)):  # cut = j + after in [lo, hi], j + 1 < n
-        j = text.rfind(sep, lo - after, min(hi + 1 - after, n - 1))
-        while j >= 1:
-            if _ascii_alnum(text[j - 1]) and _ascii_alnum(text[j + 1]):
-                return j + after
-            j = text.rfind(sep, lo - after, j)
-    category = unicodedata.category
-    for c in range(hi, max(lo, hi - 65536) - 1, -1):
-        a = text[c - 1]
-        if a != "'" and category(a)[0] in "PS" and category(text[c])[0] == "L":
-            return c
-    return -1
-
-
-def split_safe(text: str, size: int = BATCH_CHARS) -> list[str]:
-    """`text` in pieces of about `size` characters, cut only where find_safe_cut allows (a piece with no safe cut
-    in reach stays longer): encoding the pieces one by one gives the tokens of the whole."""
-    out, start = [], 0
-    while len(text) - start > 2 * size and (cut := find_safe_cut(text, start + size // 2, start + size)) > 0:
-        out.append(text[start:cut])
-        start = cut
-    return out + [text[start:]]
 
 
 class _Cutter:
@@ -130,18 +93,11 @@ def encode_char(texts, n_train: int, tok: CharTokenizer, sink: ShardWriter, chan
             sink.write(split, ids.astype(dtype), len(part))
 
 
-def encode_bpe(texts, n_train: int, tok: GPT2Tokenizer, sink: ShardWriter, note: Callable[[str], None],
+def encode_bpe(texts, n_train: int, tok: Tokenizer, sink: ShardWriter, note: Callable[[str], None],
                start: int = 0) -> int:
     """<|endoftext|> between documents, as nanoGPT does; the first `start` characters were written by an earlier
     run. Returns the number of forced (not provably safe) cuts."""
-    enc = tok.enc
-    if hasattr(enc, "encode_ordinary_batch"):  # the own BPE (HF tokenizers): one item's safe pieces on every core
-        encode = lambda s: np.fromiter(itertools.chain.from_iterable(  # noqa: E731
-            enc.encode_ordinary_batch(split_safe(s))), dtype=np.uint32)
-    elif hasattr(enc, "encode_to_numpy"):  # no Python int list; same ids as encode_ordinary (no specials)
-        encode = lambda s: enc.encode_to_numpy(s, allowed_special=set(), disallowed_special=())  # noqa: E731
-    else:
-        encode = lambda s: np.asarray(enc.encode_ordinary(s), dtype=np.uint32)  # noqa: E731
+    encode = tok.encode_ordinary_numpy
     n_threads = threads()
     cutter = _Cutter(note)
     inflight: collections.deque = collections.deque()

@@ -40,24 +40,27 @@ def vocab_and_merges(ranks: dict[bytes, int]) -> tuple[dict[str, int], list[str]
     return vocab, merges
 
 
-def write_hf_tokenizer(out_dir: str | Path, model_max_length: int) -> list[Path]:
-    """The GPT-2 tokenizer files for `AutoTokenizer.from_pretrained(out_dir)`; like tinygpt's
-    GPT2Tokenizer.encode, they read a literal "<|endoftext|>" as the special token."""
+def _write_files(out_dir: str | Path, eot: str, files: dict[str, str], tokenizer_config: dict) -> list[Path]:
+    """`files` plus the tokenizer config and special-token map both HF tokenizers read, written into `out_dir`."""
     out_dir = Path(out_dir)
-    vocab, merges = vocab_and_merges(gpt2_ranks())
     out_dir.mkdir(parents=True, exist_ok=True)
-    vocab[GPT2_EOT] = GPT2_EOT_ID
-    special = {"bos_token": GPT2_EOT, "eos_token": GPT2_EOT, "unk_token": GPT2_EOT}
-    files = {
-        "vocab.json": json.dumps(vocab, ensure_ascii=False),
-        "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n",
-        "tokenizer_config.json": json.dumps({"tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length,
-                                             **special, "add_prefix_space": False}, indent=2),
-        "special_tokens_map.json": json.dumps(special, indent=2),
-    }
+    special = {"bos_token": eot, "eos_token": eot, "unk_token": eot}
+    files = {**files, "tokenizer_config.json": json.dumps({**tokenizer_config, **special, "add_prefix_space": False},
+                                                          indent=2),
+             "special_tokens_map.json": json.dumps(special, indent=2)}
     for name, content in files.items():
         write_text_atomic(out_dir / name, content)
     return [out_dir / name for name in files]
+
+
+def write_hf_tokenizer(out_dir: str | Path, model_max_length: int) -> list[Path]:
+    """The GPT-2 tokenizer files for `AutoTokenizer.from_pretrained(out_dir)`; like tinygpt's
+    GPT2Tokenizer.encode, they read a literal "<|endoftext|>" as the special token."""
+    vocab, merges = vocab_and_merges(gpt2_ranks())
+    vocab[GPT2_EOT] = GPT2_EOT_ID
+    return _write_files(out_dir, GPT2_EOT, {"vocab.json": json.dumps(vocab, ensure_ascii=False),
+                                            "merges.txt": "#version: 0.2\n" + "\n".join(merges) + "\n"},
+                        {"tokenizer_class": "GPT2Tokenizer", "model_max_length": model_max_length})
 
 
 def write_char_vocab(tokenizer: CharTokenizer, out_dir: str | Path) -> Path:
@@ -71,19 +74,9 @@ def write_char_vocab(tokenizer: CharTokenizer, out_dir: str | Path) -> Path:
 def write_bpe_tokenizer(tokenizer: BPETokenizer, out_dir: str | Path, model_max_length: int) -> list[Path]:
     """The own BPE's tokenizer.json (exactly the one tinygpt encodes with) and a config naming the fast tokenizer,
     for `AutoTokenizer.from_pretrained(out_dir)`; like BPETokenizer.encode it reads "<|endoftext|>" as the token."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    special = {"bos_token": BPE_EOT, "eos_token": BPE_EOT, "unk_token": BPE_EOT}
-    files = {
-        "tokenizer.json": tokenizer.json,
-        "tokenizer_config.json": json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length":
-                                             model_max_length, **special, "add_prefix_space": False,
-                                             "clean_up_tokenization_spaces": False}, indent=2),
-        "special_tokens_map.json": json.dumps(special, indent=2),
-    }
-    for name, content in files.items():
-        write_text_atomic(out_dir / name, content)
-    return [out_dir / name for name in files]
+    return _write_files(out_dir, BPE_EOT, {"tokenizer.json": tokenizer.json},
+                        {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
+                         "clean_up_tokenization_spaces": False})
 
 
 def write_tokenizer_files(tokenizer: Tokenizer, out_dir: str | Path, model_max_length: int) -> list[Path]:

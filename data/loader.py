@@ -1,5 +1,5 @@
-"""Token files and batches: the checked `.bin` format (`TokenFile`, `TokenWriter`) and `BatchLoader`, which reads
-a split from one file or from its shards (data/shards.py) as one sequence.
+"""Prepared data read back: the checked `.bin` token format (`TokenFile`, `TokenWriter`), a split's shards as one
+sequence (`TokenShards`; written by data/shards.py), a prepared directory (`Prepared`) and `BatchLoader`.
 
 A damaged token file is a one-line ValueError; batches depend only on (seed, global step): docs/design.md (Data).
 torch is imported lazily: preparing data does not need it.
@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import os
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from common.rng import seed_for
 from common.text import setting_error
+from data.tokenizer import Tokenizer
 
 # 32-byte little-endian header, then `count` ids of `itemsize` bytes each:
 # magic b"TGPTTOK\0" | uint32 version (1) | uint32 itemsize (2 or 4) | uint64 count | uint32 vocab_size | uint32 0
@@ -130,6 +132,79 @@ def write_token_file(path: str | os.PathLike, ids, vocab_size: int) -> Path:
     return Path(path)
 
 
+class TokenShards:
+    """A split's token files read as one sequence: `len()`, `windows()` and the first file's `path`."""
+
+    def __init__(self, files):
+        self.files = [f if isinstance(f, TokenFile) else TokenFile(f) for f in files]
+        assert self.files, "a split has at least one shard"
+        vocab = {f.vocab_size for f in self.files}
+        if len(vocab) != 1:
+            raise ValueError(f"the shards of {self.path.parent} disagree on the vocabulary ({sorted(vocab)}): delete "
+                             f"{self.path.parent} so it is prepared again")
+        self.vocab_size = vocab.pop()
+        self.dtype = self.files[0].dtype
+        self.starts = np.cumsum([0] + [len(f) for f in self.files])  # global offset of each shard, then the total
+
+    @property
+    def path(self) -> Path:
+        return self.files[0].path
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def windows(self, offsets: np.ndarray, length: int) -> np.ndarray:
+        """Rows tokens[o:o + length] of the concatenated shards, one per offset."""
+        if len(self.files) == 1:
+            return self.files[0].windows(offsets, length)
+        out = np.empty((len(offsets), length), dtype=self.dtype)
+        for row, o in enumerate(np.asarray(offsets, dtype=np.int64)):
+            i, filled = int(np.searchsorted(self.starts, o, side="right")) - 1, 0
+            while filled < length:  # a window may run on into the next shard(s)
+                lo = int(o + filled - self.starts[i])
+                part = self.files[i].tokens[lo:lo + length - filled]
+                out[row, filled:filled + len(part)] = part
+                filled, i = filled + len(part), i + 1
+        return out
+
+
+@dataclass
+class Prepared:
+    """A prepared directory: its meta.json, tokenizer and each split's shards (`token_files()`: opened once)."""
+    dir: Path
+    meta: dict
+    tokenizer: Tokenizer
+    cached: bool = False  # found in the cache (not prepared by this call)
+    source: str | None = None  # the source this call read; meta.json's source.path names the first copy prepared
+    files: tuple[TokenShards, TokenShards] | None = field(default=None, repr=False)
+
+    def paths(self, split: str) -> list[Path]:
+        names = self.meta.get("shards") or {"train": ["train.bin"], "val": ["val.bin"]}  # version 1: one a split
+        return [self.dir / n for n in names[split]]
+
+    def token_files(self) -> tuple[TokenShards, TokenShards]:
+        """(train, val), each read as one sequence across its shards, opened and checked once."""
+        if self.files is None:
+            self.files = TokenShards(self.paths("train")), TokenShards(self.paths("val"))
+        return self.files
+
+    train_paths = property(lambda self: self.paths("train"))
+    val_paths = property(lambda self: self.paths("val"))
+    train_tokens = property(lambda self: int(self.meta["train_tokens"]))
+    val_tokens = property(lambda self: int(self.meta["val_tokens"]))
+
+    @property
+    def train_path(self) -> Path:
+        """The train token file of a corpus that fits one shard (tests, small data); token_files() reads any size."""
+        (path,) = self.train_paths
+        return path
+
+    @property
+    def val_path(self) -> Path:
+        (path,) = self.val_paths
+        return path
+
+
 def _positive_int(name: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise setting_error("{" + name + "=}{0!r} must be a positive integer", value)
@@ -153,14 +228,11 @@ def _too_short(files: dict, block_size: int) -> ValueError:
                          min(sizes.values()) - 1, files[short[0]].path.parent)
 
 
-def _open_split(f):
+def _open_split(f) -> TokenFile | TokenShards:
     """A split as given: a TokenFile or TokenShards opened already, a path, or a list of shard paths."""
-    if hasattr(f, "windows"):
+    if isinstance(f, (TokenFile, TokenShards)):
         return f
-    if isinstance(f, (list, tuple)):
-        from data.shards import TokenShards  # data.shards imports this module
-        return TokenShards(f)
-    return TokenFile(f)
+    return TokenShards(f) if isinstance(f, (list, tuple)) else TokenFile(f)
 
 
 class BatchLoader:

@@ -1,30 +1,31 @@
-"""Text -> token shards of each split + meta.json, cached by content and published atomically. Also the CLI.
+"""Text -> token shards of each split + meta.json, cached by content. The entry point (`prepare`) and the CLI.
 
-Three streamed passes in bounded memory: hash (the cache key; a hit returns at once), count characters (and
-collect the char vocabulary), then encode each split on its own, as nanoGPT does, into shards (data/shards.py):
-a killed or interrupted run's closed shards are kept and a rerun does only the rest.
+The key hashes everything the tokens depend on (data/sources.py hashes the text); a hit returns at once, having
+read the text once to hash it and nothing else. A miss builds the directory (data/cache.py): two more streamed
+reads, to count characters (and collect the char vocabulary or the own BPE's sample) and to encode.
 """
 from __future__ import annotations
 
 import argparse
 import hashlib
+import json
+import os
+import shutil
 import sys
-import time
+from pathlib import Path
 from typing import Callable
 
-from tqdm import tqdm
-
 from common.cli import exit_quietly_on_broken_pipe
-from common.text import error_line, in_keys, setting_error
-from data import bpe, corpus
-from data.cache import (FORMAT, FORMAT_VERSION, Prepared, cache_key, load_prepared, lookup, prepared_root, publish,
-                        staging)
-from data.shards import SHARD_TOKENS, ShardWriter, saved_head
+from common.text import error_line, in_keys
+from data import sources
 from data.config import DataConfig
-from data.encode import encode_bpe, encode_char
-from data.loader import dtype_for_vocab
-from data.sources import GPT2_EOT
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer_from_dict
+from data.loader import Prepared
+from data.tokenizer import tokenizer_from_dict
+
+FORMAT = "tinygpt-prepared"
+FORMAT_VERSION = 2  # 2: meta.json lists each split's shards; 1 (one train.bin and one val.bin) is still read
+KEY_VERSION = 1  # in the key: shards did not change the tokens, so caches of version 1 keep their keys
+SHARD_TOKENS = 100_000_000  # tokens per shard (a shard holds at least this many, but for the last of a split)
 
 
 def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None] | None = None,
@@ -32,10 +33,10 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     """Prepared token shards for `cfg`, from the cache when possible (a killed run's closed shards are kept). With
     `progress`: a bar on stderr (MB/s, ETA) and one-line notes, printed on stderr or handed to `log` (training passes
     its logger, so they land in train.log). `shard_tokens` does not change the tokens, only how they are filed."""
-    tok_kind = cfg.validate()
+    tok_kind = cfg.validate()  # checked once: the config edge has validated it already
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens!r} must be a positive integer (default {SHARD_TOKENS:,})")
-    src = corpus.resolve(cfg)
+    src = sources.resolve(cfg)
 
     def note(msg: str) -> None:
         if progress and log is not None:
@@ -43,83 +44,77 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
         elif progress:
             print(msg, file=sys.stderr, flush=True)
 
-    p = _prepare(cfg, tok_kind, src, progress, note, shard_tokens)
+    src_hash = sources.sha256(src)
+    more = {"text_key": cfg.text_key} if src.keyed else {}
+    if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
+        more["separator"] = sources.GPT2_EOT
+    if tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
+        more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
+    key = cache_key(src_hash, tok_kind, float(cfg.val_fraction), cfg.encoding_errors, **more)
+    final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"
+    p = lookup(final, key, note)
+    if p is None:
+        from data.cache import build  # the miss: only now the encoders, the BPE trainer, the shard writer
+        head = {"format": FORMAT, "version": FORMAT_VERSION, "key": key, "name": cfg.name}
+        p = build(cfg, tok_kind, src, src_hash, head, more, final, note, progress, shard_tokens) or \
+            load_prepared(final, expect_key=key)  # another process published first: its identical result
     p.source = src.abspath
     return p
 
 
-def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool, note, shard_tokens: int) -> Prepared:
-    errors, vf = cfg.encoding_errors, float(cfg.val_fraction)
-    src_hash = corpus.sha256(src)
-    more = {"text_key": cfg.text_key} if src.keyed else {}
-    if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
-        more["separator"] = GPT2_EOT
-    if tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
-        more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
-    key = cache_key(src_hash, tok_kind, vf, errors, **more)
-    final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"
-    hit = lookup(final, key, note)
-    if hit is not None:
-        return hit
+def prepared_root() -> Path:
+    return sources.cache_dir() / "prepared"
 
-    def changed_error():
-        return ValueError(f"{src.display} changed while it was being prepared: run again once it is stable")
 
-    t0 = time.perf_counter()
-    gpt2 = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
-    with staging(final.parent, key) as tmp:
-        head = saved_head(tmp)
-        if head.get("key") == key:  # continuing a killed run: its count and tokenizer stand (same content)
-            n_chars, tok, chars = head["chars"], gpt2 or tokenizer_from_dict(head["tokenizer"]), None
-        else:
-            tok = gpt2
-            n_chars, chars = corpus.scan(src, errors, want_vocab=tok_kind == "char")
-        if n_chars == 0:
-            raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file "
-                                "with some content", src.display, errors)
-        n_train = int(n_chars * (1.0 - vf))
-        if tok is None:  # a fresh start: the char vocabulary just scanned, or the own BPE (trained or cached)
-            tok = CharTokenizer(chars) if tok_kind == "char" else bpe.tokenizer_for(src, cfg, n_train, note)
-        sink = ShardWriter(tmp, tok.vocab_size, shard_tokens, {"key": key, "chars": n_chars,
-                                                               "tokenizer": tok.to_dict()})
-        start = sink.resume()
-        done = f", continuing after {len(sink.done)} finished shards" if sink.done else ""
-        note(f"preparing {cfg.name} ({src.nbytes / 1e6:,.1f} MB, {tok.describe()}) from {src.display} into "
-             f"{final}{done}")
-        hasher = hashlib.sha256()
-        with tqdm(total=src.nbytes, unit="B", unit_scale=True, unit_divisor=1024, desc=f"prepare {cfg.name}",
-                  file=sys.stderr, disable=None if progress else True, leave=False) as bar:
-            texts = corpus.read_text(src, errors, hasher=hasher, bar=bar)
-            try:
-                if isinstance(tok, CharTokenizer):
-                    forced = 0
-                    encode_char(texts, n_train, tok, sink, changed_error, start)
-                else:
-                    forced = encode_bpe(texts, n_train, tok, sink, note, start)
-                sink.finish()
-            except BaseException:
-                sink.abandon()
-                raise
-        if hasher.hexdigest() != src_hash:
-            raise changed_error()
-        seconds = time.perf_counter() - t0
-        meta = {
-            "format": FORMAT, "version": FORMAT_VERSION, "key": key, "name": cfg.name,
-            "tokenizer": tok.to_dict(), "vocab_size": tok.vocab_size, "eot_id": tok.eot_id,
-            "dtype": dtype_for_vocab(tok.vocab_size).name,
-            "train_tokens": sink.count("train"), "val_tokens": sink.count("val"),
-            "shards": {"train": sink.files("train"), "val": sink.files("val")}, "shard_tokens": shard_tokens,
-            "source": {"path": src.abspath, "files": len(src.files), "bytes": src.nbytes, "chars": n_chars,
-                       "sha256": src_hash, "encoding_errors": errors, **more},
-            "split": {"val_fraction": vf, "by": "characters", "train_chars": n_train, "val_chars": n_chars - n_train},
-            "forced_bpe_cuts": forced, "seconds": round(seconds, 3),
-        }
-        if not publish(tmp, final, meta):  # another process finished first: use its (identical) result
-            return load_prepared(final, expect_key=key)
-    note(f"prepared {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens in {seconds:.1f} s "
-         f"({src.nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
-    return Prepared(final, meta, [final / f for f in meta["shards"]["train"]],
-                    [final / f for f in meta["shards"]["val"]], tok)
+def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str, **more) -> str:
+    """`more`: settings given only for the sources they affect, so the keys of all others stay what they were."""
+    blob = json.dumps({"format": KEY_VERSION, "source": source_hash, "tokenizer": tokenizer,
+                       "val_fraction": float(val_fraction), "encoding_errors": encoding_errors, **more}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def load_prepared(directory: str | os.PathLike, *, expect_key: str | None = None) -> Prepared:
+    """Open a prepared directory, checking meta.json and every token-file header (ValueError if damaged)."""
+    d = Path(directory)
+    try:
+        meta = json.loads((d / "meta.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{d / 'meta.json'} is missing or not valid JSON ({type(e).__name__}): delete {d} and "
+                         f"prepare again") from None
+    if meta.get("format") != FORMAT or meta.get("version") not in (1, FORMAT_VERSION):
+        raise ValueError(f"{d} was prepared by another version (format {meta.get('format')!r} v{meta.get('version')}):"
+                         f" delete it and prepare again")
+    if expect_key is not None and meta.get("key") != expect_key:
+        raise ValueError(f"{d / 'meta.json'} does not match its directory (key {meta.get('key')!r}): delete {d} "
+                         f"and prepare again")
+    p = Prepared(d, meta, None)
+    try:
+        splits = dict(zip(("train", "val"), p.token_files()))
+    except FileNotFoundError as e:
+        raise ValueError(f"{d} is incomplete ({e.__class__.__name__}: a token file is missing): delete it and "
+                         f"prepare again") from None
+    except (KeyError, TypeError, AssertionError):
+        raise ValueError(f"{d / 'meta.json'} lists no shards for a split: delete {d} and prepare again") from None
+    for split, ts in splits.items():
+        if len(ts) != meta.get(f"{split}_tokens") or ts.vocab_size != meta.get("vocab_size"):
+            raise ValueError(f"{split} shards of {d} do not match {d / 'meta.json'} ({len(ts):,} tokens, vocabulary "
+                             f"{ts.vocab_size}): delete {d} and prepare again")
+    p.tokenizer = tokenizer_from_dict(meta["tokenizer"])
+    return p
+
+
+def lookup(final: Path, key: str, note: Callable[[str], None]) -> Prepared | None:
+    """The cached copy at `final` if it checks out; a damaged one is noted and removed."""
+    if not final.is_dir():
+        return None
+    try:
+        p = load_prepared(final, expect_key=key)
+    except ValueError as e:
+        note(f"note: the prepared data in {final} is damaged ({e}); preparing it again")
+        shutil.rmtree(final, ignore_errors=True)
+        return None
+    p.cached = True
+    return p
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

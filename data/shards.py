@@ -1,5 +1,5 @@
-"""Token shards: a split written as numbered token files (`ShardWriter`) and read back as one sequence
-(`TokenShards`), so corpora of tens of GB are written and memory-mapped a shard at a time.
+"""Token shards: a split written as numbered token files (`ShardWriter`), read back as one sequence by
+data/loader.py's `TokenShards`, so corpora of tens of GB are written and memory-mapped a shard at a time.
 
 A shard is closed only after a piece of text, never inside one, and its end (characters of the corpus read so far)
 goes into `progress.json` with it: a killed preparation continues from the last closed shard: docs/data.md.
@@ -15,48 +15,11 @@ import numpy as np
 from common.files import fsync_dir, write_text_atomic
 from data.loader import TokenFile, TokenWriter
 
-SHARD_TOKENS = 100_000_000  # tokens per shard (a shard holds at least this many, but for the last of a split)
 PROGRESS = "progress.json"
 
 
 def shard_name(split: str, i: int) -> str:
     return f"{split}-{i:05d}.bin"
-
-
-class TokenShards:
-    """A split's token files read as one sequence: `len()`, `windows()` and the first file's `path`."""
-
-    def __init__(self, files):
-        self.files = [f if isinstance(f, TokenFile) else TokenFile(f) for f in files]
-        assert self.files, "a split has at least one shard"
-        vocab = {f.vocab_size for f in self.files}
-        if len(vocab) != 1:
-            raise ValueError(f"the shards of {self.path.parent} disagree on the vocabulary ({sorted(vocab)}): delete "
-                             f"{self.path.parent} so it is prepared again")
-        self.vocab_size = vocab.pop()
-        self.dtype = self.files[0].dtype
-        self.starts = np.cumsum([0] + [len(f) for f in self.files])  # global offset of each shard, then the total
-
-    @property
-    def path(self) -> Path:
-        return self.files[0].path
-
-    def __len__(self) -> int:
-        return int(self.starts[-1])
-
-    def windows(self, offsets: np.ndarray, length: int) -> np.ndarray:
-        """Rows tokens[o:o + length] of the concatenated shards, one per offset."""
-        if len(self.files) == 1:
-            return self.files[0].windows(offsets, length)
-        out = np.empty((len(offsets), length), dtype=self.dtype)
-        for row, o in enumerate(np.asarray(offsets, dtype=np.int64)):
-            i, filled = int(np.searchsorted(self.starts, o, side="right")) - 1, 0
-            while filled < length:  # a window may run on into the next shard(s)
-                lo = int(o + filled - self.starts[i])
-                part = self.files[i].tokens[lo:lo + length - filled]
-                out[row, filled:filled + len(part)] = part
-                filled, i = filled + len(part), i + 1
-        return out
 
 
 class ShardWriter:
@@ -154,10 +117,6 @@ def skip_chars(stream: Iterator[tuple[str, str | None, bool]], chars: int):
                 continue
             text, chars = text[chars:], 0
         yield split, text, last
-
-
-def remove_progress(directory: Path) -> None:
-    (directory / PROGRESS).unlink(missing_ok=True)
 
 
 def saved_head(directory: Path) -> dict:

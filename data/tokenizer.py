@@ -2,44 +2,62 @@
 UTF-8 decoder.
 
 `to_dict()` is plain JSON (stored in checkpoints and meta.json) and `tokenizer_from_dict` rebuilds the exact
-tokenizer from it without the corpus. Unknown characters and foreign ids are one-line ValueErrors. Training the
-own BPE lives in data/bpe.py; Hugging Face `tokenizers` is imported only when a bpe tokenizer is built.
+tokenizer from it without the corpus; that description's kind is read here only, so other code asks the tokenizer
+(`describe`, `unknown_characters`, `in_transformers`) or this module (`describe_tokenizer`, `data_setting`,
+`vocab_size_of` for a description). Unknown characters and foreign ids are one-line ValueErrors. Training the own
+BPE lives in data/bpe.py; the GPT-2 ranks (data/sources.py) are read and Hugging Face `tokenizers` is imported only
+when such a tokenizer is built.
 """
 from __future__ import annotations
 
 import codecs
+import itertools
+import unicodedata
 from typing import Iterable, Sequence
 
 import numpy as np
 
 from common.text import one_line
-from data.sources import GPT2_EOT, GPT2_EOT_ID, GPT2_VOCAB_SIZE, gpt2_encoding
 
 _MAX_LISTED = 20
-BPE_EOT = GPT2_EOT  # the own BPE's end-of-text token: the same text as GPT-2's, so exports read like GPT-2's
+BPE_EOT = "<|endoftext|>"  # the own BPE's end-of-text token: GPT-2's text, so exports read like GPT-2's
+BATCH_CHARS = 1 << 13  # the own BPE: a text goes to `tokenizers` as a batch of safe pieces of this size
 
 
 class Tokenizer:
-    """encode (prompts), encode_ordinary (corpus), decode, decode_bytes, to_dict, describe, vocab_size, eot_id."""
+    """encode (prompts), encode_ordinary (corpus), encode_ordinary_numpy (streamed preparation), decode,
+    decode_bytes, decode_tokens_bytes, to_dict, describe, unknown_characters, vocab_size, eot_id."""
 
     vocab_size: int
     eot_id: int | None = None
+    in_transformers = True  # whether transformers' AutoTokenizer loads its exported files (char-level: no)
 
+    def describe(self) -> str:
+        return f"{describe_tokenizer(self.to_dict())} ({self.vocab_size:,} tokens)"
 
-def _ids_list(ids: Iterable[int]) -> list[int]:
-    if hasattr(ids, "tolist"):  # torch / numpy
-        ids = ids.tolist()
-    return [int(i) for i in ids]
+    def unknown_characters(self, text: str) -> list[str]:
+        """The characters of `text` that it cannot encode, sorted (byte-level tokenizers: none)."""
+        return []
 
+    def decode_bytes(self, ids: Sequence[int]) -> bytes:
+        return b"".join(self.decode_tokens_bytes(ids))
 
-def _foreign_ids(ids: list[int], vocab_size: int, vocabulary: str) -> ValueError:
-    bad = sorted({i for i in ids if not 0 <= i < vocab_size})
-    return ValueError(f"token ids {bad[:_MAX_LISTED]} are outside {vocabulary}: "
-                      f"the ids come from a different tokenizer")
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+
+    def _ids(self, ids: Iterable[int], vocabulary: str) -> list[int]:
+        """`ids` (a list, numpy or torch) as ints, or a one-line ValueError naming those outside `vocabulary`."""
+        ids = [int(i) for i in (ids.tolist() if hasattr(ids, "tolist") else ids)]  # hasattr: torch / numpy
+        if bad := sorted({i for i in ids if not 0 <= i < self.vocab_size}):
+            raise ValueError(f"token ids {bad[:_MAX_LISTED]} are outside {vocabulary}: the ids come from a "
+                             f"different tokenizer")
+        return ids
 
 
 class CharTokenizer(Tokenizer):
     """The sorted set of characters of the corpus; `to_dict()` stores the characters themselves."""
+
+    in_transformers = False
 
     def __init__(self, chars: str | Iterable[str]):
         chars = sorted(set(chars))
@@ -56,13 +74,16 @@ class CharTokenizer(Tokenizer):
         try:
             return [self.stoi[c] for c in text]
         except KeyError:
-            bad = sorted(set(text) - self.stoi.keys())
+            bad = self.unknown_characters(text)
             more = f" and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
             raise ValueError(f"characters not in the vocabulary: {', '.join(repr(c) for c in bad[:_MAX_LISTED])}"
                              f"{more} (the model was trained on a {self.vocab_size}-character vocabulary): remove "
                              f"or replace them") from None
 
     encode_ordinary = encode
+
+    def unknown_characters(self, text: str) -> list[str]:
+        return sorted(set(text) - self.stoi.keys())
 
     def code_table(self) -> np.ndarray:
         """int64 array mapping code point -> id (-1 where unknown), for bulk encoding."""
@@ -71,49 +92,45 @@ class CharTokenizer(Tokenizer):
         return table
 
     def decode(self, ids: Sequence[int]) -> str:
-        ids = _ids_list(ids)
-        if any(not 0 <= i < self.vocab_size for i in ids):
-            raise _foreign_ids(ids, self.vocab_size, f"this {self.vocab_size}-character vocabulary")
-        return "".join([self.chars[i] for i in ids])
+        return "".join([self.chars[i] for i in self._ids(ids, f"this {self.vocab_size}-character vocabulary")])
 
     def decode_bytes(self, ids: Sequence[int]) -> bytes:
         return self.decode(ids).encode("utf-8", errors="surrogatepass")
+
+    def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        return [self.decode([i]).encode("utf-8", errors="surrogatepass") for i in ids]
 
     def to_dict(self) -> dict:
         return {"type": "char", "chars": "".join(self.chars)}
 
     def describe(self) -> str:
-        return f"char ({self.vocab_size} characters)"
+        return describe_tokenizer(self.to_dict())
 
 
 class GPT2Tokenizer(Tokenizer):
     """tiktoken's GPT-2 BPE: `encode()` reads the text `<|endoftext|>` as id 50256, `encode_ordinary()` does not."""
 
     def __init__(self):
-        self.enc = gpt2_encoding()
-        self.vocab_size = GPT2_VOCAB_SIZE
-        self.eot_id = GPT2_EOT_ID
+        from data import sources  # the ranks file (or tiktoken's download): only when GPT-2 BPE is used
+        self.enc = sources.gpt2_encoding()
+        self.vocab_size, self.eot_id = sources.GPT2_VOCAB_SIZE, sources.GPT2_EOT_ID
 
     def encode(self, text: str) -> list[int]:
-        return self.enc.encode(text, allowed_special={GPT2_EOT})
+        return self.enc.encode(text, allowed_special={BPE_EOT})
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self.enc.encode_ordinary(text)
 
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+    def encode_ordinary_numpy(self, text: str) -> np.ndarray:
+        """encode_ordinary as uint32, without a Python list."""
+        return self.enc.encode_to_numpy(text, allowed_special=set(), disallowed_special=())
 
-    def decode_bytes(self, ids: Sequence[int]) -> bytes:
-        ids = _ids_list(ids)
-        if any(not 0 <= i < GPT2_VOCAB_SIZE for i in ids):
-            raise _foreign_ids(ids, GPT2_VOCAB_SIZE, f"the GPT-2 vocabulary (0..{GPT2_EOT_ID})")
-        return self.enc.decode_bytes(ids)
+    def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        return self.enc.decode_tokens_bytes(self._ids(ids, f"the GPT-2 vocabulary (0..{self.eot_id})"))
 
-    def to_dict(self) -> dict:
+    @staticmethod
+    def to_dict() -> dict:
         return {"type": "gpt2"}
-
-    def describe(self) -> str:
-        return f"gpt2 BPE ({self.vocab_size:,} tokens)"
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -135,8 +152,7 @@ def import_tokenizers():
 
 class BPETokenizer(Tokenizer):
     """A byte-level BPE trained on the corpus (data/bpe.py); `to_dict()` holds its tokenizer.json as a string.
-    Its pre-tokenizer is GPT-2's, so data/encode.py cuts the text at the same safe places, and it has the two
-    tiktoken methods tinygpt calls on GPT2Tokenizer.enc (encode_ordinary, decode_tokens_bytes): `enc` is itself."""
+    Its pre-tokenizer is GPT-2's, so the text is cut at the same safe places (`find_safe_cut`)."""
 
     def __init__(self, json_text: str):
         tk = import_tokenizers()
@@ -160,31 +176,20 @@ class BPETokenizer(Tokenizer):
                              f"trains): prepare the data again with data.tokenizer=bpe")
         self._bytes: list[bytes] = [by_id[i] for i in range(self.vocab_size)]
 
-    @property
-    def enc(self) -> "BPETokenizer":
-        return self
-
     def encode(self, text: str) -> list[int]:
         return self.hf.encode(text, add_special_tokens=False).ids
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self._ordinary.encode(text, add_special_tokens=False).ids
 
-    def encode_ordinary_batch(self, texts: list[str]) -> list[list[int]]:
-        """encode_ordinary of each text on every core: `tokenizers` releases the GIL for a batch (not for one)."""
-        return [e.ids for e in self._ordinary.encode_batch(texts, add_special_tokens=False)]
-
-    def decode(self, ids: Sequence[int]) -> str:
-        return self.decode_bytes(ids).decode("utf-8", errors="replace")
+    def encode_ordinary_numpy(self, text: str) -> np.ndarray:
+        """encode_ordinary as uint32, its safe pieces as one batch on every core (`tokenizers` releases the GIL for
+        a batch, not for one text)."""
+        batch = self._ordinary.encode_batch(split_safe(text), add_special_tokens=False)
+        return np.fromiter(itertools.chain.from_iterable(e.ids for e in batch), dtype=np.uint32)
 
     def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
-        ids = _ids_list(ids)
-        if any(not 0 <= i < self.vocab_size for i in ids):
-            raise _foreign_ids(ids, self.vocab_size, f"this {self.vocab_size}-token BPE vocabulary")
-        return [self._bytes[i] for i in ids]
-
-    def decode_bytes(self, ids: Sequence[int]) -> bytes:
-        return b"".join(self.decode_tokens_bytes(ids))
+        return [self._bytes[i] for i in self._ids(ids, f"this {self.vocab_size}-token BPE vocabulary")]
 
     def to_dict(self) -> dict:
         return {"type": "bpe", "vocab_size": self.vocab_size, "json": self.json}
@@ -193,16 +198,72 @@ class BPETokenizer(Tokenizer):
         return f"own BPE ({self.vocab_size:,} tokens)"
 
 
+def _ascii_alnum(ch: str) -> bool:
+    return ch.isascii() and ch.isalnum()
+
+
+def find_safe_cut(text: str, lo: int, hi: int) -> int:
+    """Largest c in [lo, hi] such that GPT-2's pre-tokenizer (and so GPT-2 and the own BPE) encodes text[:c] + text[c:] as it encodes text; -1 if none found.
+    Safe cuts: "a\\n|b" and "a| b" between ASCII letters/digits, and punctuation/symbol (not ') | letter ("。|你")."""
+    n = len(text)
+    lo, hi = max(lo, 1), min(hi, n - 1)
+    if lo > hi:
+        return -1
+    for sep, after in (("\n", 1), (" ", 0)):  # cut = j + after in [lo, hi], j + 1 < n
+        j = text.rfind(sep, lo - after, min(hi + 1 - after, n - 1))
+        while j >= 1:
+            if _ascii_alnum(text[j - 1]) and _ascii_alnum(text[j + 1]):
+                return j + after
+            j = text.rfind(sep, lo - after, j)
+    category = unicodedata.category
+    for c in range(hi, max(lo, hi - 65536) - 1, -1):
+        a = text[c - 1]
+        if a != "'" and category(a)[0] in "PS" and category(text[c])[0] == "L":
+            return c
+    return -1
+
+
+def split_safe(text: str, size: int = BATCH_CHARS) -> list[str]:
+    """`text` in pieces of about `size` characters, cut only where find_safe_cut allows (a piece with no safe cut
+    in reach stays longer): encoding the pieces one by one gives the tokens of the whole."""
+    out, start = [], 0
+    while len(text) - start > 2 * size and (cut := find_safe_cut(text, start + size // 2, start + size)) > 0:
+        out.append(text[start:cut])
+        start = cut
+    return out + [text[start:]]
+
+
 def token_bytes(tokenizer: Tokenizer):
     """int64 tensor, per id, of the UTF-8 bytes it stands for (0 for <|endoftext|>): the bits-per-byte divisor."""
     import torch
-    enc = getattr(tokenizer, "enc", None)  # tiktoken (and BPE): all tokens in one call (50K decode calls take seconds)
-    ids = list(range(tokenizer.vocab_size))
-    n = [len(b) for b in enc.decode_tokens_bytes(ids)] if enc is not None else \
-        [len(tokenizer.decode_bytes([i])) for i in ids]
+    n = [len(b) for b in tokenizer.decode_tokens_bytes(range(tokenizer.vocab_size))]  # one call: 50K take seconds
     if tokenizer.eot_id is not None:
         n[tokenizer.eot_id] = 0
     return torch.tensor(n, dtype=torch.int64)
+
+
+def describe_tokenizer(d: dict) -> str:
+    """A description's name for messages ("char (65 characters)", "gpt2 BPE", "own BPE (4096 tokens)"), without
+    building the tokenizer."""
+    kind = d.get("type")
+    if kind == "char":
+        return f"char ({len(d.get('chars', ''))} characters)"
+    if kind == "bpe":
+        return f"own BPE ({d.get('vocab_size')} tokens)"
+    return "gpt2 BPE" if kind == "gpt2" else str(kind or "unknown")
+
+
+def vocab_size_of(d: dict) -> int:
+    """The number of ids of a description, without building the tokenizer."""
+    if d.get("type") == "gpt2":
+        from data.sources import GPT2_VOCAB_SIZE
+        return GPT2_VOCAB_SIZE
+    return int(d.get("vocab_size") or 0) if d.get("type") == "bpe" else len(d.get("chars", ""))
+
+
+def data_setting(d: dict) -> str:
+    """The `data.tokenizer` setting that prepares data with the tokenizer of this description (char, gpt2, bpe)."""
+    return str(d.get("type"))
 
 
 def tokenizer_from_dict(d: dict) -> Tokenizer:

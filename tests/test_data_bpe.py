@@ -46,9 +46,10 @@ def spy(monkeypatch):
 def test_sample_is_the_start_of_the_train_split(tmp_path):
     f = tmp_path / "a.txt"
     f.write_text("héllo wörld " * 100, encoding="utf-8")  # 1,200 characters, 1,400 bytes
-    src = corpus.resolve(DataConfig(name="text", path=str(f)))
-    assert "".join(bpe.sample(src, "strict", 1080, 10 ** 6)) == ("héllo wörld " * 90)  # val never seen
-    capped = "".join(bpe.sample(src, "strict", 1080, 100))
+    n, _, pieces = corpus.scan(sources.resolve(DataConfig(name="text", path=str(f))), "strict", False, 10 ** 6)
+    assert n == 1200 and "".join(pieces) == "héllo wörld " * 100  # the scan collects the sample: no read of its own
+    assert "".join(bpe.sample(pieces, 1080, 10 ** 6)) == ("héllo wörld " * 90)  # val never seen
+    capped = "".join(bpe.sample(pieces, 1080, 100))
     assert capped == ("héllo wörld " * 90).encode()[:99].decode() and len(capped.encode()) <= 100
 
 
@@ -67,7 +68,8 @@ def test_trained_once_then_cached(tiny_corpus, spy):
     assert spy == [300, 320] and other.tokenizer.vocab_size == 320 and other.dir != p.dir
     cached[0].write_text("{damaged", encoding="utf-8")
     notes = []
-    tok = bpe.tokenizer_for(corpus.resolve(bpe_cfg(tiny_corpus)), bpe_cfg(tiny_corpus),
+    pieces = corpus.scan(sources.resolve(bpe_cfg(tiny_corpus)), "strict", False, 10 ** 8)[2]
+    tok = bpe.tokenizer_for(pieces, bpe_cfg(tiny_corpus),
                             p.meta["split"]["train_chars"], notes.append)
     assert spy == [300, 320, 300] and any("is unreadable" in n for n in notes) and tok.vocab_size == 300
 

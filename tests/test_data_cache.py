@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from data import corpus, sources
-from data.cache import cache_key
+from data.prepare import cache_key
 from data.config import DataConfig
 from data.loader import TokenFile, TokenWriter
 from data.prepare import load_prepared, prepare

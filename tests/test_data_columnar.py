@@ -99,10 +99,10 @@ def test_arrow_file_format_and_stream(tmp_path):
 
 def test_read_a_row_group_at_a_time(tmp_path):
     """10 row groups of 4 rows of ~100 KB: Arrow's live memory while documents stream out stays near one group."""
-    from data import corpus
+    from data import corpus, sources
     f = write_parquet(tmp_path / "big.parquet", [{"text": f"{i} " + "lorem ipsum dolor " * 5500} for i in range(40)],
                       row_group_size=4)
-    src = corpus.resolve(DataConfig(name="text", path=str(f)))
+    src = sources.resolve(DataConfig(name="text", path=str(f)))
     live, total = [], 0
     for text in corpus.read_text(src, "strict"):
         live.append(pa.total_allocated_bytes())

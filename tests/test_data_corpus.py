@@ -237,14 +237,12 @@ def test_path_list_and_bad_paths(tmp_path):
 # ------------------------------------------------------------------------------------------ unreadable
 def _deny(monkeypatch, name):
     import builtins
-    from data import corpus
-
     def fake_open(path, *a, **k):
         if Path(path).name == name:
             raise PermissionError(13, "Permission denied", str(path))
         return builtins.open(path, *a, **k)
 
-    monkeypatch.setattr(corpus, "open", fake_open, raising=False)
+    monkeypatch.setattr(sources, "open", fake_open, raising=False)
 
 
 def test_unreadable_corpus_names_the_setting(tmp_path, monkeypatch):

@@ -8,7 +8,7 @@ import pytest
 from data import encode
 from data.config import DataConfig
 from data.prepare import prepare
-from data.tokenizer import GPT2Tokenizer
+from data.tokenizer import GPT2Tokenizer, find_safe_cut, split_safe
 from tests.test_data_prepare import TRICKY, small_chunks, tokens, write
 
 
@@ -36,7 +36,7 @@ def test_safe_cuts_never_change_gpt2_tokens(cache_with_gpt2):
         s = "".join(rng.choice(alphabet) for _ in range(rng.randint(2, 40)))
         full = enc.encode_ordinary(s)
         for c in range(1, len(s)):
-            if encode.find_safe_cut(s, c, c) == c:
+            if find_safe_cut(s, c, c) == c:
                 checked += 1
                 assert enc.encode_ordinary(s[:c]) + enc.encode_ordinary(s[c:]) == full, (s[:c], s[c:])
     assert checked > 500
@@ -60,7 +60,7 @@ def test_the_own_bpe_encodes_a_work_item_in_safe_pieces_exactly_as_in_one_go(sha
     text = (shared_data_dir / "tinyshakespeare.txt").read_text(encoding="utf-8")[:200_000]
     tok = bpe.train([text], 400)
     item = text[:60_000] + " naïve café 東京は晴れ。" * 300 + "x" * 20_000 + text[60_000:90_000]
-    pieces = encode.split_safe(item, 4096)
+    pieces = split_safe(item, 4096)
     assert "".join(pieces) == item and len(pieces) > 10
-    batched = [i for ids in tok.encode_ordinary_batch(pieces) for i in ids]
-    assert batched == tok.encode_ordinary(item)
+    batched = [i for piece in pieces for i in tok.encode_ordinary(piece)]
+    assert batched == tok.encode_ordinary(item) == tok.encode_ordinary_numpy(item).tolist()

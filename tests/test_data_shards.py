@@ -13,9 +13,9 @@ import pytest
 
 from data import shards, sources
 from data.config import DataConfig
-from data.loader import BatchLoader, write_token_file
+from data.loader import BatchLoader, TokenShards, write_token_file
 from data.prepare import load_prepared, prepare
-from data.shards import ShardWriter, TokenShards, skip_chars
+from data.shards import ShardWriter, skip_chars
 from tests.test_data_prepare import small_chunks, tokens
 
 

@@ -10,9 +10,9 @@ from typing import Iterable, Optional
 
 import torch
 
-from checkpoint.file import CheckpointError, tokenizer_name
+from checkpoint.file import CheckpointError
 from checkpoint.locate import read_checkpoint
-from data.sources import GPT2_VOCAB_SIZE
+from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer as tokenizer_name, vocab_size_of
 from model import hf
 from model.config import GPTConfig, pad_vocab
 from model.weights import clean_state_dict, model_with_weights
@@ -53,7 +53,7 @@ def open_source(spec: str) -> Source:
         if not any((path / name).is_file() for name in hf.WEIGHT_FILES):
             raise ValueError(f"{key} has a config.json but no weights (model.safetensors or pytorch_model.bin): "
                              f"download the whole model directory")
-        return Source(key, path, config, {"type": "gpt2"}, hf_dir=True)
+        return Source(key, path, config, GPT2Tokenizer.to_dict(), hf_dir=True)
     try:
         file, ckpt = read_checkpoint(path, model=True, run_dir=True)
     except FileNotFoundError:
@@ -91,7 +91,7 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
     elif m.block_size > s.block_size:
         raise ValueError(f"model.block_size={m.block_size} is larger than the context of {src.key} ({s.block_size} "
                          f"positions): use at most model.block_size={s.block_size} (a smaller one crops it)")
-    kind, data_kind, n_bpe = src.tokenizer["type"], c.data.validate(), src.tokenizer.get("vocab_size")
+    kind, data_kind, n_bpe = data_setting(src.tokenizer), c.data.validate(), vocab_size_of(src.tokenizer)
     own_bpe = f"use data.tokenizer=bpe data.vocab_size={n_bpe} on the text it was trained on (its BPE was learnt there)"
     if kind != data_kind:
         fix = {"gpt2": "use data=shakespeare, or data=text data.tokenizer=gpt2", "bpe": own_bpe}.get(
@@ -100,7 +100,7 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
                          f"with data.tokenizer={data_kind}: {fix}")
     if kind == "bpe" and c.data.vocab_size != n_bpe:
         raise ValueError(f"{src.key} has its own {n_bpe}-token BPE but data.vocab_size={c.data.vocab_size}: {own_bpe}")
-    n = {"gpt2": GPT2_VOCAB_SIZE, "bpe": n_bpe}.get(kind) or len(src.tokenizer.get("chars", ""))
+    n = vocab_size_of(src.tokenizer)
     if s.vocab_size < n:
         raise ValueError(f"{src.key} has {s.vocab_size} vocabulary rows, fewer than the {n} ids of its "
                          f"{tokenizer_name(src.tokenizer)} tokenizer: it cannot read this data")
@@ -115,7 +115,7 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
 
 def check_tokenizer(src: Source, tokenizer: dict) -> None:
     """The prepared data's tokenizer (`to_dict()`) must be the source's: the same ids for the same text."""
-    if tokenizer != src.tokenizer and src.tokenizer.get("type") == "bpe":  # (the same size: apply checked it)
+    if tokenizer != src.tokenizer and data_setting(src.tokenizer) == "bpe":  # (the same size: apply checked it)
         raise ValueError(f"the BPE tokenizer trained on this data differs from the one {src.key} was trained with: a "
                          f"model with its own BPE fine-tunes only on the text (and data.tokenizer_sample_mb) that "
                          f"tokenizer was learnt from; for new text train a new model, or use GPT-2 BPE")
