@@ -190,7 +190,7 @@ def run(argv: list[str] | None = None) -> int:
     if args.compile and not compile_decode:
         print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
     if args.attention_map:
-        from data.sources import cache_dir
+        from data import cache_dir
         os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))  # matplotlib's font cache: not in ~
         from viz.attention_map import draw_attention_map
         draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(args.init or ckpt_path))

@@ -25,7 +25,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
-from checkpoint.locate import overwrite_refusal
+from checkpoint.manager import overwrite_refusal
 from common import run_lock
 from common.text import one_line
 from launch import console, memory, ranks
@@ -255,7 +255,7 @@ def preflight(args: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    from data.sources import cache_dir
+    from data import cache_dir
     # matplotlib (loss.png) keeps its font cache in tinygpt's cache, not in ~/.cache or ~/.config
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     # no CUDA GPU and no experiment chosen: experiment=cpu, so a laptop never starts a multi-hour run

@@ -125,6 +125,7 @@ def section_train(args, dev) -> dict:
 
 def section_decode(args, dev) -> dict:
     import torch
+    from model.generate import generate
     from model import GPT
     from model.device import cuda_bf16_native
     device, n = dev.device, args.decode_tokens
@@ -144,7 +145,7 @@ def section_decode(args, dev) -> dict:
         torch.manual_seed(0)
         sync(device)
         t0 = time.perf_counter()
-        assert model.generate(idx, tokens, temperature=1.0, **kw).shape == (1, 1 + tokens)
+        assert generate(model, idx, tokens, temperature=1.0, **kw).shape == (1, 1 + tokens)
         sync(device)
         return time.perf_counter() - t0
     for mode, kw in modes:

@@ -17,7 +17,8 @@ from checkpoint import file as ck
 from checkpoint import sharded as S
 from checkpoint.manager import CheckpointManager
 from tests.helpers import REPO, find_non_plain, train_steps
-from training import distributed as D
+from launch import distributed as D
+from launch import ranks as R
 from training import loop as loop_mod
 from training.config import register_configs
 from training.loop import train
@@ -133,7 +134,7 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        info = D.DistInfo(parallel="fsdp", backend="gloo")
+        info = R.DistInfo(parallel="fsdp", backend="gloo")
         f = D.wrap_model(_model(3), info, torch.device("cpu"))
         fopt = _opt(f)  # after sharding: its parameters are the shards
         fs = TrainState()

@@ -30,7 +30,7 @@ import torch
 
 from tests.helpers import REPO, find_non_plain, run_cli, tiny_model_and_opt, train_steps
 from checkpoint import file as ck
-from checkpoint import locate as L
+from checkpoint import file as L
 from checkpoint import sharded as S
 from launch import distributed as D
 from launch import ranks as R

@@ -26,7 +26,7 @@ import torch
 
 from tests.helpers import REPO, find_non_plain
 from checkpoint import file as ck
-from checkpoint.locate import model_from_checkpoint
+from checkpoint.file import model_from_checkpoint
 
 TINY = ["experiment=cpu", "train.device=cpu", "train.eval_at_start=true", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=32",
         "train.batch_size=8", "train.eval_iters=2", "optim.warmup_iters=2"]

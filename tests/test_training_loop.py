@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 from tests.helpers import REPO, find_non_plain
 from checkpoint import file as ck
-from checkpoint.locate import model_from_checkpoint
+from checkpoint.file import model_from_checkpoint
 from training import loop as loop_mod
 from training.config import register_configs
 from training.loop import TrainingDiverged, train

@@ -11,11 +11,11 @@ from typing import Iterable, Optional
 import torch
 
 from checkpoint.file import CheckpointError
-from checkpoint.locate import read_checkpoint
+from checkpoint.file import read_checkpoint
 from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer as tokenizer_name, vocab_size_of
 from model import hf
 from model.config import GPTConfig, pad_vocab
-from model.weights import clean_state_dict, model_with_weights
+from model.gpt import clean_state_dict, model_with_weights
 
 SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights")  # the source's, always
 WHAT = "a local Hugging Face GPT-2 directory (config.json + model.safetensors), a tinygpt run directory or a .pt file"
