@@ -6,11 +6,16 @@ framework-free. Construction validates every field with one-line errors naming t
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
+from typing import Optional
 
 from common.text import setting_error
 
 ATTENTION_IMPLS = ("sdpa", "manual")
+POSITIONS = ("learned", "rope")  # learned: GPT-2's wpe table; rope: rotary q and k, no table
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu", "relu2")
 
 
 def pad_vocab(vocab_size: int, multiple: int) -> int:
@@ -30,6 +35,17 @@ class GPTConfig:
     bias: bool = True  # biases in Linear layers and LayerNorms, like GPT-2
     tie_weights: bool = True  # lm_head shares its weight with the token embedding
     attention: str = "sdpa"  # "sdpa" (fused kernels) or "manual" (textbook, can return weights)
+    # the modern decoder's settings (docs/model.md); the defaults are GPT-2's, so old checkpoint dicts still load
+    position: str = "learned"  # "learned" (wpe) or "rope" (rotary q and k, rotate_half layout, no wpe)
+    rope_theta: float = 10000.0  # rotary base: inv_freq = 1 / rope_theta^(2i / head_dim)
+    norm: str = "layernorm"  # "layernorm" or "rmsnorm" (weight only)
+    norm_eps: float = 1e-5  # eps of every norm (blocks, final, qk_norm)
+    mlp: str = "gelu"  # "gelu" (GPT-2), "swiglu" (Llama/Qwen3) or "relu2" (modded-nanogpt)
+    mlp_hidden: Optional[int] = None  # None: 4*n_embd (gelu, relu2); swiglu: 8*n_embd/3 up to a multiple of 32
+    n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention); None = n_head, 1 = multi-query
+    head_dim: Optional[int] = None  # None = n_embd // n_head; set it to decouple the heads' width from n_embd
+    qk_norm: bool = False  # RMSNorm over head_dim of each q and k head, before the rotation (Qwen3)
+    logit_softcap: Optional[float] = None  # logits -> softcap * tanh(logits / softcap), after the head, in fp32
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # the int and bool fields by their type (annotations are strings here)
@@ -41,7 +57,7 @@ class GPTConfig:
                 raise setting_error(setting + "{0} must be positive: give a value >= 1", value)
             if f.type == "bool" and not isinstance(value, bool):
                 raise setting_error(setting + "{0!r} must be a boolean: use true or false", value)
-        if self.n_embd % self.n_head != 0:
+        if self.head_dim is None and self.n_embd % self.n_head != 0:
             suggestion = max(self.n_head, round(self.n_embd / self.n_head) * self.n_head)
             raise setting_error("{n_embd=}{0} is not divisible by {n_head=}{1}: choose n_embd as a multiple of n_head "
                                 "(e.g. {n_embd=}{2})", self.n_embd, self.n_head, suggestion)
@@ -54,10 +70,49 @@ class GPTConfig:
         if self.attention not in ATTENTION_IMPLS:
             raise setting_error("{attention=}{0!r} is not known: use one of {1}", self.attention,
                                 ", ".join(ATTENTION_IMPLS))
+        self._check_modern()
+
+    def _check_modern(self) -> None:
+        """The modern settings, each refused in one line naming it and what it accepts."""
+        for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in allowed:
+                raise setting_error("{" + name + "=}{0!r} is not known: use one of {1}", getattr(self, name),
+                                    ", ".join(allowed))
+        for name in ("mlp_hidden", "n_kv_head", "head_dim"):  # None, or a positive whole number
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise setting_error("{" + name + "=}{0!r} is invalid: use a positive whole number or null", value)
+        for name, optional in (("rope_theta", False), ("norm_eps", False), ("logit_softcap", True)):
+            value = getattr(self, name)
+            if optional and value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
+                raise setting_error("{" + name + "=}{0!r} is invalid: use a positive number" +
+                                    (" or null" if optional else ""), value)
+            setattr(self, name, float(value))
+        if self.n_head % self.kv_heads != 0:
+            raise setting_error("{n_kv_head=}{0} does not divide {n_head=}{1}: use a divisor of n_head (1 = "
+                                "multi-query, n_head = plain multi-head)", self.n_kv_head, self.n_head)
+        if self.position == "rope" and self.head_size % 2 != 0:
+            raise setting_error("{position=}rope needs an even head size, got {0}: change n_embd/n_head or "
+                                "head_dim", self.head_size)
 
     @property
-    def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+    def head_size(self) -> int:
+        """Width of each attention head: head_dim, else n_embd // n_head."""
+        return self.head_dim or self.n_embd // self.n_head
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: n_kv_head, else n_head."""
+        return self.n_kv_head or self.n_head
+
+    @property
+    def mlp_size(self) -> int:
+        """The MLP's hidden width: mlp_hidden, else 4*n_embd (swiglu: 2/3 of that, parameter-matched, up to 32s)."""
+        if self.mlp_hidden is not None:
+            return self.mlp_hidden
+        return math.ceil(8 * self.n_embd / 3 / 32) * 32 if self.mlp == "swiglu" else 4 * self.n_embd
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

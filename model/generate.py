@@ -19,7 +19,7 @@ class KVCache:
 
     def __init__(self, n_layer: int, batch_size: int, n_head: int, max_len: int, head_dim: int,
                  *, device=None, dtype: torch.dtype = torch.float32, static: bool = True):
-        shape = (batch_size, n_head, max_len, head_dim)
+        shape = (batch_size, n_head, max_len, head_dim)  # n_head: the key/value heads (n_kv_head with GQA)
         self.k = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.v = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(n_layer)]
         self.batch_size, self.max_len, self.static = batch_size, max_len, static
@@ -32,7 +32,7 @@ class KVCache:
         c, p = model.config, next(model.parameters())
         kind = torch.device(device or p.device).type
         dtype = dtype or (torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else p.dtype)
-        return cls(c.n_layer, batch_size, c.n_head, max_len or c.block_size, c.head_dim,
+        return cls(c.n_layer, batch_size, c.kv_heads, max_len or c.block_size, c.head_size,
                    device=device or p.device, dtype=dtype, static=static)
 
     def width(self, input_pos: torch.Tensor) -> int:

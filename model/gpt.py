@@ -1,7 +1,6 @@
-"""GPT: a GPT-2-style decoder-only transformer (nanoGPT's layout, GPT-2's module names so HF weights map 1:1): causal
-self-attention with two interchangeable paths over the same weights, "sdpa" (fused kernels) and "manual" (the
-textbook softmax, which can return its weights for maps and tests), the MLP, the block, the model, and the one
-way weights get into it (checkpoint, Hugging Face, fine-tune). Sampling lives in model/generate.py.
+"""GPT: a decoder-only transformer (nanoGPT's layout, GPT-2's module names so HF weights map 1:1; the modern
+settings of model/config.py swap its pieces): the norms, the MLP, the block, the model, and the one way weights get
+into it (checkpoint, Hugging Face, fine-tune). Attention lives in model/attention.py, sampling in model/generate.py.
 """
 from __future__ import annotations
 
@@ -12,77 +11,49 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from model.attention import CausalSelfAttention, rope_cos_sin
 from model.config import GPTConfig
 
 
-class CausalSelfAttention(nn.Module):
-    def __init__(self, config: GPTConfig, layer_idx: int = 0):
-        super().__init__()
-        self.n_head = config.n_head
-        self.n_embd = config.n_embd
-        self.dropout = config.dropout
-        self.attention = config.attention
-        self.layer_idx = layer_idx  # which of a KVCache's per-layer buffers are this layer's
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.bias)  # fused q, k, v
-        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.bias)
-        self.attn_dropout = nn.Dropout(config.dropout)
-        self.resid_dropout = nn.Dropout(config.dropout)
-
-    def forward(self, x, *, cache=None, input_pos=None, mask=None, need_weights=False):
-        """x (B, T, C) -> (y (B, T, C), weights (B, nh, T, Tk) if need_weights else None). With `cache`, k/v are
-        written at `input_pos` and attention runs over the cache under `mask` (Tq, Tk), True = may attend."""
-        B, T, C = x.size()
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # each (B, nh, T, hs)
-                   for t in self.c_attn(x).split(self.n_embd, dim=2))
-        if cache is not None:
-            assert mask is not None and input_pos is not None, "a cached forward needs input_pos and mask"
-            k, v = cache.update(self.layer_idx, input_pos, k, v)  # (B, nh, max_len, hs)
-
-        weights = None
-        if need_weights or self.attention == "manual":
-            y, weights = self.manual_attention(q, k, v, mask)
-        else:
-            y = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                is_causal=mask is None)  # (B, nh, T, hs); cached queries do not start at 0: explicit mask
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # re-assemble heads side by side: (B, T, C)
-        y = self.resid_dropout(self.c_proj(y))
-        return y, (weights if need_weights else None)
-
-    def manual_attention(self, q, k, v, mask=None):
-        """Textbook attention on (B, nh, Tq, hs) queries and (B, nh, Tk, hs) keys/values -> (y, weights)."""
-        Tq, Tk = q.size(-2), k.size(-2)
-        if mask is None:  # plain causal self-attention: lower-triangular, key j visible iff j <= i
-            mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
-        att = att.masked_fill(~mask, float("-inf"))  # future positions get zero weight after softmax
-        att = F.softmax(att, dim=-1)
-        y = self.attn_dropout(att) @ v  # (B, nh, Tq, Tk) @ (B, nh, Tk, hs) -> (B, nh, Tq, hs)
-        return y, att
+def norm(config: GPTConfig, dim: int) -> nn.Module:
+    """LayerNorm (x - mean) / std * w [+ b], or RMSNorm x / rms(x) * w (no centring, no bias)."""
+    if config.norm == "rmsnorm":
+        return nn.RMSNorm(dim, eps=config.norm_eps)
+    return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward: C -> 4C -> GELU(tanh) -> C -> dropout."""
+    """Position-wise feed-forward: C -> H -> activation -> C -> dropout, H = config.mlp_size (4C for GELU).
+    gelu: GELU(tanh) (GPT-2); relu2: relu(h)^2 (modded-nanogpt); swiglu: silu(gate) * up, c_fc's rows [gate; up]."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=config.bias)
+        self.kind, hidden = config.mlp, config.mlp_size
+        self.c_fc = nn.Linear(config.n_embd, (2 if self.kind == "swiglu" else 1) * hidden, bias=config.bias)
         self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new": exact parity with HF weights
-        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=config.bias)
+        self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x):
-        return self.dropout(self.c_proj(self.gelu(self.c_fc(x))))  # (B, T, C) -> (B, T, 4C) -> (B, T, C)
+        h = self.c_fc(x)  # (B, T, C) -> (B, T, H), or (B, T, 2H) for swiglu
+        if self.kind == "swiglu":
+            gate, up = h.chunk(2, dim=-1)
+            h = F.silu(gate) * up
+        elif self.kind == "relu2":
+            h = F.relu(h).square()
+        else:
+            h = self.gelu(h)
+        return self.dropout(self.c_proj(h))  # (B, T, H) -> (B, T, C)
 
 
 class Block(nn.Module):
-    """Pre-LN transformer block: attention then MLP, each on a LayerNorm'd input, each added back."""
+    """Pre-norm transformer block: attention then MLP, each on a normalised input, each added back."""
 
     def __init__(self, config: GPTConfig, layer_idx: int = 0):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_1 = norm(config, config.n_embd)
         self.attn = CausalSelfAttention(config, layer_idx)
-        self.ln_2 = nn.LayerNorm(config.n_embd, bias=config.bias)
+        self.ln_2 = norm(config, config.n_embd)
         self.mlp = MLP(config)
 
     def forward(self, x, **attn_kwargs):
@@ -99,12 +70,13 @@ class GPT(nn.Module):
         if not isinstance(config, GPTConfig):
             raise ValueError(f"GPT needs a GPTConfig, got {type(config).__name__}: use GPT(GPTConfig(...))")
         self.config = config
-        self.transformer = nn.ModuleDict(dict(
-            wte=nn.Embedding(config.vocab_size, config.n_embd),
-            wpe=nn.Embedding(config.block_size, config.n_embd),
+        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(config.vocab_size, config.n_embd)))
+        if config.position == "learned":  # rope has no table: positions enter as rotations of q and k
+            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.transformer.update(dict(
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
-            ln_f=nn.LayerNorm(config.n_embd, bias=config.bias),
+            ln_f=norm(config, config.n_embd),
         ))
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         if config.tie_weights:
@@ -127,10 +99,10 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters, a tied matrix once; non_embedding (nanoGPT's convention) drops wpe, and wte when untied."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding:
+        if non_embedding and "wpe" in self.transformer:
             n -= self.transformer.wpe.weight.numel()
-            if not self.config.tie_weights:
-                n -= self.transformer.wte.weight.numel()
+        if non_embedding and not self.config.tie_weights:
+            n -= self.transformer.wte.weight.numel()
         return n
 
     def _check_length(self, T: int) -> None:
@@ -149,18 +121,28 @@ class GPT(nn.Module):
         if cache is not None:  # (T, width): key <= query, over the slots the cache hands attention
             mask = torch.arange(cache.width(input_pos), device=idx.device) <= input_pos[:, None]
 
-        x = self.transformer.wte(idx) + self.transformer.wpe(input_pos)  # (B, T, C) + (T, C)
+        x, rope = self._embed(idx, input_pos)
         x = self.transformer.drop(x)
-        for block in self.transformer.h:
-            x, _ = block(x, cache=cache, input_pos=input_pos, mask=mask)
+        for block in self.transformer.h:  # one rotation for all layers: positions advance per step, not per layer
+            x, _ = block(x, rope=rope, cache=cache, input_pos=input_pos, mask=mask)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x[:, -1:] if last_only else x)  # (B, 1 or T, V)
+        if self.config.logit_softcap is not None:  # smooth cap to (-c, c), in fp32 (bf16 tanh saturates early)
+            c = self.config.logit_softcap
+            logits = c * torch.tanh(logits.float() / c)
 
         loss = None
         if targets is not None:
             assert not last_only, "a loss needs every position's logits"
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
+
+    def _embed(self, idx, input_pos):
+        """Token embeddings (B, T, C) [+ learned position embeddings], and rope's (cos, sin) or None."""
+        x = self.transformer.wte(idx)  # (B, T, C)
+        if self.config.position == "learned":
+            return x + self.transformer.wpe(input_pos), None  # + (T, C)
+        return x, rope_cos_sin(input_pos, self.config.head_size, self.config.rope_theta)
 
     @torch.no_grad()
     def attention_maps(self, idx) -> torch.Tensor:
@@ -170,11 +152,10 @@ class GPT(nn.Module):
         was_training = self.training
         self.eval()  # dropout off, whatever mode the caller left the model in
         try:
-            pos = torch.arange(T, device=idx.device)
-            x = self.transformer.wte(idx) + self.transformer.wpe(pos)  # (B, T, C)
+            x, rope = self._embed(idx, torch.arange(T, device=idx.device))  # (B, T, C)
             maps = []
             for block in self.transformer.h:
-                x, weights = block(x, need_weights=True)  # weights: (B, nh, T, T)
+                x, weights = block(x, rope=rope, need_weights=True)  # weights: (B, nh, T, T)
                 maps.append(weights)
             return torch.stack(maps)  # (n_layer, B, nh, T, T)
         finally:

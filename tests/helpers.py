@@ -76,3 +76,25 @@ def find_non_plain(obj, where: str = "checkpoint") -> str | None:
         if bad:
             return bad
     return None
+
+
+def model_variants(exhaustive: bool = False) -> list:
+    """(id, GPTConfig) pairs of the modern settings on a tiny model (2 layers, 4 heads, 32 wide): every combination
+    of the settings attention sees (position, n_kv_head, qk_norm, head_dim), each paired with the per-position
+    settings (norm, mlp, logit_softcap, bias, tie_weights) so that all of theirs occur; exhaustive: the product."""
+    import itertools
+
+    from model import GPTConfig
+    attention = list(itertools.product(("learned", "rope"), (None, 2, 1), (False, True), (None, 16)))
+    per_position = list(itertools.product(("layernorm", "rmsnorm"), ("gelu", "swiglu", "relu2"), (None, 10.0),
+                                          (True, False), (True, False)))
+    pairs = (itertools.product(attention, per_position) if exhaustive else
+             ((attention[i % len(attention)], p) for i, p in enumerate(per_position)))
+    out = []
+    for (position, n_kv_head, qk_norm, head_dim), (norm, mlp, softcap, bias, tie) in pairs:
+        config = GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, position=position,
+                           n_kv_head=n_kv_head, qk_norm=qk_norm, head_dim=head_dim, norm=norm, mlp=mlp,
+                           logit_softcap=softcap, bias=bias, tie_weights=tie)
+        out.append((f"{position}-kv{n_kv_head}-qk{int(qk_norm)}-hd{head_dim}-{norm}-{mlp}-cap{softcap}-"
+                    f"b{int(bias)}-t{int(tie)}", config))
+    return out

@@ -7,8 +7,9 @@ import torch
 import torch.nn.functional as F
 
 from model import GPT
+from model.attention import CausalSelfAttention, apply_rope, rope_cos_sin
 from model.generate import KVCache
-from model.gpt import CausalSelfAttention
+from tests.helpers import model_variants
 
 
 
@@ -154,3 +155,163 @@ def test_sdpa_causal_flag_matches_explicit_mask():
     causal = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     mask = torch.arange(5)[None, :] <= torch.arange(5)[:, None]
     assert torch.allclose(causal, F.scaled_dot_product_attention(q, k, v, attn_mask=mask), atol=1e-6)
+
+
+# ---- the modern settings: every combination attention sees, both paths --------------------------------------
+
+VARIANTS = model_variants()
+IDS = [name for name, _ in VARIANTS]
+CONFIGS = [config for _, config in VARIANTS]
+
+
+def spiky(config, attention="sdpa", seed=0):
+    """A random model with weights large enough that every setting (norm gains, qk_norm gains) matters."""
+    model = make_model(config, attention, seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3) if p.dim() >= 2 else p.uniform_(0.5, 1.5)
+    return model
+
+
+def future_perturbations(config, seed=1):
+    """(base ids (2, T), [(t, ids with every token after t changed)]) for t in 0..T-2."""
+    g = torch.Generator().manual_seed(seed)
+    V, T = config.vocab_size, config.block_size
+    idx = torch.randint(0, V, (2, T), generator=g)
+    out = []
+    for t in range(T - 1):
+        changed = idx.clone()
+        changed[:, t + 1:] = (idx[:, t + 1:] + torch.randint(1, V, (2, T - t - 1), generator=g)) % V
+        out.append((t, changed))
+    return idx, out
+
+
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_every_setting_is_causal_exactly(config, attention):
+    """A change to tokens after t changes no logit at or before t, bit for bit, on both paths."""
+    model = spiky(config, attention)
+    idx, perturbed = future_perturbations(config)
+    with torch.no_grad():
+        base, _ = model(idx)
+        for t, changed in perturbed:
+            logits, _ = model(changed)
+            assert torch.equal(logits[:, :t + 1], base[:, :t + 1]), f"leak into t<={t}"
+            assert not torch.equal(logits[:, t + 1:], base[:, t + 1:]), "the test must be sensitive"
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_every_setting_manual_equals_sdpa(config):
+    sdpa, manual = spiky(config, "sdpa"), make_model(config, "manual", seed=123)
+    manual.load_state_dict(sdpa.state_dict())
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, config.vocab_size, (3, config.block_size), generator=g)
+    targets = torch.randint(0, config.vocab_size, idx.shape, generator=g)
+    (logits_s, loss_s), (logits_m, loss_m) = sdpa(idx, targets), manual(idx, targets)
+    assert (logits_s - logits_m).abs().max() <= 1e-4
+    loss_s.backward()
+    loss_m.backward()
+    grads_m = dict(manual.named_parameters())
+    for name, p in sdpa.named_parameters():
+        assert torch.allclose(p.grad, grads_m[name].grad, atol=1e-5, rtol=1e-3), name
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_every_setting_has_attention_maps(config):
+    model = spiky(config, "sdpa")
+    idx = torch.randint(0, config.vocab_size, (2, 9))
+    maps = model.attention_maps(idx)
+    assert maps.shape == (config.n_layer, 2, config.n_head, 9, 9)
+    assert torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5)
+    assert (maps.triu(diagonal=1) == 0).all()
+
+
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("config", CONFIGS, ids=IDS)
+def test_every_setting_cached_chunks_match_full_forward(config, attention):
+    """Prefill 5, a chunk of 4 (queries and keys of different lengths: an explicit mask), then single tokens."""
+    model = spiky(config, attention)
+    T = config.block_size
+    idx = torch.randint(0, config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
+    cache = KVCache.for_model(model, batch_size=2)
+    assert cache.k[0].shape == (2, config.kv_heads, T, config.head_size)  # the cache holds n_kv_head heads
+    with torch.no_grad():
+        full, _ = model(idx)
+        parts = [model(idx[:, :5], cache=cache, input_pos=torch.arange(5))[0],
+                 model(idx[:, 5:9], cache=cache, input_pos=torch.arange(5, 9))[0]]
+        parts += [model(idx[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]))[0] for t in range(9, T)]
+    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4, rtol=0)
+
+
+@pytest.mark.slow
+def test_the_full_product_of_settings_is_causal_and_paths_agree():
+    """All 576 combinations (the quick set covers each attention combination and each per-position one)."""
+    for name, config in model_variants(exhaustive=True):
+        sdpa, manual = spiky(config, "sdpa"), make_model(config, "manual")
+        manual.load_state_dict(sdpa.state_dict())
+        idx, perturbed = future_perturbations(config)
+        t, changed = perturbed[config.block_size // 2]
+        with torch.no_grad():
+            base = sdpa(idx)[0]
+            assert (base - manual(idx)[0]).abs().max() <= 1e-4, name
+            assert torch.equal(sdpa(changed)[0][:, :t + 1], base[:, :t + 1]), name
+            assert torch.equal(manual(changed)[0][:, :t + 1], manual(idx)[0][:, :t + 1]), name
+
+
+def rope_by_complex_numbers(x, pos, theta):
+    """RoPE as the paper writes it: pair (x_i, x_{i+d/2}) is the complex number x_i + j x_{i+d/2}, multiplied by
+    e^{j pos theta^(-2i/d)}."""
+    d = x.size(-1)
+    z = torch.complex(x[..., :d // 2].double(), x[..., d // 2:].double())
+    angle = pos.double()[:, None] * theta ** (-torch.arange(0, d, 2).double() / d)
+    z = z * torch.polar(torch.ones_like(angle), angle)
+    return torch.cat([z.real, z.imag], dim=-1).float()
+
+
+def test_rope_rotates_pairs_by_position_and_keeps_relative_scores():
+    x = torch.randn(2, 3, 7, 8)
+    pos = torch.tensor([0, 1, 2, 5, 9, 40, 1000])
+    rotated = apply_rope(x, *rope_cos_sin(pos, 8, 10000.0))
+    assert torch.allclose(rotated, rope_by_complex_numbers(x, pos, 10000.0), atol=1e-5)
+    assert torch.equal(apply_rope(x, *rope_cos_sin(torch.zeros(7, dtype=torch.long), 8, 10000.0)), x)
+    assert torch.allclose(rotated.norm(dim=-1), x.norm(dim=-1), atol=1e-5)  # a rotation keeps lengths
+    q, k = torch.randn(2, 8)
+    def score(m, n):  # q at position m . k at position n
+        cos, sin = rope_cos_sin(torch.tensor([m, n]), 8, 10000.0)
+        return (apply_rope(q[None], cos[:1], sin[:1]) * apply_rope(k[None], cos[1:], sin[1:])).sum()
+    assert torch.allclose(score(3, 1), score(13, 11), atol=1e-5)  # depends on m - n only
+    assert not torch.allclose(score(3, 1), score(3, 2), atol=1e-3)
+
+
+def grouped_by_hand(attn: CausalSelfAttention, x, pos, theta):
+    """Attention written head by head: q_norm/k_norm, the complex-number rotation, and query head h reading
+    key/value head h // (n_head / n_kv_head); no repeat, no SDPA."""
+    B, T, _ = x.shape
+    hs, nh, nkv = attn.head_dim, attn.n_head, attn.n_kv_head
+    q, k, v = (x @ attn.c_attn.weight.T).split([nh * hs, nkv * hs, nkv * hs], dim=-1)
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    heads = []
+    for h in range(nh):
+        g = h // (nh // nkv)
+        qh, kh, vh = q[..., h * hs:(h + 1) * hs], k[..., g * hs:(g + 1) * hs], v[..., g * hs:(g + 1) * hs]
+        qh, kh = attn.q_norm(qh), attn.k_norm(kh)
+        qh, kh = rope_by_complex_numbers(qh, pos, theta), rope_by_complex_numbers(kh, pos, theta)
+        weights = torch.softmax((qh @ kh.transpose(-2, -1) / math.sqrt(hs)).masked_fill(~causal, float("-inf")), -1)
+        heads.append(weights @ vh)
+    return torch.cat(heads, dim=-1) @ attn.c_proj.weight.T
+
+
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1])
+def test_grouped_query_attention_with_rope_and_qk_norm_by_hand(tiny_gpt_config, attention, n_kv_head):
+    config = dataclasses.replace(tiny_gpt_config, n_head=4, n_kv_head=n_kv_head, head_dim=6, position="rope",
+                                 qk_norm=True, bias=False, attention=attention)
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(config).eval()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, mean=1.0 if p.dim() == 1 else 0.0, std=0.3)
+    assert attn.c_attn.weight.shape == ((4 + 2 * n_kv_head) * 6, config.n_embd)
+    x, pos = torch.randn(2, 7, config.n_embd), torch.arange(7)
+    with torch.no_grad():
+        y, _ = attn(x, rope=rope_cos_sin(pos, 6, config.rope_theta))
+        assert torch.allclose(y, grouped_by_hand(attn, x, pos, config.rope_theta), atol=1e-5, rtol=0)

@@ -11,7 +11,22 @@ GOOD = dict(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64)
 def test_defaults_and_head_dim():
     c = GPTConfig(**GOOD)
     assert (c.dropout, c.bias, c.tie_weights, c.attention) == (0.0, True, True, "sdpa")
-    assert c.head_dim == 16
+    assert (c.head_dim, c.head_size, c.n_kv_head, c.kv_heads, c.mlp_hidden, c.mlp_size) == (
+        None, 16, None, 4, None, 256)
+    assert (c.position, c.rope_theta, c.norm, c.norm_eps, c.mlp, c.qk_norm, c.logit_softcap) == (
+        "learned", 10000.0, "layernorm", 1e-5, "gelu", False, None)  # GPT-2's
+
+
+def test_modern_sizes_resolve():
+    c = GPTConfig(**{**GOOD, "n_embd": 128}, mlp="swiglu", n_kv_head=2, head_dim=24, position="rope")
+    assert (c.mlp_size, c.kv_heads, c.head_size) == (352, 2, 24)  # 8 * 128 / 3 = 341.3 -> a multiple of 32
+    assert GPTConfig(**GOOD, mlp="swiglu", mlp_hidden=100).mlp_size == 100
+    assert GPTConfig(**{**GOOD, "n_embd": 66}, head_dim=16).head_size == 16  # n_embd need not divide then
+
+
+def test_old_checkpoint_dicts_load_as_gpt2():
+    old = dict(GOOD, dropout=0.0, bias=True, tie_weights=True, attention="sdpa")  # before the modern keys
+    assert GPTConfig.from_dict(old) == GPTConfig(**GOOD)
 
 
 def test_to_dict_from_dict_round_trip():
@@ -37,6 +52,20 @@ def test_to_dict_from_dict_round_trip():
     (dict(bias="yes"), "bias"),
     (dict(tie_weights=1), "tie_weights"),
     (dict(attention="flash"), "attention"),
+    (dict(position="alibi"), "position=.*learned, rope"),
+    (dict(norm="batchnorm"), "norm=.*layernorm, rmsnorm"),
+    (dict(mlp="geglu"), "mlp=.*gelu, swiglu, relu2"),
+    (dict(n_kv_head=3), "n_kv_head=3 does not divide n_head=4"),
+    (dict(n_kv_head=0), "n_kv_head"),
+    (dict(n_kv_head=2.0), "n_kv_head"),
+    (dict(head_dim=0), "head_dim"),
+    (dict(mlp_hidden=-4), "mlp_hidden"),
+    (dict(rope_theta=0), "rope_theta"),
+    (dict(norm_eps=float("nan")), "norm_eps"),
+    (dict(logit_softcap=-1.0), "logit_softcap"),
+    (dict(logit_softcap="30"), "logit_softcap"),
+    (dict(qk_norm="yes"), "qk_norm"),
+    (dict(position="rope", head_dim=7), "position=rope needs an even head size"),
 ])
 def test_bad_config_raises_value_error_naming_the_field(change, field):
     with pytest.raises(ValueError, match=field) as info:
@@ -61,4 +90,6 @@ def test_from_dict_rejects_unknown_and_missing_keys():
 def test_config_is_a_plain_dataclass():
     assert dataclasses.is_dataclass(GPTConfig)
     assert [f.name for f in dataclasses.fields(GPTConfig)] == [
-        "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_weights", "attention"]
+        "vocab_size", "block_size", "n_layer", "n_head", "n_embd", "dropout", "bias", "tie_weights", "attention",
+        "position", "rope_theta", "norm", "norm_eps", "mlp", "mlp_hidden", "n_kv_head", "head_dim", "qk_norm",
+        "logit_softcap"]

@@ -22,6 +22,20 @@ def spiky_model(config, seed=0):
     return model
 
 
+DECODERS = {  # GPT-2's decoder and modern ones: the cache must hold n_kv_head heads, rotated at the right offsets
+    "gpt2": {},
+    "rope-gqa-qknorm": dict(position="rope", norm="rmsnorm", mlp="swiglu", n_head=4, n_kv_head=2, qk_norm=True,
+                            bias=False, tie_weights=False),
+    "rope-mqa-relu2-softcap": dict(position="rope", mlp="relu2", n_head=4, n_kv_head=1, head_dim=12,
+                                   logit_softcap=10.0),
+}
+
+
+@pytest.fixture(params=list(DECODERS), ids=list(DECODERS))
+def decoder_config(request, tiny_gpt_config):
+    return dataclasses.replace(tiny_gpt_config, **DECODERS[request.param])
+
+
 # ---- logits_to_probs ------------------------------------------------------------------------
 
 def test_temperature_zero_is_one_hot_argmax():
@@ -172,10 +186,10 @@ def reference_generate(model, idx, max_new_tokens, pick=lambda logits: logits.ar
 
 @pytest.mark.parametrize("attention", ["sdpa", "manual"])
 @pytest.mark.parametrize("batch", [1, 3])
-def test_greedy_cached_equals_uncached_past_block_size(tiny_gpt_config, attention, batch):
-    model = spiky_model(dataclasses.replace(tiny_gpt_config, attention=attention))
-    n = 3 * tiny_gpt_config.block_size
-    idx = torch.randint(0, tiny_gpt_config.vocab_size, (batch, 5), generator=torch.Generator().manual_seed(1))
+def test_greedy_cached_equals_uncached_past_block_size(decoder_config, attention, batch):
+    model = spiky_model(dataclasses.replace(decoder_config, attention=attention))
+    n = 3 * decoder_config.block_size
+    idx = torch.randint(0, decoder_config.vocab_size, (batch, 5), generator=torch.Generator().manual_seed(1))
     cached = generate(model, idx, n, temperature=0)
     uncached = generate(model, idx, n, temperature=0, use_kv_cache=False)
     assert cached.shape == (batch, 5 + n) and torch.equal(cached[:, :5], idx)
@@ -183,10 +197,25 @@ def test_greedy_cached_equals_uncached_past_block_size(tiny_gpt_config, attentio
     assert torch.equal(cached, reference_generate(model, idx, n))
 
 
-def test_sampling_with_same_generator_is_identical_cached_and_uncached(tiny_gpt_config):
-    model = spiky_model(tiny_gpt_config)
+def test_rotary_positions_advance_once_per_step_not_per_layer(tiny_gpt_config, monkeypatch):
+    """One rotation per forward, shared by the layers, at the cache's explicit positions: a prefill at 0..T-1,
+    then one position further per token, back to 0 when the window slides (flash-linear-attention #766)."""
+    from model import gpt
+    config = dataclasses.replace(tiny_gpt_config, n_layer=3, **DECODERS["rope-gqa-qknorm"])
+    model, calls, forwards, real = spiky_model(config), [], [], gpt.rope_cos_sin
+    monkeypatch.setattr(gpt, "rope_cos_sin", lambda pos, *a: calls.append(pos.tolist()) or real(pos, *a))
+    model.register_forward_pre_hook(lambda m, args, kw: forwards.append(kw["input_pos"].tolist()), with_kwargs=True)
+    generate(model, torch.tensor([[1, 2, 3]]), 3 * config.block_size, temperature=0)
+    assert calls == forwards and len(calls) == 3 * config.block_size
+    for before, now in zip(calls, calls[1:]):
+        assert now == list(range(len(now))) or now == [before[-1] + 1], (before, now)
+    assert sum(c[0] == 0 for c in calls) >= 3  # the prompt's prefill and two slides
+
+
+def test_sampling_with_same_generator_is_identical_cached_and_uncached(decoder_config):
+    model = spiky_model(decoder_config)
     idx = torch.zeros(2, 3, dtype=torch.long)
-    n, kw = 3 * tiny_gpt_config.block_size, dict(temperature=2.0, top_k=20, top_p=0.95)
+    n, kw = 3 * decoder_config.block_size, dict(temperature=2.0, top_k=20, top_p=0.95)
     a = generate(model, idx, n, **kw, generator=torch.Generator().manual_seed(5))
     b = generate(model, idx, n, **kw, use_kv_cache=False, generator=torch.Generator().manual_seed(5))
     c = generate(model, idx, n, **kw, generator=torch.Generator().manual_seed(6))
@@ -196,12 +225,12 @@ def test_sampling_with_same_generator_is_identical_cached_and_uncached(tiny_gpt_
         g = torch.Generator().manual_seed(5)
         return reference_generate(model, idx, n, lambda logits: sample(logits, **kw, generator=g), keep=keep)
     assert torch.equal(a, ref(keep=None))  # exactly the documented windows...
-    assert not torch.equal(a, ref(keep=tiny_gpt_config.block_size))  # ...which do matter (sensitivity)
+    assert not torch.equal(a, ref(keep=decoder_config.block_size))  # ...which do matter (sensitivity)
 
 
-def test_prompt_longer_than_block_size_is_cropped_consistently(tiny_gpt_config):
-    model = spiky_model(tiny_gpt_config)
-    idx = torch.randint(0, 32, (1, 2 * tiny_gpt_config.block_size + 3))
+def test_prompt_longer_than_block_size_is_cropped_consistently(decoder_config):
+    model = spiky_model(decoder_config)
+    idx = torch.randint(0, 32, (1, 2 * decoder_config.block_size + 3))
     out = generate(model, idx, 20, temperature=0)
     assert torch.equal(out, generate(model, idx, 20, temperature=0, use_kv_cache=False))
     assert torch.equal(out, reference_generate(model, idx, 20))
@@ -430,14 +459,14 @@ SAMPLINGS = [dict(temperature=0, top_k=None, top_p=None), dict(temperature=1.5, 
 
 
 @pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_graphed_step_on_fixed_buffers_gives_eager_tokens(tiny_gpt_config, monkeypatch, kw):
+def test_graphed_step_on_fixed_buffers_gives_eager_tokens(decoder_config, monkeypatch, kw):
     """The function a CUDA graph captures, run uncaptured: called with the same input tensors and the same
     static cache every token (as a replay is), it gives eager decoding's tokens, the window sliding twice."""
     from model import generate as gen
 
-    model = spiky_model(tiny_gpt_config)
+    model = spiky_model(decoder_config)
     idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    n = 3 * tiny_gpt_config.block_size
+    n = 3 * decoder_config.block_size
     seen, step = [], gen._step_before_draw
 
     def spy(model, tok, pos, cache, **skw):
@@ -451,11 +480,11 @@ def test_graphed_step_on_fixed_buffers_gives_eager_tokens(tiny_gpt_config, monke
     assert all(s[0] is first[0] and s[1] is first[1] and s[2:4] == first[2:4] for s in seen)  # same buffers
     assert all(s[4] is first[4] and s[5] == first[5] and s[4].static for s in seen)  # one static cache
     positions = [s[6] for s in seen]  # decode steps only: the first token and each slide's come from a prefill
-    assert max(positions) == tiny_gpt_config.block_size - 1 and n - 1 - len(seen) >= 2  # the window slid
+    assert max(positions) == decoder_config.block_size - 1 and n - 1 - len(seen) >= 2  # the window slid
 
 
 @pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_capture_and_replay_protocol_on_a_stand_in_gpu(tiny_gpt_config, monkeypatch, kw):
+def test_capture_and_replay_protocol_on_a_stand_in_gpu(decoder_config, monkeypatch, kw):
     """GraphedStep's CUDA calls, with CPU stand-ins: warm-up on a side stream, one capture, then per token
     copy in + replay, which rewrites the one output tensor (as a real graph does). Tokens still equal eager
     decoding's: each output is copied out before the next replay, and re-prefills keep the graph valid."""
@@ -489,9 +518,9 @@ def test_capture_and_replay_protocol_on_a_stand_in_gpu(tiny_gpt_config, monkeypa
                             stream=lambda s: contextlib.nullcontext(),
                             device=lambda d: contextlib.nullcontext()).items():
         monkeypatch.setattr(torch.cuda, name, value)
-    model = spiky_model(tiny_gpt_config)
+    model = spiky_model(decoder_config)
     idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    n = 3 * tiny_gpt_config.block_size
+    n = 3 * decoder_config.block_size
     graphed = _run(model, idx, n, gen.GraphedDecode(), kw, seed=2)
     assert torch.equal(graphed, _run(model, idx, n, gen.decode_one_token, kw, seed=2))
     assert len(steps) == 1 and steps[0].graph is not None
@@ -518,14 +547,14 @@ def _host_reads(fn) -> list[str]:
 
 
 @pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_graphed_decoding_never_waits_on_the_device(tiny_gpt_config, kw):
+def test_graphed_decoding_never_waits_on_the_device(decoder_config, kw):
     """No host read anywhere in a generation over the static cache (prefills, window slides, decode steps):
     a CUDA graph replays back to back, and the only sync is the caller's, to print a token."""
     from model import generate as gen
 
-    model = spiky_model(tiny_gpt_config)
+    model = spiky_model(decoder_config)
     idx = torch.tensor([[1, 2, 3]])
-    n = 2 * tiny_gpt_config.block_size
+    n = 2 * decoder_config.block_size
     assert _host_reads(lambda: _run(model, idx, n, gen.GraphedDecode(capture=False), kw, seed=1)) == []
     # sensitivity: the CPU's dynamic cache reads its fill level on the host (free there), and is caught
     assert {"item", "_local_scalar_dense"} & set(_host_reads(lambda: _run(model, idx, n, gen.decode_one_token, kw)))
@@ -596,4 +625,33 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
             (graphed, graphed_rate), (eager, eager_rate) = run(True, **kw), run(False, **kw)
             assert graphed == eager, kw
             assert graphed_rate > eager_rate, (graphed_rate, eager_rate)
+    assert gen.ENGINE.cuda_graphs_work
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
+    """conf/model/modern.yaml (rope, GQA, qk_norm, swiglu, untied) in bf16 on a GPU: graphed == eager tokens over
+    3 x block_size (the window slides twice), greedy and sampled."""
+    from omegaconf import OmegaConf
+
+    from model import GPTConfig
+    from model import generate as gen
+    from tests.helpers import REPO
+
+    preset = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "modern.yaml"))
+    config = GPTConfig(vocab_size=65, **{k: v for k, v in preset.items() if k != "pad_vocab_to"})
+    assert (config.position, config.qk_norm, config.kv_heads < config.n_head) == ("rope", True, True)
+    model = spiky_model(config).cuda().bfloat16().eval()
+    idx = torch.tensor([[1, 2, 3]], device="cuda")
+    n = 3 * config.block_size
+
+    def run(cuda_graphs, **kw):
+        g = torch.Generator(device="cuda").manual_seed(3)
+        return torch.cat([idx, *generate_tokens(model, idx, n, generator=g, cuda_graphs=cuda_graphs, **kw)], dim=1)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95)):
+            assert torch.equal(run(True, **kw), run(False, **kw)), kw
     assert gen.ENGINE.cuda_graphs_work

@@ -105,7 +105,65 @@ def test_num_params_follows_nanogpt_convention():
     assert untied.num_params() == total + V * C - T * C - V * C  # and the token embedding too
 
 
-def test_tiny_model_overfits_one_batch(tiny_gpt_config):
+MODERN = dict(position="rope", norm="rmsnorm", mlp="swiglu", n_kv_head=1, qk_norm=True, bias=False,
+              tie_weights=False)
+
+
+def test_modern_module_names_and_shapes(tiny_gpt_config):
+    """No wpe with rope; RMSNorm weights only; fused q, k, v with n_kv_head key/value heads; c_fc [gate; up]."""
+    config = dataclasses.replace(tiny_gpt_config, n_layer=1, **MODERN)  # 2 heads of 16, 1 key/value head
+    shapes = {k: tuple(v.shape) for k, v in GPT(config).state_dict().items()}
+    H = config.mlp_size
+    assert H == 96 and shapes == {
+        "transformer.wte.weight": (32, 32), "lm_head.weight": (32, 32), "transformer.ln_f.weight": (32,),
+        "transformer.h.0.ln_1.weight": (32,), "transformer.h.0.ln_2.weight": (32,),
+        "transformer.h.0.attn.c_attn.weight": ((2 + 2 * 1) * 16, 32), "transformer.h.0.attn.c_proj.weight": (32, 32),
+        "transformer.h.0.attn.q_norm.weight": (16,), "transformer.h.0.attn.k_norm.weight": (16,),
+        "transformer.h.0.mlp.c_fc.weight": (2 * H, 32), "transformer.h.0.mlp.c_proj.weight": (32, H)}
+    head_dim = GPT(dataclasses.replace(config, head_dim=8)).state_dict()  # heads narrower than n_embd / n_head
+    assert tuple(head_dim["transformer.h.0.attn.c_proj.weight"].shape) == (32, 2 * 8)
+
+
+def test_num_params_without_position_table_and_swiglu_is_parameter_matched():
+    config = GPTConfig(vocab_size=50, block_size=8, n_layer=2, n_head=2, n_embd=48)
+    rope = GPT(dataclasses.replace(config, position="rope"))
+    assert rope.num_params() == rope.num_params(non_embedding=False) == GPT(config).num_params()
+    mlp = {kind: sum(p.numel() for p in GPT(dataclasses.replace(config, mlp=kind, bias=False)).transformer.h[0]
+                     .mlp.parameters()) for kind in ("gelu", "swiglu", "relu2")}
+    assert mlp["gelu"] == mlp["relu2"] == mlp["swiglu"] == 2 * 48 * 4 * 48  # 8C/3 = 128, a multiple of 32
+
+
+def test_mlp_and_norm_settings_compute_their_formulas():
+    config = GPTConfig(vocab_size=8, block_size=4, n_layer=1, n_head=1, n_embd=6, bias=False, mlp_hidden=5)
+    x = torch.randn(2, 3, 6)
+    for kind, act in (("gelu", lambda h: torch.nn.functional.gelu(h, approximate="tanh")),
+                      ("relu2", lambda h: torch.relu(h) ** 2),
+                      ("swiglu", lambda h: torch.nn.functional.silu(h[..., :5]) * h[..., 5:])):
+        mlp = GPT(dataclasses.replace(config, mlp=kind)).transformer.h[0].mlp
+        assert torch.allclose(mlp(x), act(x @ mlp.c_fc.weight.T) @ mlp.c_proj.weight.T, atol=1e-6), kind
+    ln = GPT(dataclasses.replace(config, norm="rmsnorm", norm_eps=1e-3)).transformer.ln_f
+    torch.nn.init.normal_(ln.weight)
+    assert torch.allclose(ln(x), x / (x.pow(2).mean(-1, keepdim=True) + 1e-3).sqrt() * ln.weight, atol=1e-6)
+
+
+def test_logit_softcap_bounds_the_logits_in_fp32(tiny_gpt_config):
+    torch.manual_seed(0)
+    plain = GPT(tiny_gpt_config).eval()
+    with torch.no_grad():
+        plain.lm_head.weight.mul_(500)  # logits far beyond the cap
+    capped = GPT(dataclasses.replace(tiny_gpt_config, logit_softcap=3.0)).eval()
+    capped.load_state_dict(plain.state_dict())
+    idx = torch.randint(0, 32, (2, 10))
+    raw, c = plain(idx)[0], capped(idx)[0]
+    assert raw.abs().max() > 30 and c.abs().max() <= 3.0 and c.dtype == torch.float32
+    assert torch.allclose(c, 3.0 * torch.tanh(raw / 3.0), atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert capped(idx)[0].dtype == torch.float32  # tanh in fp32 whatever autocast computes the head in
+
+
+@pytest.mark.parametrize("settings", [{}, MODERN, dict(MODERN, mlp="relu2", logit_softcap=15.0, n_kv_head=None)])
+def test_tiny_model_overfits_one_batch(tiny_gpt_config, settings):
+    tiny_gpt_config = dataclasses.replace(tiny_gpt_config, **settings)
     torch.manual_seed(0)
     model = GPT(tiny_gpt_config)
     seq = torch.randint(0, tiny_gpt_config.vocab_size, (4, tiny_gpt_config.block_size + 1))

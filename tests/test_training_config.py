@@ -8,7 +8,7 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from tests.helpers import REPO
-from training.config import Config, gpt_config, register_configs, to_dataclass, train_keys
+from training.config import Config, ModelConfig, gpt_config, register_configs, to_dataclass, train_keys
 
 register_configs()
 
@@ -125,6 +125,9 @@ def test_unknown_preset():
     ("train.seed=99999999999999999999", "train.seed=99999999999999999999 is too large"),
     ("train.patience=0", "train.patience=0 must be >= 1"),
     ("model.init_from=''", "model.init_from must be given"),
+    ("model.position=alibi", "model.position='alibi' is not known: use one of learned, rope"),
+    ("model.n_kv_head=4", "model.n_kv_head=4 does not divide model.n_head=6"),
+    ("model.mlp=geglu", "model.mlp='geglu' is not known: use one of gelu, swiglu, relu2"),
 ])
 def test_invalid_values_are_one_line_value_errors(override, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")) as info:
@@ -196,3 +199,25 @@ def test_a_misspelt_group_suggests_the_group_and_a_logger_setting_needs_logger_w
         check_override("optimizer", "adamw", "optimizer=adamw")
     with pytest.raises(ValueError, match="logger.mode=offline has no effect without logger=wandb: add logger=wandb"):
         to_dataclass(_compose("logger.mode=offline"))
+
+
+@pytest.mark.parametrize("preset", ["baby", "tiny", "gpt2", "modern"])
+def test_every_model_preset_names_every_model_key(preset):
+    """Each conf/model/*.yaml spells out every key (today's values), so `model.position=rope` works on each."""
+    import yaml
+    keys = set(yaml.safe_load((REPO / "conf" / "model" / f"{preset}.yaml").read_text()))
+    assert keys == {f.name for f in dataclasses.fields(ModelConfig)} - {"init_from"}
+    m = to_dataclass(_compose(f"model={preset}", "model.position=rope", "model.n_kv_head=2")).model
+    assert gpt_config(m, 65).position == "rope" and gpt_config(m, 65).kv_heads == 2
+
+
+def test_cpu_modern_experiment_is_the_cpu_run_with_the_modern_decoder():
+    cpu, modern = (to_dataclass(_compose(f"experiment={e}")) for e in ("cpu", "cpu_modern"))
+    m = modern.model
+    assert (m.position, m.norm, m.mlp, m.qk_norm, m.tie_weights, m.bias) == ("rope", "rmsnorm", "swiglu", True,
+                                                                            False, False)
+    assert m.n_kv_head < m.n_head and (m.n_layer, m.n_embd, m.block_size) == (4, 128, 64)
+    assert (modern.train, modern.optim, modern.data) == (cpu.train, cpu.optim, cpu.data)
+    from model import GPT
+    sizes = [GPT(gpt_config(c.model, 65)).num_params(non_embedding=False) for c in (cpu, modern)]
+    assert abs(sizes[1] / sizes[0] - 1) < 0.01, sizes  # the same parameter count

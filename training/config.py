@@ -42,6 +42,17 @@ class ModelConfig:
     bias: bool = False
     tie_weights: bool = True
     attention: str = "sdpa"  # sdpa | manual
+    # the modern decoder's settings (model/config.py GPTConfig, docs/model.md); the defaults are GPT-2's
+    position: str = "learned"  # learned | rope
+    rope_theta: float = 10000.0
+    norm: str = "layernorm"  # layernorm | rmsnorm
+    norm_eps: float = 1e-5
+    mlp: str = "gelu"  # gelu | swiglu | relu2
+    mlp_hidden: Optional[int] = None  # null: 4 * n_embd (swiglu: 8 * n_embd / 3, rounded up to a multiple of 32)
+    n_kv_head: Optional[int] = None  # null: n_head; 1 = multi-query
+    head_dim: Optional[int] = None  # null: n_embd // n_head
+    qk_norm: bool = False
+    logit_softcap: Optional[float] = None
     pad_vocab_to: int = 1  # round the vocabulary up to a multiple of this (64 for GPT-2: faster matmuls)
     init_from: Optional[str] = None  # fine-tune: a local HF GPT-2 dir or a tinygpt run dir / checkpoint (its shape)
 

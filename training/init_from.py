@@ -17,7 +17,9 @@ from model import hf
 from model.config import GPTConfig, pad_vocab
 from model.gpt import clean_state_dict, model_with_weights
 
-SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights")  # the source's, always
+SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights",  # the source's, always
+         "position", "rope_theta", "norm", "norm_eps", "mlp", "mlp_hidden", "n_kv_head", "head_dim", "qk_norm",
+         "logit_softcap")
 WHAT = "a local Hugging Face GPT-2 directory (config.json + model.safetensors), a tinygpt run directory or a .pt file"
 
 
