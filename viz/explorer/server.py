@@ -1,4 +1,4 @@
-"""The explorer's HTTP server: the standard library's ThreadingHTTPServer, the page's three static files and the
+"""The explorer's HTTP server: the standard library's ThreadingHTTPServer, the page's static files and the
 attention API (contract in docs/explore.md). Requests run the model one at a time, under no_grad.
 
 Static files are a fixed table of names, never a path joined from the request, so no URL can read another file.
@@ -21,6 +21,7 @@ STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/index.html": ("index.html", "text/html; charset=utf-8"),
           "/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
+          "/draw.js": ("draw.js", "text/javascript; charset=utf-8"),
           "/explorer.css": ("explorer.css", "text/css; charset=utf-8")}
 FIELDS = {"text", "ids", "layers", "temperature", "top_k", "model", "scores", "logits"}
 
