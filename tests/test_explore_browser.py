@@ -84,6 +84,11 @@ def test_page_end_to_end(tmp_path, char_tok, driver):
         assert box.get_attribute("value") == PROMPT + top["token"]
         assert console_errors(driver) == []
 
+        png = driver.execute_async_script(  # a panel's PNG button: one PNG of its canvases
+            "const done = arguments[0], orig = Draw.download; Draw.download = (b, name) => { Draw.download = orig;"
+            "  b.arrayBuffer().then(a => done([name, b.type, [...new Uint8Array(a, 0, 4)]])); };"
+            "document.querySelector('#three-steps button.png').click();")
+        assert png == ["three-steps.png", "image/png", [0x89, 0x50, 0x4E, 0x47]]
         html = driver.execute_script(  # the standalone file's text, as saveHTML builds it
             "const orig = Draw.download; let out = null; Draw.download = b => { out = b; };"
             "await saveHTML(); Draw.download = orig; return await out.text();")

@@ -92,14 +92,20 @@ def answer(req: dict):
     return result, head
 
 
+def _numbers(t: torch.Tensor) -> list:
+    """Nested lists of t's values to 10 decimals: within 5e-11 of the float32 values, and a third shorter and faster
+    to write as JSON than their float64 reprs (0.30000001192092896); zeros stay exactly 0."""
+    return t.double().round(decimals=10).tolist()
+
+
 def attention_json(req: dict) -> dict:
     """The contract's answer: tokens, ids, attention [layer][head][query][key] in the order asked, next."""
     result, out = answer(req)
-    out["attention"] = [result.weights[l].tolist() for l in req["layers"]]
+    out["attention"] = [_numbers(result.weights[l]) for l in req["layers"]]
     if req["scores"]:
-        out["scores"] = [result.scores[l].tolist() for l in req["layers"]]
+        out["scores"] = [_numbers(result.scores[l]) for l in req["layers"]]
     if req["logits"]:
-        out["logits"] = result.logits.tolist()
+        out["logits"] = _numbers(result.logits)
     return out
 
 

@@ -165,7 +165,7 @@ const Draw = (() => {
       ctx.fillText(c.getAttribute("aria-label") || "", x, gap + h + caption - 4);
       x += c.width + gap;
     }
-    out.toBlob(blob => download(blob, name + ".png"), "image/png");
+    out.toBlob(blob => Draw.download(blob, name + ".png"), "image/png"); // through Draw: a test can catch it
   }
 
   function download(blob, name) {

@@ -89,11 +89,12 @@ function render(ms) {
   if (!T) return;
   renderChips();
   const a = layerData(0), sqrt = $("sqrt").checked;
-  const compare = S.models.length > 1;
+  const compare = S.models.length > 1, side = compare ? Math.max(360, Math.min(12 * T, 520))
+                                               : Math.max(512, Math.min(12 * T, 800)); // labels up to ~64 tokens
   $("layer-shown").textContent = S.layer;
   $("head-shown").textContent = S.head;
   if (a) {
-    Draw.heatmap($("map"), headOf(a.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens});
+    Draw.heatmap($("map"), headOf(a.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens, side});
     Draw.heatmap($("scores"), headOf(a.scores, S.head, T), T, {kind: "scores", labels: S.tokens, side: 300});
     const masked = Float32Array.from(headOf(a.scores, S.head, T), (v, j) => (j % T > Math.floor(j / T) ? -Infinity : v));
     Draw.heatmap($("masked"), masked, T, {kind: "masked", labels: S.tokens, side: 300});
@@ -109,9 +110,9 @@ function render(ms) {
     const has = b && S.head < mb.n_head;
     $("map-b-caption").textContent = has ? `B: ${mb.name}` : `B has no layer ${S.layer} head ${S.head}`;
     if (has) {
-      Draw.heatmap($("map-b"), headOf(b.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens});
+      Draw.heatmap($("map-b"), headOf(b.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens, side});
       const A = headOf(a.att, S.head, T), B = headOf(b.att, S.head, T);
-      Draw.heatmap($("diff"), A.map((v, j) => v - B[j]), T, {kind: "diff", labels: S.tokens});
+      Draw.heatmap($("diff"), A.map((v, j) => v - B[j]), T, {kind: "diff", labels: S.tokens, side});
       for (const id of ["map-b", "diff"]) Object.assign($(id).dataset, {layer: S.layer, head: S.head});
     }
   }
