@@ -7,19 +7,18 @@ const Draw = (() => {
   // viridis, sampled at 9 points and interpolated: dark purple (0) to yellow (1)
   const VIRIDIS = [[68, 1, 84], [71, 44, 122], [59, 81, 139], [44, 113, 142], [33, 144, 141],
                    [39, 173, 129], [92, 200, 99], [170, 220, 50], [253, 231, 37]];
-  const MASKED = [214, 214, 214];
-  const LUT = Array.from({length: 256}, (_, i) => {
+  // colour tables as packed RGBA pixels (little-endian: 0xAABBGGRR), written straight into the image
+  const pack = ([r, g, b]) => ((255 << 24) | (b << 16) | (g << 8) | r) >>> 0;
+  const MASKED = pack([214, 214, 214]);
+  const VIR = Uint32Array.from({length: 256}, (_, i) => {
     const x = i / 255 * (VIRIDIS.length - 1), j = Math.min(Math.floor(x), VIRIDIS.length - 2), f = x - j;
-    return VIRIDIS[j].map((c, n) => Math.round(c + f * (VIRIDIS[j + 1][n] - c)));
+    return pack(VIRIDIS[j].map((c, n) => Math.round(c + f * (VIRIDIS[j + 1][n] - c))));
   });
-
-  function viridis(v) { return LUT[Math.max(0, Math.min(255, Math.round(v * 255)))]; }
-
-  function diverging(v) { // v in [-1, 1]: blue, white, red
-    const t = Math.max(-1, Math.min(1, v));
-    return t < 0 ? [Math.round(255 + t * 197), Math.round(255 + t * 152), Math.round(255 + t * 51)]
-                 : [Math.round(255 - t * 77), Math.round(255 - t * 231), Math.round(255 - t * 212)];
-  }
+  const DIV = Uint32Array.from({length: 511}, (_, i) => { // t = i / 255 - 1 in [-1, 1]: blue, white, red
+    const t = i / 255 - 1;
+    return pack((t < 0 ? [255 + t * 197, 255 + t * 152, 255 + t * 51]
+                       : [255 - t * 77, 255 - t * 231, 255 - t * 212]).map(Math.round));
+  });
 
   function hatch(ctx) { // the pattern of masked cells: grey with a thin diagonal line
     const p = document.createElement("canvas");
@@ -37,10 +36,10 @@ const Draw = (() => {
   // the canvas keeps what hovering needs in its dataset: origin, cell size, T.
   function heatmap(canvas, m, T, opts) {
     const kind = opts.kind, masked = kind !== "scores";
-    let cell = Math.max(1, Math.floor((opts.side || 512) / T));
-    cell = Math.min(cell, opts.maxCell || 28);
+    const fit = (opts.side || 512) / T; // whole pixels per cell, or a fraction when T exceeds the side
+    const cell = Math.min(fit >= 1 ? Math.floor(fit) : fit, opts.maxCell || 28);
     const labels = opts.labels && cell >= 10 ? opts.labels : null;
-    const margin = labels ? 56 : 2, side = cell * T;
+    const margin = labels ? 56 : 2, side = Math.round(cell * T);
     canvas.width = margin + side + 2;
     canvas.height = margin + side + 2;
     const ctx = canvas.getContext("2d");
@@ -55,16 +54,14 @@ const Draw = (() => {
       }
       scale = scale || 1;
     }
-    const img = new ImageData(T, T);
+    const img = new ImageData(T, T), px = new Uint32Array(img.data.buffer);
+    const weights = kind === "weights", sqrt = !!opts.sqrt;
     for (let q = 0; q < T; q++) {
-      for (let k = 0; k < T; k++) {
-        const v = m[q * T + k];
-        let c;
-        if (masked && k > q) c = MASKED;
-        else if (kind === "weights") c = viridis(opts.sqrt ? Math.sqrt(Math.max(0, v)) : v);
-        else c = diverging(v / scale);
-        const o = 4 * (q * T + k);
-        img.data[o] = c[0]; img.data[o + 1] = c[1]; img.data[o + 2] = c[2]; img.data[o + 3] = 255;
+      for (let k = 0, o = q * T; k < T; k++, o++) {
+        const v = m[o];
+        if (masked && k > q) px[o] = MASKED;
+        else if (weights) px[o] = VIR[Math.max(0, Math.min(255, Math.round((sqrt ? Math.sqrt(Math.max(0, v)) : v) * 255)))];
+        else px[o] = DIV[Math.max(0, Math.min(510, Math.round((v / scale + 1) * 255)))];
       }
     }
     const tmp = document.createElement("canvas");
