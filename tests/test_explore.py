@@ -181,6 +181,18 @@ def test_two_models_and_their_tokenizers(tmp_path, char_tok, tiny_corpus):
         explore.load_views([("run", str(a)), ("run", str(tmp_path / "c"))], torch.device("cpu"))
 
 
+def test_init_reads_an_export_of_the_run(tmp_path, char_tok):
+    import export
+    run = str(tiny_run(tmp_path / "run", char_tok, seed=3))
+    view = explore.load_views([("run", run)], torch.device("cpu"))[0]
+    export.write_export(view.model, view.tokenizer, tmp_path / "hf")
+    views = explore.load_views([("run", run), ("init", str(tmp_path / "hf"))], torch.device("cpu"))
+    with serve(views) as url:
+        a, b = (post(url, {"text": PROMPT, "model": m})[1] for m in (0, 1))
+    assert a["ids"] == b["ids"] and np.abs(np.array(a["attention"]) - np.array(b["attention"])).max() <= 1e-6
+    assert [n["id"] for n in a["next"][:3]] == [n["id"] for n in b["next"][:3]]
+
+
 BAD = [({"text": ""}, 400, "the text is empty"),
        ({"text": "R" * 33}, 400, "longer than the model's context of 32"),
        ({"text": "ROMEO 世界"}, 400, "characters not in the vocabulary: '世', '界'"),
