@@ -32,9 +32,9 @@ function showError(message) {
   e.hidden = !message;
 }
 
-function layersToLoad(i, all) { // every layer when they are few, else the one shown
-  const m = S.info.models[i], T = Math.max(1, S.ids.length || 64);
-  if (all && m.n_layer * m.n_head * T * T <= (1 << 20)) return [...Array(m.n_layer).keys()];
+function layersToLoad(i, T) { // every layer when their weights are few (at most 2^20), else the one shown
+  const m = S.info.models[i];
+  if (m.n_layer * m.n_head * T * T <= (1 << 20)) return [...Array(m.n_layer).keys()];
   return S.layer < m.n_layer ? [S.layer] : [];
 }
 
@@ -42,14 +42,15 @@ function layersToLoad(i, all) { // every layer when they are few, else the one s
 async function runTokens(source) {
   const gen = ++S.gen, t0 = performance.now();
   try {
-    const first = await fetchLayers(0, {...source, layers: layersToLoad(0, true), scores: true, logits: true});
+    const guess = source.ids ? source.ids.length : source.text.length; // tokens: at most one per character
+    const first = await fetchLayers(0, {...source, layers: layersToLoad(0, guess), scores: true, logits: true});
     if (gen !== S.gen) return;
     S.ids = first.ids;
     S.tokens = first.tokens;
     S.labels = new Map(first.next.map(n => [n.id, n.token])); // top 20 by logit: every bar's token, any setting
     const heads = [first];
     for (let i = 1; i < S.info.models.length; i++) {
-      heads.push(await fetchLayers(i, {ids: S.ids, layers: layersToLoad(i, true), scores: true, logits: true}));
+      heads.push(await fetchLayers(i, {ids: S.ids, layers: layersToLoad(i, S.ids.length), scores: true, logits: true}));
     }
     if (gen !== S.gen) return;
     S.models = heads.map(h => ({layers: new Map(), logits: h.data.logits}));
