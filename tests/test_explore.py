@@ -220,6 +220,18 @@ def test_bad_input_is_one_4xx_json_line_and_the_server_keeps_serving(one, body, 
     assert post(url, {"text": "ROMEO"})[0] == 200
 
 
+def test_a_model_failure_is_a_500_line_and_the_server_goes_on(one, monkeypatch, capsys):
+    url, views = one
+    def broken(*a, **k):
+        raise RuntimeError("CPU out of memory\ntried to allocate 5 GB")
+    with monkeypatch.context() as m:
+        m.setattr("viz.explorer.model_view.forward_with_attention", broken)
+        status, out = post(url, {"text": "ROMEO"})
+    assert status == 500 and out == {"error": "the model failed on this request (RuntimeError: CPU out of memory)"}
+    assert "failed: RuntimeError: CPU out of memory" in capsys.readouterr().err
+    assert post(url, {"text": "ROMEO"})[0] == 200
+
+
 @pytest.mark.parametrize("path", ["/../explore.py", "/%2e%2e/explore.py", "//etc/passwd", "/static/../../README.md",
                                   "/viz/explorer/server.py", "/explorer.js/..", "/api/nothing"])
 def test_no_request_reads_a_file(one, path):

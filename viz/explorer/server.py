@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import json
 import struct
+import sys
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import torch
 
+from common.text import failure_reason
 from viz.explorer.model_view import ModelView, next_tokens, token_text
 
 MAX_BODY = 64 * 1024
@@ -171,6 +173,9 @@ class Handler(BaseHTTPRequestHandler):
         except RequestError as e:
             self.close_connection = True  # an unread or partly read body must not become the next request
             return self.send_json(e.status, {"error": str(e)})
+        except Exception as e:  # noqa: BLE001 - a model failure (out of memory, ...) ends this request, not the server
+            print(f"explorer: {self.path[:100]} failed: {failure_reason(e)}", file=sys.stderr)
+            return self.send_json(500, {"error": f"the model failed on this request ({failure_reason(e)})"})
         if isinstance(out, bytes):
             return self.send_body(200, out, "application/octet-stream")
         self.send_json(200, out)
