@@ -60,7 +60,7 @@ const Draw = (() => {
       for (let k = 0, o = q * T; k < T; k++, o++) {
         const v = m[o];
         if (masked && k > q) px[o] = MASKED;
-        else if (weights) px[o] = VIR[Math.max(0, Math.min(255, Math.round((sqrt ? Math.sqrt(Math.max(0, v)) : v) * 255)))];
+        else if (weights) px[o] = VIR[Math.min(255, Math.round((sqrt ? Math.sqrt(v) : v) * 255))]; // v in [0, 1]
         else px[o] = DIV[Math.max(0, Math.min(510, Math.round((v / scale + 1) * 255)))];
       }
     }

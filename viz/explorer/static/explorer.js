@@ -97,10 +97,13 @@ function render(ms) {
   if (a) {
     Draw.heatmap($("map"), headOf(a.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens, side});
     Draw.heatmap($("scores"), headOf(a.scores, S.head, T), T, {kind: "scores", labels: S.tokens, side: 300});
-    const masked = Float32Array.from(headOf(a.scores, S.head, T), (v, j) => (j % T > Math.floor(j / T) ? -Infinity : v));
+    const future = j => j % T > Math.floor(j / T); // key after query
+    const masked = Float32Array.from(headOf(a.scores, S.head, T), (v, j) => (future(j) ? -Infinity : v));
     Draw.heatmap($("masked"), masked, T, {kind: "masked", labels: S.tokens, side: 300});
     Draw.heatmap($("softmax"), headOf(a.att, S.head, T), T, {kind: "weights", labels: S.tokens, side: 300});
-    for (const id of ["map", "scores", "masked", "softmax"]) Object.assign($(id).dataset, {layer: S.layer, head: S.head});
+    for (const id of ["map", "scores", "masked", "softmax"]) {
+      Object.assign($(id).dataset, {layer: S.layer, head: S.head});
+    }
     renderHeads(a, T, sqrt);
   } else {
     $("heads").textContent = S.snapshot ? "this layer was not loaded when the page was saved" : "loading…";
@@ -202,7 +205,10 @@ function sampleId() {
 
 async function append(id) {
   const block = Math.min(...S.info.models.map(m => m.block_size));
-  if (S.ids.length >= block) { showError(`the context is full (${block} tokens): shorten the text to go on`); return false; }
+  if (S.ids.length >= block) {
+    showError(`the context is full (${block} tokens): shorten the text to go on`);
+    return false;
+  }
   S.chosen = 0;
   await runTokens({ids: [...S.ids, id]});
   $("prompt").value = S.tokens.join("");
@@ -268,7 +274,8 @@ async function saveHTML() {
                   ([l, d]) => [l, b64(d.att), b64(d.scores)])}))};
   const [css, draw, js] = await Promise.all(["explorer.css", "draw.js", "explorer.js"].map(source));
   const safe = s => s.replace(/<\/(script|style)/gi, "<\\/$1");
-  const html = `<!doctype html>\n<html lang="en"><head><meta charset="utf-8"><title>attention explorer: saved view</title>
+  const html = `<!doctype html>\n<html lang="en"><head><meta charset="utf-8">
+<title>attention explorer: saved view</title>
 <link rel="icon" href="data:,"><style id="src-explorer-css">${safe(css)}</style></head><body>${TEMPLATE}
 <script>window.SNAPSHOT = ${safe(JSON.stringify(snap))};</script>
 <script id="src-draw-js">${safe(draw)}</script><script id="src-explorer-js">${safe(js)}</script></body></html>`;
@@ -278,8 +285,8 @@ async function saveHTML() {
 function loadSnapshot(snap) {
   Object.assign(S, {info: snap.info, ids: snap.ids, tokens: snap.tokens, layer: snap.layer, head: snap.head,
                     labels: new Map(snap.labels)});
-  S.models = snap.models.map(m => ({logits: unb64(m.logits),
-                                    layers: new Map(m.layers.map(([l, a, s]) => [l, {att: unb64(a), scores: unb64(s)}]))}));
+  const layers = m => new Map(m.layers.map(([l, a, s]) => [l, {att: unb64(a), scores: unb64(s)}]));
+  S.models = snap.models.map(m => ({logits: unb64(m.logits), layers: layers(m)}));
   $("prompt").value = snap.prompt;
   for (const id of ["prompt", "append", "sample", "step"]) $(id).disabled = true;
 }
@@ -299,15 +306,19 @@ async function start() {
   fillSelect($("head"), m0.n_head, "head");
   $("layer").value = S.layer;
   $("head").value = S.head;
-  $("models").textContent = S.info.models.map((m, i) => `${"AB"[i]}: ${m.name} (${m.n_layer} layers, ${m.n_head} ` +
-                                                           `heads, context ${m.block_size}, ${m.tokenizer})`).join(" · ");
+  $("models").textContent = S.info.models.map((m, i) => `${"AB"[i]}: ${m.name} (${m.n_layer} layers, ` +
+    `${m.n_head} heads, context ${m.block_size}, ${m.tokenizer})`).join(" · ");
   $("prompt").maxLength = 60000;
   let timer = null;
   $("prompt").addEventListener("input", () => {
     clearTimeout(timer);
     timer = setTimeout(() => runTokens({text: $("prompt").value}).catch(() => {}), 250);
   });
-  $("layer").onchange = async () => { S.layer = +$("layer").value; await ensureLayer().catch(e => showError(e.message)); render(); };
+  $("layer").onchange = async () => {
+    S.layer = +$("layer").value;
+    await ensureLayer().catch(e => showError(e.message));
+    render();
+  };
   $("head").onchange = () => { S.head = +$("head").value; render(); };
   $("sqrt").onchange = () => render();
   $("temperature").oninput = renderNext;
