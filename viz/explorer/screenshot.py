@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     views = explore.load_views([("run", args.run)] if args.run else [], torch.device("cpu"))
     server = make_server(views, "127.0.0.1", 0, args.prompt)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    driver = chromium_driver(1400, 1500)
+    driver = chromium_driver(1400, 1600)
     try:
         driver.get(f"http://127.0.0.1:{server.server_address[1]}/")
         wait_for_map(driver)
