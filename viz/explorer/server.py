@@ -24,6 +24,7 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/index.html": ("index.html", "text/html; charset=utf-8"),
           "/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
           "/draw.js": ("draw.js", "text/javascript; charset=utf-8"),
+          "/snapshot.js": ("snapshot.js", "text/javascript; charset=utf-8"),
           "/explorer.css": ("explorer.css", "text/css; charset=utf-8")}
 FIELDS = {"text", "ids", "layers", "temperature", "top_k", "model", "scores", "logits"}
 
