@@ -51,6 +51,9 @@ class CausalSelfAttention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
+        # hook point (no weights): the manual path's raw scores q·k/sqrt(hs), before the mask, pass through it, so a
+        # forward hook on it hands them back (explore.py's scores panel); a no-op otherwise
+        self.scores = nn.Identity()
 
     def forward(self, x, *, rope=None, cache=None, input_pos=None, mask=None, need_weights=False):
         """x (B, T, C) -> (y (B, T, C), weights (B, nh, T, Tk) if need_weights else None). rope: (cos, sin) of the
@@ -89,7 +92,7 @@ class CausalSelfAttention(nn.Module):
         Tq, Tk = q.size(-2), k.size(-2)
         if mask is None:  # plain causal self-attention: lower-triangular, key j visible iff j <= i
             mask = torch.ones(Tq, Tk, dtype=torch.bool, device=q.device).tril()
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))  # (B, nh, Tq, Tk)
+        att = self.scores((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1))))  # (B, nh, Tq, Tk)
         att = att.masked_fill(~mask, float("-inf"))  # future positions get zero weight after softmax
         att = F.softmax(att, dim=-1)
         y = self.attn_dropout(att) @ v  # (B, nh, Tq, Tk) @ (B, nh, Tk, hs) -> (B, nh, Tq, hs)

@@ -1,0 +1,117 @@
+"""See attention work: `python explore.py --run outputs/latest` serves an interactive attention explorer for your
+own checkpoint on http://127.0.0.1:8000/ (a second --run/--checkpoint compares two models; see --help and
+docs/explore.md). Arguments are checked before torch is imported; a user mistake is one `error: ...` line.
+"""
+from __future__ import annotations
+
+import argparse
+import errno
+import sys
+from pathlib import Path
+
+from checkpoint.locate import check_hf_dir  # no torch
+from common.cli import ArgumentParser, cli_main
+from common.text import in_keys
+from common.threads import configure_threads
+
+configure_threads()  # before torch is imported (run() imports it): see common/threads.py
+
+LOCAL = "127.0.0.1"
+
+
+class AddSource(argparse.Action):
+    """--run/--checkpoint/--init append (kind, path) to one list, in command-line order: model 0, then model 1."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        namespace.sources = [*(namespace.sources or []), (self.dest, value)]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = ArgumentParser(prog="explore.py", description="Serve an interactive attention explorer for a checkpoint "
+                       "(two to compare them). Without a model argument it uses the newest run under ./outputs "
+                       "or ./multirun.")
+    p.set_defaults(sources=[])
+    p.add_argument("--run", action=AddSource, metavar="DIR", help="training run directory (best.pt, else last.pt)")
+    p.add_argument("--checkpoint", action=AddSource, metavar="FILE", help="checkpoint file (.pt)")
+    p.add_argument("--init", action=AddSource, metavar="HF_DIR", help="local Hugging Face GPT-2 directory")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = a free one)")
+    p.add_argument("--host", default=LOCAL, help="address to listen on (default 127.0.0.1: this machine only)")
+    p.add_argument("--prompt", default="", metavar="TEXT", help="text the page starts with")
+    p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps or auto")
+    args = p.parse_args(argv)
+    if len(args.sources) > 2:
+        p.error(f"{len(args.sources)} models given: give one, or two to compare (--run A --run B)")
+    if not 0 <= args.port <= 65535:
+        p.error(f"--port {args.port} is outside 0..65535: use e.g. --port 8000, or --port 0 for a free one")
+    for kind, path in args.sources:
+        if kind == "checkpoint" and Path(path).is_dir():
+            raise IsADirectoryError(f"--checkpoint {path} is a directory: give a .pt file in it, or pass "
+                                    "a run directory with --run DIR")
+        if kind == "checkpoint" and not Path(path).exists():
+            raise FileNotFoundError(f"checkpoint {path} does not exist: check the path, or use --run DIR")
+        if kind == "init":
+            check_hf_dir(path, "--init")
+    return args
+
+
+def load_model(kind: str | None, path: str | None, device):
+    """(model in eval mode on `device`, tokenizer, name) of --run DIR, --checkpoint FILE or --init HF_DIR (None:
+    the newest run), read by the loaders sample.py uses; the one place the explorer loads models."""
+    from checkpoint.locate import check_vocab, load_for_inference, resolve_checkpoint
+    if kind == "init":
+        from data.hf_tokenizer import read_hf_tokenizer
+        from model import GPT
+        model, tokenizer, name = GPT.from_pretrained(path), read_hf_tokenizer(path), str(path)
+    else:
+        from data.tokenizer import tokenizer_from_dict
+        ckpt = resolve_checkpoint(path if kind == "run" else None, path if kind == "checkpoint" else None)
+        model, tok, _ = load_for_inference(ckpt)
+        tokenizer, name = tokenizer_from_dict(tok), str(ckpt)
+    check_vocab(tokenizer.vocab_size, model)
+    return model.float().to(device).eval(), tokenizer, name
+
+
+def load_views(sources: list[tuple[str, str]], device) -> list:
+    """A ModelView per source (the newest run when none); two models must share their tokenizer."""
+    from viz.explorer.model_view import ModelView
+    views = [ModelView(*load_model(kind, path, device)) for kind, path in (sources or [(None, None)])]
+    if len(views) == 2 and views[0].tokenizer.to_dict() != views[1].tokenizer.to_dict():
+        a, b = (v.tokenizer.describe() for v in views)
+        raise ValueError(f"the two models use different tokenizers ({a} vs {b}), so their tokens and maps do not "
+                         "line up: compare checkpoints trained with the same tokenizer")
+    return views
+
+
+def run(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from model.device import resolve_device
+    from viz.explorer.server import make_server
+    with in_keys({"device": "--device"}):
+        device = resolve_device(args.device)
+    views = load_views(args.sources, device)
+    if args.host != LOCAL:
+        print(f"warning: listening on {args.host}: anyone who can reach this address can use the explorer "
+              "(there is no login); leave out --host to listen on 127.0.0.1 only", file=sys.stderr)
+    try:
+        server = make_server(views, args.host, args.port, args.prompt)
+    except OSError as e:
+        if e.errno == errno.EADDRINUSE:
+            raise ValueError(f"port {args.port} is in use (another explorer?): pass another --port, or --port 0 "
+                             "for a free one") from None
+        raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}): check --host and "
+                         "--port") from None
+    host, port = server.server_address[:2]
+    print(f"explorer: http://{host}:{port}/  (Ctrl-C to stop)", flush=True)
+    try:
+        server.serve_forever()
+    finally:
+        server.server_close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return cli_main(run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

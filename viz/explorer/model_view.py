@@ -1,0 +1,121 @@
+"""What the explorer shows of one model: a text's tokens, the attention weights and raw scores of the layers asked,
+and the last position's logits, all from one run of the model's own forward (no re-implementation of it).
+
+The weights come from the attention modules' manual path, asked for with `need_weights` by a forward pre-hook on the
+layers wanted (the others keep their fused kernel), and the raw scores from the `scores` hook point of that path; so
+every model setting the model code supports is shown as it computes. The last tokens' results are kept, so asking
+for another layer of the same tokens runs only that layer's hooks, and sliders never run the model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+TOP_N = 20  # bars in the next-token panel
+
+
+@dataclass
+class Result:
+    ids: list[int]
+    logits: torch.Tensor  # (vocab,) float32 on CPU: the last position's, padded vocabulary rows dropped
+    weights: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (n_head, T, T) softmax weights
+    scores: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (n_head, T, T) q·k/sqrt(hs), unmasked
+
+
+def attention_modules(model) -> list:
+    """The model's attention modules in layer order: the one place that knows where they sit."""
+    return [block.attn for block in model.transformer.h]
+
+
+@torch.no_grad()
+def forward_with_attention(model, ids: list[int], layers: list[int]) -> Result:
+    """One forward of `model` on `ids`; for each of `layers`, the weights and raw scores its attention computed."""
+    weights, scores, handles = {}, {}, []
+    modules = attention_modules(model)
+
+    def ask_weights(module, args, kwargs):
+        return args, {**kwargs, "need_weights": True}
+
+    for layer in layers:
+        attn = modules[layer]
+        handles.append(attn.register_forward_pre_hook(ask_weights, with_kwargs=True))
+        handles.append(attn.register_forward_hook(lambda m, a, out, l=layer: weights.__setitem__(l, out[1][0])))
+        handles.append(attn.scores.register_forward_hook(lambda m, a, out, l=layer: scores.__setitem__(l, out[0])))
+    device = next(model.parameters()).device
+    try:
+        logits, _ = model(torch.tensor([ids], device=device), last_only=True)
+    finally:
+        for h in handles:
+            h.remove()
+    assert set(weights) == set(scores) == set(layers), "every layer asked must run the manual attention path"
+    cpu = {l: w.float().cpu() for l, w in weights.items()}, {l: s.float().cpu() for l, s in scores.items()}
+    return Result(list(ids), logits[0, -1].float().cpu(), *cpu)
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    """A token's text; a piece of a multi-byte character shows its bytes (\\xe4) rather than a replacement mark."""
+    return tokenizer.decode_bytes([token_id]).decode("utf-8", errors="backslashreplace")
+
+
+def next_tokens(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
+                n: int = TOP_N) -> list[tuple[int, float]]:
+    """The n likeliest next tokens as (id, probability) under temperature (0 = greedy) and top-k, as sampled."""
+    from model.generate import logits_to_probs
+    probs = logits_to_probs(logits, temperature, top_k)
+    top = torch.topk(probs, min(n, probs.numel()))
+    return [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
+
+
+class ModelView:
+    """One loaded model and its tokenizer, with its last result kept (one request at a time: the server locks)."""
+
+    def __init__(self, model, tokenizer, name: str):
+        self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
+        self.config = model.config
+        self.n_layer, self.n_head = len(attention_modules(model)), self.config.n_head
+        self.last: Result | None = None
+        self.runs = 0  # forwards run, for tests: tokens unchanged and layers kept cost none
+
+    def describe(self) -> dict:
+        c = self.config
+        return {"name": self.name, "n_layer": self.n_layer, "n_head": self.n_head, "n_embd": c.n_embd,
+                "block_size": c.block_size, "vocab_size": self.tokenizer.vocab_size,
+                "tokenizer": self.tokenizer.describe()}
+
+    def encode(self, text: str) -> list[int]:
+        """The text's ids; ValueError (one line) when it is empty, has unknown characters or exceeds the context."""
+        if text == "":
+            raise ValueError("the text is empty: type a prompt")
+        try:
+            ids = self.tokenizer.encode(text)
+        except ValueError as e:  # a char model: characters outside its vocabulary (the message names them)
+            raise ValueError(f"cannot encode the text: {e}") from None
+        self.check_ids(ids)
+        return ids
+
+    def check_ids(self, ids: list[int]) -> None:
+        if not ids:
+            raise ValueError("the text is empty: type a prompt")
+        if len(ids) > self.config.block_size:
+            raise ValueError(f"the text is {len(ids)} tokens, longer than the model's context of "
+                             f"{self.config.block_size}: shorten it")
+        bad = [i for i in ids if not 0 <= i < self.tokenizer.vocab_size]
+        if bad:
+            raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.tokenizer.vocab_size - 1}): "
+                             "send ids this model's tokenizer made")
+
+    def run(self, ids: list[int], layers: list[int]) -> Result:
+        """The result for `ids` with at least `layers`; the model runs only for tokens or layers not kept."""
+        if self.last is None or self.last.ids != ids:
+            self.last = None
+        missing = [l for l in dict.fromkeys(layers) if self.last is None or l not in self.last.weights]
+        if self.last is None or missing:
+            self.runs += 1
+            new = forward_with_attention(self.model, ids, missing)
+            new.logits = new.logits[: self.tokenizer.vocab_size]  # padded vocabulary rows: never a token
+            if self.last is not None:  # same tokens: keep the layers already there
+                new.weights.update(self.last.weights)
+                new.scores.update(self.last.scores)
+            self.last = new
+        return self.last
