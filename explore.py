@@ -9,7 +9,7 @@ import errno
 import sys
 from pathlib import Path
 
-from checkpoint.locate import check_hf_dir  # no torch
+from checkpoint.file import check_hf_dir  # no torch
 from common.cli import ArgumentParser, cli_main
 from common.text import in_keys
 from common.threads import configure_threads
@@ -57,11 +57,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_model(kind: str | None, path: str | None, device):
     """(model in eval mode on `device`, tokenizer, name) of --run DIR, --checkpoint FILE or --init HF_DIR (None:
     the newest run), read by the loaders sample.py uses; the one place the explorer loads models."""
-    from checkpoint.locate import check_vocab, load_for_inference, resolve_checkpoint
+    from checkpoint.file import check_vocab, load_for_inference, resolve_checkpoint
     if kind == "init":
         from data.hf_tokenizer import read_hf_tokenizer
-        from model import GPT
-        model, tokenizer, name = GPT.from_pretrained(path), read_hf_tokenizer(path), str(path)
+        from model.hf import from_pretrained
+        model, tokenizer, name = from_pretrained(path), read_hf_tokenizer(path), str(path)
     else:
         from data.tokenizer import tokenizer_from_dict
         ckpt = resolve_checkpoint(path if kind == "run" else None, path if kind == "checkpoint" else None)
