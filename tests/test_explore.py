@@ -20,8 +20,11 @@ import numpy as np
 import pytest
 import torch
 
+from model import GPT
+
 import explore
 from tests.helpers import run_cli
+from tests.helpers import model_variants
 from tests.test_checkpoint_locate import save_run, tiny_model
 from viz.explorer.server import MAX_BODY, make_server
 
@@ -304,3 +307,23 @@ def test_cli_serves_and_ctrl_c_ends_quietly(tmp_path, char_tok):
         out, err = proc.communicate(timeout=30)
     assert proc.returncode == 130 and "Traceback" not in err and out.strip() == "", (out, err)
     assert run_cli(["explore.py", "--port", "1"], cwd=tmp_path).stderr.startswith("error: no trained model found")
+
+
+@pytest.mark.parametrize("name,config", model_variants(), ids=[n for n, _ in model_variants()])
+def test_every_model_setting_is_shown_as_the_model_computes_it(name, config):
+    """rope, GQA/MQA, qk-norm, head_dim, rmsnorm, swiglu/relu2, softcap, bias, tying: the explorer's weights are the
+    model's own (attention_maps), causal, and the softmax of its masked raw scores; its logits are the forward's."""
+    from viz.explorer.model_view import forward_with_attention
+    torch.manual_seed(0)
+    model = GPT(config).eval()
+    ids = torch.randint(0, config.vocab_size, (config.block_size,)).tolist()
+    res = forward_with_attention(model, ids, list(range(config.n_layer)))
+    maps = model.attention_maps(torch.tensor([ids]))[:, 0]  # (L, nh, T, T)
+    T, causal = len(ids), torch.ones(len(ids), len(ids), dtype=torch.bool).tril()
+    for layer in range(config.n_layer):
+        w, s = res.weights[layer], res.scores[layer]
+        assert w.shape == (config.n_head, T, T) and torch.allclose(w, maps[layer], atol=1e-6)
+        assert (w[:, ~causal] == 0).all()
+        assert torch.allclose(torch.softmax(s.masked_fill(~causal, float("-inf")), -1), w, atol=1e-6)
+    with torch.no_grad():
+        assert torch.allclose(res.logits, model(torch.tensor([ids]))[0][0, -1].float(), atol=1e-5)
