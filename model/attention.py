@@ -72,17 +72,18 @@ class CausalSelfAttention(nn.Module):
         if cache is not None:
             assert mask is not None and input_pos is not None, "a cached forward needs input_pos and mask"
             k, v = cache.update(self.layer_idx, input_pos, k, v)  # (B, n_kv, max_len, hs): rotated keys cached
-        if self.n_kv_head != self.n_head:  # GQA: query head h reads key/value head h // (n_head / n_kv_head)
-            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
-            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        grouped = self.n_kv_head != self.n_head  # GQA: query head h reads key/value head h // (n_head / n_kv_head)
 
         weights = None
         if need_weights or self.attention == "manual":
+            if grouped:  # each key/value head repeated for the n_head / n_kv_head query heads it serves
+                k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)  # (B, nh, Tk, hs)
+                v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
             y, weights = self.manual_attention(q, k, v, mask)
-        else:
+        else:  # enable_gqa: the same head mapping inside the kernel, without materialising the repeats
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, dropout_p=self.dropout if self.training else 0.0,
-                is_causal=mask is None)  # (B, nh, T, hs); cached queries do not start at 0: explicit mask
+                is_causal=mask is None, enable_gqa=grouped)  # (B, nh, T, hs); cached queries: explicit mask
         y = y.transpose(1, 2).contiguous().view(B, T, q_dim)  # re-assemble heads side by side: (B, T, nh * hs)
         y = self.resid_dropout(self.c_proj(y))
         return y, (weights if need_weights else None)

@@ -49,7 +49,9 @@ def test_cpu_experiment_is_nanogpts_readme_cpu_run():
     c = to_dataclass(_compose("experiment=cpu"))
     m, t, o = c.model, c.train, c.optim
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (4, 4, 128, 64, 0.0)
-    assert (t.batch_size, t.max_iters, t.eval_interval, t.eval_iters) == (24, 350, 350, 50)  # fewer, better steps
+    assert (m.position, m.norm, m.mlp, m.qk_norm, m.n_kv_head, m.tie_weights) == ("rope", "rmsnorm", "swiglu", True,
+                                                                                  2, False)  # model=modern
+    assert (t.batch_size, t.max_iters, t.eval_interval, t.eval_iters) == (24, 250, 250, 50)  # fewer, better steps
     assert (o.name, o.schedule, o.lr, o.muon_lr, o.warmup_iters) == ("muon", "linear", 4e-3, 0.03, 15)
     assert to_dataclass(_compose("experiment=shakespeare_char")).model.n_layer == 6
 
@@ -211,13 +213,13 @@ def test_every_model_preset_names_every_model_key(preset):
     assert gpt_config(m, 65).position == "rope" and gpt_config(m, 65).kv_heads == 2
 
 
-def test_cpu_modern_experiment_is_the_cpu_run_with_the_modern_decoder():
-    cpu, modern = (to_dataclass(_compose(f"experiment={e}")) for e in ("cpu", "cpu_modern"))
-    m = modern.model
-    assert (m.position, m.norm, m.mlp, m.qk_norm, m.tie_weights, m.bias) == ("rope", "rmsnorm", "swiglu", True,
-                                                                            False, False)
-    assert m.n_kv_head < m.n_head and (m.n_layer, m.n_embd, m.block_size) == (4, 128, 64)
-    assert (modern.train, modern.optim, modern.data) == (cpu.train, cpu.optim, cpu.data)
+def test_cpu_gpt2_experiment_is_the_cpu_run_with_gpt2s_decoder_at_the_same_size():
+    cpu, gpt2 = (to_dataclass(_compose(f"experiment={e}")) for e in ("cpu", "cpu_gpt2"))
+    m = gpt2.model
+    assert (m.position, m.norm, m.mlp, m.qk_norm, m.n_kv_head, m.tie_weights) == ("learned", "layernorm", "gelu",
+                                                                                  False, None, True)
+    assert (gpt2.train.max_iters, gpt2.train.eval_interval) == (350, 350)
+    assert (gpt2.optim, gpt2.data, gpt2.train.batch_size) == (cpu.optim, cpu.data, cpu.train.batch_size)
     from model import GPT
-    sizes = [GPT(gpt_config(c.model, 65)).num_params(non_embedding=False) for c in (cpu, modern)]
+    sizes = [GPT(gpt_config(c.model, 65)).num_params(non_embedding=False) for c in (cpu, gpt2)]
     assert abs(sizes[1] / sizes[0] - 1) < 0.01, sizes  # the same parameter count
