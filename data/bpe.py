@@ -16,9 +16,10 @@ from typing import Callable, Iterable, Iterator
 
 from common.files import write_text_atomic
 from common.cli import ArgumentParser, cli_main
-from common.text import in_keys
+from common.text import in_keys, setting_error
 from data import corpus, sources
 from data.config import DataConfig
+from data.hf_tokenizer import read_tokenizer_json
 from data.tokenizer import BPE_EOT, BPETokenizer, import_tokenizers
 
 FORMAT_VERSION = 1  # part of the cache key: a change to how tokenizers are trained gets new files
@@ -99,10 +100,22 @@ def cached_or_trained(texts: Callable[[], Iterable[str]], vocab_size: int,
 
 def tokenizer_for(src: corpus.Corpus, cfg: DataConfig, train_chars: int,
                   note: Callable[[str], None]) -> BPETokenizer:
-    """`cfg`'s BPE for the corpus `src` whose train split is its first `train_chars` characters."""
+    """`cfg`'s BPE for the corpus `src` whose train split is its first `train_chars` characters (or the one in
+    `cfg.tokenizer_file`)."""
+    if cfg.tokenizer_file is not None:
+        return from_file(cfg)
     max_bytes = int(float(cfg.tokenizer_sample_mb) * 1e6)
     return cached_or_trained(lambda: sample(src, cfg.encoding_errors, train_chars, max_bytes), int(cfg.vocab_size),
                              note)
+
+
+def from_file(cfg: DataConfig) -> BPETokenizer:
+    """The tokenizer.json `cfg.tokenizer_file` names (an imported model's), of `cfg.vocab_size` tokens if given."""
+    tok = read_tokenizer_json(Path(cfg.tokenizer_file).expanduser())
+    if cfg.vocab_size is not None and cfg.vocab_size != tok.vocab_size:
+        raise setting_error("{vocab_size=}{0} differs from the {1:,} tokens of {tokenizer_file=}{2}: leave "
+                            "{vocab_size} out (the file sets it)", cfg.vocab_size, tok.vocab_size, cfg.tokenizer_file)
+    return tok
 
 
 # ---------------------------------------------------------------------------------------------------- CLI

@@ -10,6 +10,7 @@ import argparse
 import hashlib
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 from tqdm import tqdm
@@ -54,7 +55,9 @@ def _prepare(cfg: DataConfig, tok_kind: str, src: corpus.Corpus, progress: bool,
     more = {"text_key": cfg.text_key} if src.keyed else {}
     if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
         more["separator"] = GPT2_EOT
-    if tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
+    if tok_kind == "bpe" and cfg.tokenizer_file is not None:  # a given tokenizer.json: its text is the key
+        more["tokenizer_json"] = hashlib.sha256(Path(cfg.tokenizer_file).expanduser().read_bytes()).hexdigest()
+    elif tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
         more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
     key = cache_key(src_hash, tok_kind, vf, errors, **more)
     final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"

@@ -156,7 +156,7 @@ def test_every_bad_source_is_one_line(tmp_path, tiny_corpus, tiny_hf, cache_with
     cases = [
         (["model.init_from=nowhere"], [], ["model.init_from=nowhere does not exist",
                                            "hf download nowhere --local-dir nowhere"]),
-        ([f"model.init_from={tmp_path / 'bert'}"], [], ["is not a GPT-2 directory tinygpt can load",
+        ([f"model.init_from={tmp_path / 'bert'}"], [], ["is not a Hugging Face directory tinygpt can load",
                                                         "model_type='bert' is not supported"]),
         ([f"model.init_from={tmp_path / 'empty'}"], [], ["is neither a Hugging Face GPT-2 directory (no config.json)",
                                                          "nor a tinygpt run directory (no best.pt or last.pt)"]),
