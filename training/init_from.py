@@ -55,7 +55,8 @@ def open_source(spec: str) -> Source:
         try:
             config = hf.read_config(path)
         except (ValueError, OSError) as e:
-            raise ValueError(f"{key} is not a Hugging Face directory tinygpt can load: {str(e).splitlines()[0]}") from None
+            raise ValueError(f"{key} is not a Hugging Face directory tinygpt can load: "
+                             f"{str(e).splitlines()[0]}") from None
         if not any((path / name).is_file() for name in hf.WEIGHT_FILES):
             raise ValueError(f"{key} has a config.json but no weights (model.safetensors or pytorch_model.bin): "
                              f"download the whole model directory")
