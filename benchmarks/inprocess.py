@@ -67,7 +67,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
     torch.manual_seed(0)
     model = GPT(cfg).to(device).train()
     row["params"] = model.num_params()
-    fpt = flops_per_token(row["params"], cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.block_size)
+    fpt = flops_per_token(row["params"], cfg.n_layer, cfg.n_head, cfg.head_size, cfg.block_size)
     opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), device_type=device.type, name=optim)
     loader = BatchLoader(*paths, cfg.block_size, batch, seed=0, device=device)
     model_c = torch.compile(model) if compile_model else model
