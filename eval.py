@@ -29,8 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     what.add_argument("--hellaswag", metavar="JSONL", help="HellaSwag file in the official format (ctx, endings, "
                       "label): prints acc, acc_norm and acc_norm_chars (docs/export_eval.md)")
     src = add_checkpoint_options(p, required=True)
-    src.add_argument("--hf", metavar="DIR", help="local Hugging Face GPT-2 directory (GPT-2 BPE, or the "
-                     "vocab.json / tokenizer.json of a char / own-BPE model exported by export.py)")
+    src.add_argument("--hf", metavar="DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory (GPT-2 BPE, "
+                     "its tokenizer.json, or the vocab.json of a char model exported by export.py)")
     p.add_argument("--stride", type=int, metavar="N", help="tokens between window starts on texts longer than "
                    "the context (default: half the context; smaller = more context per token, slower)")
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")

@@ -23,10 +23,11 @@ EXPORT_FILES = frozenset({"config.json", "model.safetensors", "vocab.json", "mer
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = ArgumentParser(
-        prog="export.py", description="Export a tinygpt checkpoint as a Hugging Face GPT-2 directory "
-                        "(config.json, model.safetensors and the tokenizer files), loadable with "
-                        "transformers.GPT2LMHeadModel.from_pretrained(OUT_DIR); or an FSDP run's sharded "
-                        "checkpoint as one complete .pt file, which resumes and samples like any last.pt.")
+        prog="export.py", description="Export a tinygpt checkpoint as a Hugging Face GPT-2, Llama (rope, rmsnorm, "
+                        "swiglu) or Qwen3 (and qk_norm) directory (config.json, model.safetensors and the tokenizer "
+                        "files), loadable with transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR); or an "
+                        "FSDP run's sharded checkpoint as one complete .pt file, which resumes and samples like any "
+                        "last.pt.")
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--hf", metavar="OUT_DIR", help="directory to write (created)")
     kind.add_argument("--pt", metavar="SRC", help="a run directory (uses its last_dcp/) or a sharded checkpoint "
@@ -94,6 +95,8 @@ def run(argv: list[str] | None = None) -> int:
     from data.tokenizer import tokenizer_from_dict
     tokenizer = tokenizer_from_dict(tokenizer_dict)
     check_vocab(tokenizer.vocab_size, model)
+    from model.hf_llama import ARCHITECTURES, export_kind
+    kind = export_kind(model.config)  # a setting no Hugging Face class has: one line, before anything is written
 
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
@@ -112,7 +115,9 @@ def run(argv: list[str] | None = None) -> int:
           + (f"; {padded} padded vocabulary rows dropped" if padded else "") + ")")
     tok = ("AutoTokenizer.from_pretrained(d)" if tokenizer.in_transformers
            else "the characters' ids in vocab.json (docs/export_eval.md)")
-    print(f"load it with transformers: GPT2LMHeadModel.from_pretrained(d) and {tok}, d = {str(out)!r}")
+    load = "GPT2LMHeadModel.from_pretrained(d)" if kind == "gpt2" else \
+        f"AutoModelForCausalLM.from_pretrained(d) (a {ARCHITECTURES[kind]})"
+    print(f"load it with transformers: {load} and {tok}, d = {str(out)!r}")
     return 0
 
 

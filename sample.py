@@ -29,8 +29,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF GPT-2). Without "
                         "--run/--checkpoint/--init it uses the newest run under ./outputs or ./multirun.")
     src = add_checkpoint_options(p)
-    src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2 directory (config.json + weights; "
-                     "GPT-2 BPE, or a char model exported by export.py)")
+    src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory "
+                     "(config.json + weights; GPT-2 BPE, its tokenizer.json, or a char model exported by export.py)")
     pr = p.add_mutually_exclusive_group()
     pr.add_argument("--prompt", metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t understood)')
     pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file (- = stdin)")

@@ -17,9 +17,10 @@ from typing import Callable, Iterable, Iterator
 
 from common.files import write_text_atomic
 from common.cli import ArgumentParser, cli_main
-from common.text import in_keys
+from common.text import in_keys, setting_error
 from data import corpus, sources
 from data.config import DataConfig
+from data.hf_tokenizer import read_tokenizer_json
 from data.tokenizer import BPE_EOT, BPETokenizer, import_tokenizers
 
 FORMAT_VERSION = 1  # part of the cache key: a change to how tokenizers are trained gets new files
@@ -81,7 +82,9 @@ def tokenizer_for(pieces: list[str], cfg: DataConfig, train_chars: int,
                   note: Callable[[str], None]) -> BPETokenizer:
     """`cfg`'s BPE for a corpus whose train split is its first `train_chars` characters and which starts with
     `pieces` (at least its first `tokenizer_sample_mb` MB: `corpus.scan` collects them); the cached one when this
-    sample and size were trained before."""
+    sample and size were trained before (or the one in `cfg.tokenizer_file`)."""
+    if cfg.tokenizer_file is not None:
+        return from_file(cfg)
     vocab_size = int(cfg.vocab_size)
     texts = list(sample(pieces, train_chars, int(float(cfg.tokenizer_sample_mb) * 1e6)))
     path, n_bytes = cache_path(texts, vocab_size)
@@ -101,6 +104,15 @@ def tokenizer_for(pieces: list[str], cfg: DataConfig, train_chars: int,
         note(f"note: could not cache the tokenizer at {path} ({e}); it will be trained again next time")
     short = f" (the text has too few repeated pairs for {vocab_size:,})" if tok.vocab_size < vocab_size else ""
     note(f"trained a {tok.vocab_size:,}-token BPE{short} in {seconds:.1f} s: {path}")
+    return tok
+
+
+def from_file(cfg: DataConfig) -> BPETokenizer:
+    """The tokenizer.json `cfg.tokenizer_file` names (an imported model's), of `cfg.vocab_size` tokens if given."""
+    tok = read_tokenizer_json(Path(cfg.tokenizer_file).expanduser())
+    if cfg.vocab_size is not None and cfg.vocab_size != tok.vocab_size:
+        raise setting_error("{vocab_size=}{0} differs from the {1:,} tokens of {tokenizer_file=}{2}: leave "
+                            "{vocab_size} out (the file sets it)", cfg.vocab_size, tok.vocab_size, cfg.tokenizer_file)
     return tok
 
 

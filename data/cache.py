@@ -132,7 +132,8 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
         if saved.get("key") == key:  # continuing a killed run: its count and tokenizer stand (same content)
             n_chars, tok, chars = saved["chars"], gpt2 or tokenizer_from_dict(saved["tokenizer"]), None
         else:
-            tok, sample_bytes = gpt2, int(float(cfg.tokenizer_sample_mb) * 1e6) if tok_kind == "bpe" else 0
+            own_bpe = tok_kind == "bpe" and cfg.tokenizer_file is None  # trained here: the scan collects its sample
+            tok, sample_bytes = gpt2, int(float(cfg.tokenizer_sample_mb) * 1e6) if own_bpe else 0
             n_chars, chars, sample = corpus.scan(src, errors, tok_kind == "char", sample_bytes)
         if n_chars == 0:
             raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file "

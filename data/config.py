@@ -7,6 +7,7 @@ later calls (`data.prepare.prepare` makes one) return the remembered answer whil
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from common.text import setting_error
@@ -27,6 +28,7 @@ class DataConfig:
     text_key: str = "text"  # the field (jsonl) or column (parquet, arrow) holding the text
     vocab_size: Optional[int] = None  # tokenizer=bpe: the size of the BPE vocabulary it trains
     tokenizer_sample_mb: float = 100.0  # tokenizer=bpe: trained on the first this many MB of the train split
+    tokenizer_file: Optional[str] = None  # tokenizer=bpe: encode with this tokenizer.json (e.g. an imported model's)
 
     def paths(self) -> list[str]:
         """`path` as a list (empty when unset): one path, or a list of them (Hydra's ListConfig too)."""
@@ -88,7 +90,12 @@ class DataConfig:
             if n is not None:
                 raise setting_error("{vocab_size=}{0} applies only to {tokenizer=}bpe (the {1} vocabulary is fixed): "
                                     "leave {vocab_size} out, or add {tokenizer=}bpe", n, self.tokenizer)
+            if self.tokenizer_file is not None:
+                raise setting_error("{tokenizer_file=}{0} applies only to {tokenizer=}bpe: add {tokenizer=}bpe, or "
+                                    "leave {tokenizer_file} out", self.tokenizer_file)
             return
+        if self.tokenizer_file is not None and not self._check_tokenizer_file():
+            return  # its size is the file's
         if n is None:
             raise setting_error("{tokenizer=}bpe needs the size of its vocabulary: add {vocab_size=}4096 (from {0:,} "
                                 "to {1:,} tokens)", lo, hi)
@@ -106,3 +113,11 @@ class DataConfig:
                                 "{tokenizer_sample_mb=}100 trains the BPE on the first 100 MB of text", mb)
         from data.tokenizer import import_tokenizers
         import_tokenizers()  # a missing optional package is one line now, not after the data is read
+
+    def _check_tokenizer_file(self) -> bool:
+        """tokenizer_file names a file; True when vocab_size is given too (then checked against the file's)."""
+        f = self.tokenizer_file
+        if not isinstance(f, str) or not Path(f).expanduser().is_file():
+            raise setting_error("{tokenizer_file=}{0!r} is not a file: give the path of a tokenizer.json (or leave "
+                                "{tokenizer_file} out to train your own BPE)", f)
+        return self.vocab_size is not None

@@ -88,10 +88,30 @@ def write_tokenizer_files(tokenizer: Tokenizer, out_dir: str | Path, model_max_l
     return write_hf_tokenizer(out_dir, model_max_length)
 
 
+def _model_type(d: Path):
+    """config.json's model_type (None when unreadable: reading the model reports that)."""
+    try:
+        return json.loads((d / "config.json").read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def read_tokenizer_json(path: Path) -> BPETokenizer:
+    """A model's tokenizer.json as tinygpt's BPETokenizer (byte-level BPE with <|endoftext|>: SmolLM2's, Qwen3's)."""
+    try:
+        return BPETokenizer(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError(f"{path} is not a byte-level BPE with {BPE_EOT} (as SmolLM2's and Qwen3's are): tinygpt "
+                         f"cannot encode with it; use a model whose tokenizer is one") from None
+
+
 def read_hf_tokenizer(hf_dir: str | Path) -> Tokenizer:
-    """The tokenizer of a local HF GPT-2 directory, for sample.py --init and eval.py --hf alike: export.py's own-BPE
-    tokenizer.json or char vocab.json (either without merges.txt), else GPT-2 BPE."""
+    """The tokenizer of a local HF directory, for sample.py --init and eval.py --hf alike: a Llama/Qwen3 model's
+    tokenizer.json; export.py's own-BPE tokenizer.json or char vocab.json (either without merges.txt), else GPT-2
+    BPE."""
     d = Path(hf_dir).expanduser()
+    if (d / "tokenizer.json").is_file() and _model_type(d) not in (None, "gpt2"):
+        return read_tokenizer_json(d / "tokenizer.json")
     if (d / "tokenizer.json").is_file() and not (d / "merges.txt").is_file():
         return BPETokenizer((d / "tokenizer.json").read_text(encoding="utf-8"))
     if not (d / "vocab.json").is_file() or (d / "merges.txt").is_file():

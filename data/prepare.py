@@ -48,7 +48,11 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     more = {"text_key": cfg.text_key} if src.keyed else {}
     if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
         more["separator"] = sources.GPT2_EOT
-    if tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
+    if tok_kind == "bpe" and cfg.tokenizer_file is not None:  # a given tokenizer.json: its text is the key
+        more["tokenizer_json"] = hashlib.sha256(Path(cfg.tokenizer_file).expanduser().read_bytes()).hexdigest()
+        if cfg.vocab_size is not None:  # in the key, so a wrong one is always checked (bpe.from_file)
+            more["vocab_size"] = int(cfg.vocab_size)
+    elif tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
         more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
     key = cache_key(src_hash, tok_kind, float(cfg.val_fraction), cfg.encoding_errors, **more)
     final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"

@@ -167,8 +167,10 @@ class BPETokenizer(Tokenizer):
         vocab = self.hf.get_vocab(with_added_tokens=True)  # token text -> id
         self.vocab_size, self.eot_id = len(vocab), vocab.get(BPE_EOT)
         byte_of = {c: b for b, c in bytes_to_unicode().items()}
+        added = self.hf.get_added_tokens_decoder()  # <|endoftext|>, an imported model's <|im_start|>, ...: their text
         try:
-            by_id = {i: s.encode() if i == self.eot_id else bytes(byte_of[c] for c in s) for s, i in vocab.items()}
+            by_id = {i: s.encode() if i == self.eot_id or i in added else bytes(byte_of[c] for c in s)
+                     for s, i in vocab.items()}
         except KeyError:
             by_id = {}
         if self.eot_id is None or sorted(by_id) != list(range(self.vocab_size)):

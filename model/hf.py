@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from model import hf_llama
 from model.config import GPTConfig
 from model.gpt import GPT, model_with_weights
 
@@ -19,10 +20,13 @@ WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",  # in order
 
 
 def config_from_hf(hf: dict) -> GPTConfig:
-    """Map a Hugging Face GPT-2 config.json dict onto GPTConfig (dropout 0: loaded models are for inference)."""
+    """Map a Hugging Face GPT-2 config.json dict onto GPTConfig (dropout 0: loaded models are for inference);
+    Llama and Qwen3 configs go to model.hf_llama."""
+    if hf.get("model_type") in hf_llama.ARCHITECTURES:
+        return hf_llama.config_from_hf(hf)
     if hf.get("model_type", "gpt2") != "gpt2":
         raise ValueError(f"model_type={hf.get('model_type')!r} is not supported: "
-                         "only GPT-2 checkpoints (model_type gpt2) load")
+                         "only GPT-2, Llama and Qwen3 checkpoints (model_type gpt2, llama, qwen3) load")
     act = hf.get("activation_function", "gelu_new")
     if act not in _TANH_GELU:
         raise ValueError(f"activation_function={act!r} is not supported: tinygpt's MLP computes tanh GELU (gelu_new)")
@@ -30,14 +34,11 @@ def config_from_hf(hf: dict) -> GPTConfig:
     for key, ours in unsupported.items():
         if hf.get(key, ours) != ours:
             raise ValueError(f"{key}={hf[key]} is not supported: tinygpt's attention assumes {key}={ours}")
-    if hf.get("n_inner") not in (None, 4 * hf.get("n_embd", 0)):
-        raise ValueError(f"n_inner={hf['n_inner']} is not supported: tinygpt's MLP width is 4 * n_embd")
-    if abs(hf.get("layer_norm_epsilon", 1e-5) - 1e-5) > 1e-12:
-        raise ValueError(f"layer_norm_epsilon={hf['layer_norm_epsilon']} is not supported: tinygpt uses 1e-5")
     try:
         return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", hf.get("n_ctx")),
                          n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0,
-                         bias=True, tie_weights=hf.get("tie_word_embeddings", True), attention="sdpa")
+                         bias=True, tie_weights=hf.get("tie_word_embeddings", True), attention="sdpa",
+                         norm_eps=hf.get("layer_norm_epsilon", 1e-5), mlp_hidden=hf.get("n_inner"))
     except KeyError as e:
         raise ValueError(f"config.json lacks {e.args[0]!r}: is this a GPT-2 checkpoint directory?") from None
 
@@ -71,6 +72,8 @@ def load_hf_state_dict(path: Path) -> dict:
 
 def convert_hf_state_dict(sd: dict, config: GPTConfig) -> dict:
     """HF GPT-2 tensor names/layouts -> ours (float32; Conv1D weights transposed to nn.Linear layout)."""
+    if config.position == "rope":  # only Llama/Qwen3 configs have rotary positions
+        return hf_llama.convert_state_dict(sd, config)
     out = {}
     for key, t in sd.items():
         key = key.removeprefix("transformer.")
@@ -117,8 +120,8 @@ def hf_config(config: GPTConfig, vocab_size: int) -> dict:
     eot = vocab_size - 1 if vocab_size == 50257 else None  # GPT-2 BPE: <|endoftext|> begins and ends texts
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": vocab_size,
             "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
-            "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": None,
-            "activation_function": "gelu_new", "layer_norm_epsilon": 1e-5, "initializer_range": 0.02,
+            "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": config.mlp_hidden,
+            "activation_function": "gelu_new", "layer_norm_epsilon": config.norm_eps, "initializer_range": 0.02,
             "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
             "tie_word_embeddings": config.tie_weights, "bos_token_id": eot, "eos_token_id": eot,
             "torch_dtype": "float32"}
@@ -143,10 +146,13 @@ def to_hf_state_dict(model, vocab_size: int) -> dict:
 
 
 def write_pretrained(model, vocab_size: int, out_dir) -> list[Path]:
-    """config.json + model.safetensors in `out_dir` (created): what GPT2LMHeadModel.from_pretrained reads."""
+    """config.json + model.safetensors in `out_dir` (created): what GPT2LMHeadModel.from_pretrained reads (or
+    LlamaForCausalLM's / Qwen3ForCausalLM's, for rotary models; settings none of them has: ValueError)."""
     from safetensors.torch import save_file
     out_dir = Path(out_dir)
+    gpt2 = hf_llama.export_kind(model.config) == "gpt2"
+    config, sd = ((hf_config, to_hf_state_dict) if gpt2 else (hf_llama.hf_config, hf_llama.to_hf_state_dict))
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "config.json").write_text(json.dumps(hf_config(model.config, vocab_size), indent=2) + "\n")
-    save_file(to_hf_state_dict(model, vocab_size), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config(model.config, vocab_size), indent=2) + "\n")
+    save_file(sd(model, vocab_size), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return [out_dir / "config.json", out_dir / "model.safetensors"]

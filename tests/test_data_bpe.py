@@ -127,3 +127,18 @@ def test_train_sample_eval_export_and_finetune(tmp_path, tiny_corpus, capsys):
     with pytest.raises(ValueError, match="the BPE tokenizer trained on this data differs from the one"):
         train(cfg(last, f"data.path={other}", "train.max_iters=1"), tmp_path / "ft1")
     assert train(cfg(last, "train.max_iters=1"), tmp_path / "ft2").status == "completed"  # the same text: fine
+
+
+def test_a_given_tokenizer_file_encodes_the_data(tmp_path, tiny_corpus):
+    """data.tokenizer_file (an imported model's tokenizer.json): used as it is, never trained; keyed by its text."""
+    tok = bpe.train([tiny_corpus.read_text()], 300)
+    (tmp_path / "tokenizer.json").write_text(tok.json)
+    p = prepare(bpe_cfg(tiny_corpus, vocab_size=None, tokenizer_file=str(tmp_path / "tokenizer.json")), progress=False)
+    assert p.tokenizer.to_dict() == tok.to_dict() and not list((sources.cache_dir() / "tokenizers").glob("bpe-*"))
+    first = TokenFile(p.train_paths[0]).tokens[:50].tolist()
+    assert first == tok.encode_ordinary(tiny_corpus.read_text())[:50]
+    with pytest.raises(ValueError, match="vocab_size=301 differs from the 300 tokens of tokenizer_file="):
+        prepare(bpe_cfg(tiny_corpus, vocab_size=301, tokenizer_file=str(tmp_path / "tokenizer.json")), progress=False)
+    (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevel"}}))
+    with pytest.raises(ValueError, match="is not a byte-level BPE with <.endoftext.>"):
+        prepare(bpe_cfg(tiny_corpus, vocab_size=None, tokenizer_file=str(tmp_path / "tokenizer.json")), progress=False)

@@ -24,6 +24,10 @@ def bpe(**kw) -> DataConfig:
     (DataConfig(name="text", path="a.txt", tokenizer="gpt2", vocab_size=4096),
      "vocab_size=4096 applies only to tokenizer=bpe (the gpt2 vocabulary is fixed)"),
     (DataConfig(tokenizer="bpe", vocab_size=4096), "name=shakespeare_char is char-level but tokenizer=bpe was given"),
+    (DataConfig(name="text", path="a.txt", tokenizer_file="t.json"), "tokenizer_file=t.json applies only to "
+                                                                      "tokenizer=bpe: add tokenizer=bpe"),
+    (bpe(tokenizer_file="missing.json"), "tokenizer_file='missing.json' is not a file: give the path of a "
+                                         "tokenizer.json"),
 ])
 def test_bad_bpe_settings_are_one_line(cfg, words):
     with pytest.raises(ValueError) as e:
@@ -36,6 +40,12 @@ def test_bpe_settings_and_the_effective_tokenizer():
     assert DataConfig(name="shakespeare", tokenizer="bpe", vocab_size=4096).validate() == "bpe"
     assert DataConfig(name="shakespeare", tokenizer="gpt2").validate() == "gpt2"
     assert DataConfig().validate() == "char"
+
+
+def test_a_tokenizer_file_sets_the_size(tmp_path):
+    (tmp_path / "t.json").write_text("{}")  # read when the data is prepared (tests/test_data_bpe.py)
+    assert bpe(tokenizer_file=str(tmp_path / "t.json")).validate() == "bpe"
+    assert bpe(tokenizer_file=str(tmp_path / "t.json"), vocab_size=300).validate() == "bpe"
 
 
 def test_bpe_without_the_tokenizers_package_fails_at_validation(monkeypatch):

@@ -65,6 +65,38 @@ def test_export_bpe_run_with_padded_vocab(tmp_path, capsys, cache_with_gpt2):
     assert hf_tok.encode(text) == tok.encode(text) and hf_tok.model_max_length == 16
 
 
+MODERN = dict(position="rope", norm="rmsnorm", mlp="swiglu", n_head=4, n_kv_head=2, n_embd=32, bias=False)
+
+
+@pytest.mark.parametrize("qk_norm,cls", [(False, "LlamaForCausalLM"), (True, "Qwen3ForCausalLM")])
+def test_export_modern_own_bpe_run(tmp_path, capsys, qk_norm, cls):
+    """A rotary run with its own BPE: a Llama / Qwen3 directory, with the tokenizer lm-eval's AutoTokenizer reads."""
+    from data.hf_tokenizer import read_hf_tokenizer, read_tokenizer_json
+    from tests.test_model_hf_llama import TEXT, hub_tokenizer, load_auto
+    hub_tokenizer(tmp_path / "tok")  # any byte-level BPE with <|endoftext|>: as an own BPE stores it
+    tok = read_tokenizer_json(tmp_path / "tok" / "tokenizer.json")
+    model = tiny_model(tok.vocab_size + 7, qk_norm=qk_norm, tie_weights=not qk_norm, **MODERN)
+    save_run(tmp_path / "run", model, tok, name="last.pt")
+    out = export_ok(capsys, "--hf", tmp_path / "hf", "--run", tmp_path / "run")
+    assert f"AutoModelForCausalLM.from_pretrained(d) (a {cls})" in out and "7 padded" in out
+    assert {p.name for p in (tmp_path / "hf").iterdir()} <= export.EXPORT_FILES
+    hf = load_auto(tmp_path / "hf")
+    assert type(hf).__name__ == cls and hf.config.max_position_embeddings == 16
+    assert_same_logits(model, hf, tok.vocab_size)
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").encode(TEXT) == tok.encode(TEXT)
+    assert read_hf_tokenizer(tmp_path / "hf").to_dict() == tok.to_dict()  # and back: sample.py --init, eval.py --hf
+
+
+@pytest.mark.parametrize("kw,words", [(dict(mlp="relu2"), "mlp='relu2' is not supported"),
+                                      (dict(logit_softcap=15.0), "logit_softcap=15.0 is not supported")])
+def test_export_refuses_settings_without_a_class(tmp_path, capsys, char_tok, kw, words):
+    save_run(tmp_path / "run", tiny_model(char_tok.vocab_size, **{**MODERN, **kw}), char_tok)
+    assert export.main(["--hf", str(tmp_path / "hf"), "--run", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]  # (after "using <checkpoint>")
+    assert err.startswith("error: ") and words in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "run", "tiny.txt"]
+
+
 def test_force_replaces_an_earlier_export_and_failures_leave_nothing(tmp_path, capsys, char_tok, monkeypatch):
     save_run(tmp_path / "run", tiny_model(char_tok.vocab_size), char_tok)
     out = tmp_path / "hf"

@@ -89,6 +89,55 @@ def test_from_hugging_face_the_step_0_loss_is_transformers_and_falls(tmp_path, t
     assert last["model"]["transformer.wpe.weight"].shape == (64, 64)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_from_llama_or_qwen3_its_tokenizer_is_the_runs(tmp_path, tiny_corpus, monkeypatch, capsys, kind):
+    """A Llama / Qwen3 directory: its tokenizer.json tokenizes the data and is the checkpoint's tokenizer (as an
+    own BPE is), the step-0 loss is transformers', and the fine-tune samples and exports back to the same class."""
+    import export
+    import sample
+    from data.hf_tokenizer import read_tokenizer_json
+    from data.loader import BatchLoader
+    from tests.test_model_hf_llama import PAD, hub_dir, load_auto
+    hf_dir, hf_model = hub_dir(tmp_path / "hf", kind, tie_word_embeddings=kind == "qwen3")
+    batches, real_next = [], BatchLoader.next_batch
+    monkeypatch.setattr(BatchLoader, "next_batch", lambda self: batches.append(real_next(self)) or batches[-1])
+    run, crop = tmp_path / "run", ["model.block_size=32"]
+    res = train(make_cfg("data=text", f"data.path={tiny_corpus}", f"model.init_from={hf_dir}", "model.dropout=0",
+                         "train.batch_size=4", "train.max_iters=6", "train.eval_interval=3", "optim.lr=3e-3",
+                         "train.eval_at_start=true", *crop), run, cli_overrides=crop)
+    assert (res.status, res.step, res.exit_code) == ("completed", 6, 0)
+    x, y = batches[0]
+    assert x.shape == (4, 32) and abs(records(run, "train")[0]["loss"] - hf_loss(hf_model, x, y)) <= 1e-4
+    evals = records(run, "eval")
+    assert evals[-1]["val_loss"] < evals[0]["val_loss"] - 0.05  # it learns
+    last = ck.load_checkpoint(run / "last.pt")
+    tok = read_tokenizer_json(hf_dir / "tokenizer.json")
+    assert last["tokenizer"] == tok.to_dict() and last["model_config"]["vocab_size"] == tok.vocab_size + PAD
+    assert last["config"]["data"]["tokenizer_file"] == str((hf_dir / "tokenizer.json").resolve())
+    assert sample.main(["--run", str(run), "--prompt", "ROMEO:", "--max-new-tokens", "5", "--seed", "1",
+                        "--device", "cpu"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO:")
+    assert export.main(["--hf", str(tmp_path / "out"), "--run", str(run)]) == 0
+    assert type(load_auto(tmp_path / "out")).__name__ == type(hf_model).__name__
+
+
+def test_a_llama_source_sets_the_data_tokenizer(tmp_path, tiny_corpus):
+    from tests.test_model_hf_llama import hub_dir
+    hf_dir, _ = hub_dir(tmp_path / "hf", "qwen3")
+    c = to_dataclass(make_cfg("data=shakespeare", f"model.init_from={hf_dir}"))
+    src = init_from.apply(c, [f"model.init_from={hf_dir}"])
+    assert (c.data.tokenizer, c.data.tokenizer_file, c.data.vocab_size) == (
+        "bpe", str((hf_dir / "tokenizer.json").resolve()), src.tokenizer["vocab_size"])
+    assert (c.model.position, c.model.qk_norm, c.model.n_kv_head, c.model.block_size) == ("rope", True, 2, 64)
+    assert src.describe(64).endswith("(Hugging Face Qwen3: 2 layers, 4 heads, 64 wide, context 64)")
+    for data, given in ((["data=shakespeare_char"], []), (["data=text", "data.tokenizer=gpt2"], ["data.tokenizer"])):
+        c = to_dataclass(make_cfg(*data, f"data.path={tiny_corpus}", f"model.init_from={hf_dir}"))
+        with pytest.raises(ValueError, match="reads its own BPE .tokenizer.json. but data=") as e:
+            init_from.apply(c, given)
+        assert "\n" not in str(e.value)
+
+
 def test_the_shape_comes_from_the_source(tmp_path, tiny_hf):
     """Over the model preset and experiment (model=tiny, experiment=cpu): layers, heads, width, biases, tying,
     context (unless model.block_size is given) and the vocabulary; dropout stays the config's."""
@@ -156,7 +205,7 @@ def test_every_bad_source_is_one_line(tmp_path, tiny_corpus, tiny_hf, cache_with
     cases = [
         (["model.init_from=nowhere"], [], ["model.init_from=nowhere does not exist",
                                            "hf download nowhere --local-dir nowhere"]),
-        ([f"model.init_from={tmp_path / 'bert'}"], [], ["is not a GPT-2 directory tinygpt can load",
+        ([f"model.init_from={tmp_path / 'bert'}"], [], ["is not a Hugging Face directory tinygpt can load",
                                                         "model_type='bert' is not supported"]),
         ([f"model.init_from={tmp_path / 'empty'}"], [], ["is neither a Hugging Face GPT-2 directory (no config.json)",
                                                          "nor a tinygpt run directory (no best.pt or last.pt)"]),

@@ -54,7 +54,7 @@ class ModelConfig:
     qk_norm: bool = False
     logit_softcap: Optional[float] = None
     pad_vocab_to: int = 1  # round the vocabulary up to a multiple of this (64 for GPT-2: faster matmuls)
-    init_from: Optional[str] = None  # fine-tune: a local HF GPT-2 dir or a tinygpt run dir / checkpoint (its shape)
+    init_from: Optional[str] = None  # fine-tune: a local HF GPT-2/Llama/Qwen3 dir or a tinygpt run / checkpoint
 
 
 @dataclass

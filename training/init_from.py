@@ -12,6 +12,7 @@ import torch
 
 from checkpoint.file import CheckpointError
 from checkpoint.file import read_checkpoint
+from data.hf_tokenizer import read_hf_tokenizer
 from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer as tokenizer_name, vocab_size_of
 from model import hf
 from model.config import GPTConfig, pad_vocab
@@ -20,7 +21,8 @@ from model.gpt import clean_state_dict, model_with_weights
 SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights",  # the source's, always
          "position", "rope_theta", "norm", "norm_eps", "mlp", "mlp_hidden", "n_kv_head", "head_dim", "qk_norm",
          "logit_softcap")
-WHAT = "a local Hugging Face GPT-2 directory (config.json + model.safetensors), a tinygpt run directory or a .pt file"
+WHAT = ("a local Hugging Face GPT-2, Llama or Qwen3 directory (config.json + model.safetensors), a tinygpt run "
+        "directory or a .pt file")
 
 
 @dataclass
@@ -35,7 +37,9 @@ class Source:
 
     def describe(self, block_size: int) -> str:
         """Where from and what, for the run's opening lines (`block_size`: the run's context)."""
-        kind, c = "Hugging Face GPT-2" if self.hf_dir else "tinygpt checkpoint", self.config
+        c = self.config
+        kind = "tinygpt checkpoint" if not self.hf_dir else "Hugging Face " + (
+            "GPT-2" if c.position == "learned" else "Qwen3" if c.qk_norm else "Llama")
         return f"{self.path} ({kind}: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, context " \
                f"{c.block_size})" + (f", context cropped to {block_size}" if block_size < c.block_size else "")
 
@@ -51,10 +55,13 @@ def open_source(spec: str) -> Source:
         try:
             config = hf.read_config(path)
         except (ValueError, OSError) as e:
-            raise ValueError(f"{key} is not a GPT-2 directory tinygpt can load: {str(e).splitlines()[0]}") from None
+            raise ValueError(f"{key} is not a Hugging Face directory tinygpt can load: "
+                             f"{str(e).splitlines()[0]}") from None
         if not any((path / name).is_file() for name in hf.WEIGHT_FILES):
             raise ValueError(f"{key} has a config.json but no weights (model.safetensors or pytorch_model.bin): "
                              f"download the whole model directory")
+        if config.position == "rope":  # Llama/Qwen3: its own tokenizer.json, which the run's data then uses
+            return Source(key, path, config, hf_tokenizer(key, path), hf_dir=True)
         return Source(key, path, config, GPT2Tokenizer.to_dict(), hf_dir=True)
     try:
         file, ckpt = read_checkpoint(path, model=True, run_dir=True)
@@ -68,6 +75,27 @@ def open_source(spec: str) -> Source:
     except (ValueError, TypeError) as e:
         raise ValueError(f"{key}: {file} has a bad model_config ({e})") from None
     return Source(key, file, config, ckpt["tokenizer"], ckpt=ckpt)
+
+
+def hf_tokenizer(key: str, path: Path) -> dict:
+    """The to_dict() of a Llama/Qwen3 directory's tokenizer (tokenizer.json; an export's GPT-2 BPE or char too)."""
+    try:
+        return read_hf_tokenizer(path).to_dict()
+    except (ValueError, OSError) as e:
+        raise ValueError(f"{key}: {str(e).splitlines()[0]}") from None
+
+
+def use_source_tokenizer(c, src: Source, given: set[str]) -> None:
+    """A Hugging Face model's own BPE (its tokenizer.json) becomes the data's tokenizer: data.tokenizer=bpe,
+    data.tokenizer_file=<dir>/tokenizer.json, unless the command line chose another tokenizer."""
+    d = c.data
+    if d.name == "shakespeare_char" or "data.tokenizer" in given and d.tokenizer != "bpe":
+        raise ValueError(f"{src.key} reads its own BPE (tokenizer.json) but data={d.name} is tokenized with "
+                         f"data.tokenizer={d.tokenizer}: leave data.tokenizer out (data=shakespeare or data=text)")
+    if "data.tokenizer_file" not in given:
+        d.tokenizer, d.tokenizer_file = "bpe", str((src.path / "tokenizer.json").resolve())
+    if "data.vocab_size" not in given:
+        d.vocab_size = vocab_size_of(src.tokenizer)
 
 
 def given_keys(cli_overrides: Optional[Iterable[str]]) -> set[str]:
@@ -93,6 +121,8 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
     elif m.block_size > s.block_size:
         raise ValueError(f"model.block_size={m.block_size} is larger than the context of {src.key} ({s.block_size} "
                          f"positions): use at most model.block_size={s.block_size} (a smaller one crops it)")
+    if src.hf_dir and data_setting(src.tokenizer) == "bpe":
+        use_source_tokenizer(c, src, given)
     kind, data_kind, n_bpe = data_setting(src.tokenizer), c.data.validate(), vocab_size_of(src.tokenizer)
     own_bpe = f"use data.tokenizer=bpe data.vocab_size={n_bpe} on the text it was trained on (its BPE was learnt there)"
     if kind != data_kind:
