@@ -125,6 +125,11 @@ def test_weights_equal_transformers_output_attentions(tmp_path, char_tok, kw):
     views = explore.load_views([("run", str(run))], torch.device("cpu"))
     export.write_export(views[0].model, views[0].tokenizer, tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    assert_attention_is_transformers(views, hf)
+
+
+def assert_attention_is_transformers(views, hf):
+    """The explorer's weights for PROMPT are `hf`'s output_attentions (eager) within 1e-5; its top tokens too."""
     with serve(views) as url:
         out = post(url, {"text": PROMPT})[1]
     with torch.no_grad():
@@ -134,6 +139,26 @@ def test_weights_equal_transformers_output_attentions(tmp_path, char_tok, kw):
     assert ours.shape == theirs.shape and (ours - theirs).abs().max() <= 1e-5
     top = [n["id"] for n in out["next"]]
     assert top[:3] == hf_out.logits[0, -1].topk(3).indices.tolist()
+
+
+MODERN = dict(position="rope", norm="rmsnorm", mlp="swiglu", rope_theta=500.0, n_head=4, n_embd=32)
+
+
+@pytest.mark.parametrize("cls,kw", [
+    ("LlamaForCausalLM", dict(n_kv_head=2, tie_weights=False)),
+    ("Qwen3ForCausalLM", dict(qk_norm=True, n_kv_head=1, head_dim=12, bias=False)),
+], ids=["llama", "qwen3"])
+def test_weights_equal_transformers_output_attentions_of_llama_and_qwen3(tmp_path, char_tok, capsys, cls, kw):
+    """Rotary, GQA / multi-query, qk-norm, a head_dim of its own: `export.py --hf` writes a Llama / Qwen3 directory
+    whose eager attention is what the explorer shows."""
+    transformers = pytest.importorskip("transformers")
+    import export
+    run = tiny_run(tmp_path / "run", char_tok, seed=1, **MODERN, **kw)
+    assert export.main(["--hf", str(tmp_path / "hf"), "--run", str(run)]) == 0
+    assert f"(a {cls})" in capsys.readouterr().out
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
+    assert type(hf).__name__ == cls
+    assert_attention_is_transformers(explore.load_views([("run", str(run))], torch.device("cpu")), hf)
 
 
 def test_binary_form_is_the_json_data(one):
