@@ -90,16 +90,17 @@ def decode_rate(name: str, tokens: int = 500, reps: int = 3) -> float:
     from hydra import compose, initialize_config_dir
 
     from model import GPT
+    from model.generate import generate
     from training.config import gpt_config, register_configs, to_dataclass
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         c = to_dataclass(compose("config", overrides=VARIANTS[name]))
     torch.manual_seed(0)
     model, idx, rates = GPT(gpt_config(c.model, 65)).eval(), torch.zeros(1, 1, dtype=torch.long), []
-    model.generate(idx, 20, temperature=0)  # warm-up
+    generate(model, idx, 20, temperature=0)  # warm-up
     for _ in range(reps):
         t0 = time.perf_counter()
-        model.generate(idx, tokens, temperature=0)
+        generate(model, idx, tokens, temperature=0)
         rates.append(tokens / (time.perf_counter() - t0))
     return round(statistics.median(rates), 1)
 
