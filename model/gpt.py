@@ -99,10 +99,11 @@ class GPT(nn.Module):
     def num_params(self, non_embedding: bool = True) -> int:
         """Parameters, a tied matrix once; non_embedding (nanoGPT's convention) drops wpe, and wte when untied."""
         n = sum(p.numel() for p in self.parameters())
-        if non_embedding and "wpe" in self.transformer:
-            n -= self.transformer.wpe.weight.numel()
-        if non_embedding and not self.config.tie_weights:
-            n -= self.transformer.wte.weight.numel()
+        if non_embedding:
+            if "wpe" in self.transformer:  # position=learned only
+                n -= self.transformer.wpe.weight.numel()
+            if not self.config.tie_weights:
+                n -= self.transformer.wte.weight.numel()
         return n
 
     def _check_length(self, T: int) -> None:

@@ -134,7 +134,7 @@ ROWS = [
      ["train.batch_size=100000000 with model.block_size=32 needs about", "TiB of memory for one training step "
       "(estimate, for up to 256 distinct characters), but", "is available: lower train.batch_size to at most",
       "raise train.grad_accum_steps"], {}, []),
-    ("train-model-too-large", [*TRAIN, "model.n_embd=65536", "model.n_head=1"],
+    ("train-model-too-large", [*TRAIN, "model=tiny", "model.n_embd=65536", "model.n_head=1"],
      ["the model (model.n_layer=2, model.n_embd=65536: 103.10B parameters) needs about 1.1 TiB of memory",
       "(estimate, for up to 256 distinct characters), but", "use a smaller model (lower model.n_embd or "
       "model.n_layer)"], {}, []),

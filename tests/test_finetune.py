@@ -147,6 +147,8 @@ def test_the_shape_comes_from_the_source(tmp_path, tiny_hf):
     m = c.model
     assert (m.n_layer, m.n_head, m.n_embd, m.bias, m.tie_weights, m.block_size) == (2, 2, 64, True, True, 128)
     assert (m.dropout, m.pad_vocab_to, m.init_from) == (0.1, 1, str(hf_dir.resolve()))
+    assert (m.position, m.norm, m.mlp, m.mlp_hidden, m.n_kv_head, m.qk_norm) == (  # GPT-2's, over experiment=cpu's
+        "learned", "layernorm", "gelu", None, None, False)
     assert src.tokenizer == {"type": "gpt2"}
     assert src.describe(128).endswith("(Hugging Face GPT-2: 2 layers, 2 heads, 64 wide, context 128)")
     c = to_dataclass(make_cfg(*GPT2_DATA, "data.path=x.txt", f"model.init_from={hf_dir}", "model=gpt2",
