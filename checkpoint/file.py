@@ -43,16 +43,14 @@ def _disk_full(e: BaseException, directory: Path | None = None) -> bool:
 
 
 def _save_error(path: Path, e: BaseException, full: bool = False) -> OSError:
-    if full or _disk_full(e):
-        err = OSError(f"could not write checkpoint {path}: no space left on device (the previous {path.name}, if "
-                      f"any, is intact): free some disk space and resume with train.resume=true, or resume on another "
-                      f"disk with hydra.run.dir=<a directory there> train.resume={path.parent}")
-        err.errno = errno.ENOSPC
-        return err
-    reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
-    err = OSError(f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact; "
-                  f"free some disk space or fix the directory's permissions, then resume)")
-    err.errno = getattr(e, "errno", None) or 0  # set afterwards: OSError(errno, msg) would print "[Errno N] msg"
+    full = full or _disk_full(e)
+    reason = "no space left on device" if full else e.strerror if isinstance(e, OSError) and e.strerror else \
+        (str(e).splitlines() or [type(e).__name__])[0]
+    fix = (f"free some disk space and resume with train.resume=true, or resume on another disk with "
+           f"hydra.run.dir=<a directory there> train.resume={path.parent}") if full else \
+        "free some disk space or fix the directory's permissions, then resume"
+    err = OSError(f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact): {fix}")
+    err.errno = errno.ENOSPC if full else getattr(e, "errno", None) or 0  # (OSError(errno, msg) prints "[Errno N]")
     return err
 
 

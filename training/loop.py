@@ -57,7 +57,7 @@ class Trainer:
         self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
         self.device = device  # resolved once, where the run was set up
         self.stop = StopRequest(rt)
-        self.report = RunLog(t.max_iters, enabled=rt.is_main)  # metrics.jsonl, wandb, log lines
+        self.report = RunLog(t.max_iters)  # metrics.jsonl, wandb, log lines (rank 0 starts it)
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)

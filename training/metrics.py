@@ -75,10 +75,10 @@ def format_duration(s: float) -> str:
 
 class RunLog:
     """The records, wandb data and log lines of a run, each from the values it is given: `start` once rank 0
-    has set the run up, `train`/`eval` per interval, `finish` at the end. Off rank 0 (`enabled` False) a no-op."""
+    has set the run up, `train`/`eval` per interval, `finish` at the end. Off rank 0 (never started) a no-op."""
 
-    def __init__(self, max_iters: int, enabled: bool = True):
-        self.max_iters, self.enabled = max_iters, enabled
+    def __init__(self, max_iters: int):
+        self.max_iters = max_iters
         self.file = None  # metrics.jsonl, once started (rank 0)
         self.wandb, self.bar = None, None  # wandb: a launch.wandb_run.WandbRun, with logger=wandb only
 
@@ -131,13 +131,13 @@ class RunLog:
 
     def train(self, step: int, loss: float, lr: float, tokens: int, elapsed: float, tps: float,
               util: Optional[float]) -> None:
-        if not self.enabled:
+        if self.file is None:
             return
         self.write({"type": "train", "step": step, "loss": loss, "lr": lr, "tokens": tokens,
-                            "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
-                            **({"mfu": round(util, 4)} if util is not None else {})})
+                    "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
+                    **({"mfu": round(util, 4)} if util is not None else {})})
         self.track({"train/loss": loss, "lr": lr, "tokens": tokens, "tokens_per_s": tps,
-                        **({"mfu": util} if util is not None else {})}, step=step)
+                    **({"mfu": util} if util is not None else {})}, step=step)
         line = f"loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s" + \
             (f" | mfu {util * 100:.1f}%" if util is not None else "")
         if self.bar is not None and not self.bar.disable:
@@ -146,14 +146,14 @@ class RunLog:
 
     def eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
         """`stats`: {"train"|"val": {"loss": nats per token, "bpb": bits per byte or None}}."""
-        if not self.enabled:
+        if self.file is None:
             return
         tr, va = stats["train"], stats["val"]
         bpb = {f"{split}_bpb": stats[split]["bpb"] for split in ("train", "val") if stats[split]["bpb"] is not None}
         self.write({"type": "eval", "step": step, "train_loss": tr["loss"], "val_loss": va["loss"], **bpb,
-                            "lr": lr, "tokens": tokens, "elapsed_s": round(elapsed, 3)})
+                    "lr": lr, "tokens": tokens, "elapsed_s": round(elapsed, 3)})
         self.track({"eval/train_loss": tr["loss"], "eval/val_loss": va["loss"],
-                        **{f"eval/{k}": v for k, v in bpb.items()}}, step=step)
+                    **{f"eval/{k}": v for k, v in bpb.items()}}, step=step)
         val_bpb = f" ({va['bpb']:.3f} bpb)" if va["bpb"] is not None else ""
         log.info(f"step {step}/{self.max_iters}: train loss {tr['loss']:.4f}, val loss {va['loss']:.4f}{val_bpb}"
                  f"{' (best)' if improved else ''} | {format_count(tokens)} tokens | {format_duration(elapsed)}")
