@@ -129,7 +129,8 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
     m, opt = _parts(0)
     train_steps(m, opt, 2, seed=1)
     state = TrainState(step=2)
-    CheckpointManager(tmp_path / "a", {"model": m, "optimizer": opt, "train_state": state}, _meta(m), describe).save(2)
+    CheckpointManager(tmp_path / "a", {"model": m, "optimizer": opt, "train_state": state}, _meta(m),
+                      describe).save(2)
     expected = train_steps(m, opt, 2)
 
     import torch.distributed as dist
@@ -139,8 +140,8 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
         f = D.wrap_model(_model(3), info, torch.device("cpu"))
         fopt = _opt(f)  # after sharding: its parameters are the shards
         fs = TrainState()
-        mgr = CheckpointManager(tmp_path / "a", {"model": f, "optimizer": fopt, "train_state": fs}, _meta(m), describe,
-                                sharded=True)
+        mgr = CheckpointManager(tmp_path / "a", {"model": f, "optimizer": fopt, "train_state": fs}, _meta(m),
+                                describe, sharded=True)
         assert mgr.resume(True) == 2 and fs.step == 2 and mgr.source == tmp_path / "a" / "last.pt"
         mgr.run_dir = tmp_path / "b"
         mgr.save(2, best=True)  # last_dcp/ + best_dcp/ + a weights-only last.pt
@@ -150,7 +151,8 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
         dist.destroy_process_group()
 
     g, gopt = _parts(4)
-    mgr = CheckpointManager(tmp_path / "b", {"model": g, "optimizer": gopt, "train_state": TrainState()}, _meta(m), describe)
+    mgr = CheckpointManager(tmp_path / "b", {"model": g, "optimizer": gopt, "train_state": TrainState()}, _meta(m),
+                            describe)
     assert mgr.resume(True) == 2 and mgr.source == tmp_path / "b" / S.LAST_DCP  # the export holds no optimizer
     assert train_steps(g, gopt, 2) == expected
 
@@ -158,7 +160,8 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
 def test_resume_refusals_name_the_fix(tmp_path):
     m, opt = _parts(0)
     run = tmp_path / "run"
-    CheckpointManager(run, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m), describe).save(1)
+    CheckpointManager(run, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m),
+                      describe).save(1)
     assert (run / "last.pt").is_file() and not (run / "best.pt").exists()
 
     def manager(meta=None, **states):
@@ -202,7 +205,8 @@ def test_a_save_that_fails_leaves_the_previous_checkpoint_the_last(tmp_path, mon
     """What the closing line of an aborted run names: last/last_step move only once the file is written."""
     from checkpoint import manager as manager_mod
     m, opt = _parts(0)
-    mgr = CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m), describe)
+    mgr = CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m),
+                            describe)
     mgr.save(1)
 
     def interrupted(obj, path):

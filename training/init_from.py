@@ -96,8 +96,8 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[
     if kind != data_kind:
         fix = {"gpt2": "use data=shakespeare, or data=text data.tokenizer=gpt2", "bpe": own_bpe}.get(
             kind, "use data with the char tokenizer it was trained on")
-        raise ValueError(f"{src.key} reads {describe_tokenizer(src.tokenizer)} tokens but data={c.data.name} is tokenized "
-                         f"with data.tokenizer={data_kind}: {fix}")
+        raise ValueError(f"{src.key} reads {describe_tokenizer(src.tokenizer)} tokens but data={c.data.name} is "
+                         f"tokenized with data.tokenizer={data_kind}: {fix}")
     if kind == "bpe" and c.data.vocab_size != n:
         raise ValueError(f"{src.key} has its own {n}-token BPE but data.vocab_size={c.data.vocab_size}: {own_bpe}")
     if s.vocab_size < n:

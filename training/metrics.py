@@ -8,7 +8,6 @@ import contextlib
 import json
 import logging
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -174,7 +173,7 @@ class RunLog:
                     "compiled": compiled, "early_stopped": early_stopped})
                 self.file.close()
                 from viz.loss_plot import plot_loss
-                plot_loss(read_metrics(run_dir / "metrics.jsonl"), run_dir / "loss.png", title=f"{run_dir}  ({m.n_layer}L/"
+                plot_loss(read_metrics(self.file.name), run_dir / "loss.png", title=f"{run_dir}  ({m.n_layer}L/"
                           f"{m.n_head}H/{m.n_embd}, ctx {m.block_size}; best val {best:.4f})")
         except OSError as e:
             log.warning(f"could not write the run summary or loss.png: {e}")
