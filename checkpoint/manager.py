@@ -79,8 +79,8 @@ class CheckpointManager:
                              f"({_data_settings(ckpt)})")
         opt, here = _group(ckpt.get("config"), "optim").get("name"), _group(self.meta["config"], "optim").get("name")
         if opt and here and opt != here:
-            raise ValueError(f"checkpoint {path} was trained with optim={opt}, this run has optim={here}: resume with "
-                             f"optim={opt} (its optimizer state is {opt}'s)")
+            raise ValueError(f"the optimizer state in {path} does not fit this model (trained with optim={opt}, this "
+                             f"run has optim={here}): resume with the settings it was trained with: optim={opt}")
         mine, theirs = self.meta["model_config"], dict(ckpt["model_config"])
         diffs = [k for k in mine if k != "dropout" and theirs.get(k) != mine[k]]
         if diffs:  # (the vocabulary alone: its padding, since the tokenizers are the same)

@@ -460,5 +460,6 @@ def test_resuming_a_muon_run_with_adamw_names_optim_muon(tmp_path, tiny_corpus):
     train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), run)
     with pytest.raises(ValueError) as e:
         train(make_cfg(tiny_corpus, "train.max_iters=4", "train.resume=true", "optim=adamw"), run)
-    assert str(e.value) == (f"checkpoint {run / 'last.pt'} was trained with optim=muon, this run has optim=adamw: "
-                            f"resume with optim=muon (its optimizer state is muon's)")
+    assert str(e.value) == (f"the optimizer state in {run / 'last.pt'} does not fit this model (trained with "
+                            f"optim=muon, this run has optim=adamw): resume with the settings it was trained with: "
+                            f"optim=muon")
