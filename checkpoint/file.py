@@ -1,7 +1,6 @@
 """One checkpoint file: which one the user means (a path, a run directory's best.pt or last.pt, the newest run),
-writing it atomically and reading it with torch.load(weights_only=True) (a plain dict, format 1: docs/design.md),
-so loading never unpickles code. Every unusable file is one CheckpointError line. torch is imported when a file
-is read or written: sample.py checks its arguments first."""
+written atomically, read with torch.load(weights_only=True) (a plain dict, format 1: docs/design.md); every unusable
+file is one CheckpointError line. torch is imported only to read or write, so sample.py checks its arguments first."""
 from __future__ import annotations
 
 import errno
@@ -23,6 +22,7 @@ LAST_DCP = "last_dcp"
 BEST_DCP = "best_dcp"
 HF_CONFIG = "config.json"  # what makes a directory a Hugging Face model directory
 NOT_A_CHECKPOINT = "{} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or best.pt written by train.py"
+CORRUPT = "checkpoint {} is truncated or corrupt ({}): use another checkpoint, e.g. best.pt, or train again"
 
 
 class CheckpointError(ValueError):
@@ -43,16 +43,14 @@ def _disk_full(e: BaseException, directory: Path | None = None) -> bool:
 
 
 def _save_error(path: Path, e: BaseException, full: bool = False) -> OSError:
-    if full or _disk_full(e):
-        err = OSError(f"could not write checkpoint {path}: no space left on device (the previous {path.name}, if "
-                      f"any, is intact): free some disk space and resume with train.resume=true, or resume on another "
-                      f"disk with hydra.run.dir=<a directory there> train.resume={path.parent}")
-        err.errno = errno.ENOSPC
-        return err
-    reason = e.strerror if isinstance(e, OSError) and e.strerror else (str(e).splitlines() or [type(e).__name__])[0]
-    err = OSError(f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact; "
-                  f"free some disk space or fix the directory's permissions, then resume)")
-    err.errno = getattr(e, "errno", None) or 0  # set afterwards: OSError(errno, msg) would print "[Errno N] msg"
+    full = full or _disk_full(e)
+    reason = "no space left on device" if full else e.strerror if isinstance(e, OSError) and e.strerror else \
+        (str(e).splitlines() or [type(e).__name__])[0]
+    fix = (f"free some disk space and resume with train.resume=true, or resume on another disk with "
+           f"hydra.run.dir=<a directory there> train.resume={path.parent}") if full else \
+        "free some disk space or fix the directory's permissions, then resume"
+    err = OSError(f"could not write checkpoint {path}: {reason} (the previous {path.name}, if any, is intact): {fix}")
+    err.errno = errno.ENOSPC if full else getattr(e, "errno", None) or 0  # (OSError(errno, msg) prints "[Errno N]")
     return err
 
 
@@ -103,19 +101,16 @@ def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
     return len(stale)
 
 
-def _distributed():
-    """torch.distributed while a process group is up, else None."""
+def _distributed():  # torch.distributed while a process group is up, else None
     import torch.distributed as dist
     return dist if dist.is_available() and dist.is_initialized() else None
 
 
-def is_main_rank() -> bool:
-    """Rank 0, or the only process: the one that writes checkpoint files."""
+def is_main_rank() -> bool:  # rank 0, or the only process: the one that writes checkpoint files
     return _distributed() is None or _distributed().get_rank() == 0
 
 
-def barrier(group=None) -> None:
-    """All ranks meet (a no-op without a process group); `group`: the run's CPU control group."""
+def barrier(group=None) -> None:  # all ranks meet (a no-op without a process group); `group`: the CPU control group
     if _distributed():
         _distributed().barrier(group=group)
 
@@ -137,31 +132,22 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
     except UnpicklingError as e:
-        msg = str(e)
-        m = re.search(r"GLOBAL ([\w.]+)", msg)
-        if m or "Unsupported global" in msg:
-            what = f" ({m.group(1)})" if m else ""
-            raise CheckpointError(f"checkpoint {p} contains a pickled Python object{what}, which tinygpt refuses to "
-                                  f"load (torch.load weights_only=True, for safety): use a checkpoint written by "
-                                  f"tinygpt's train.py") from None
+        if (m := re.search(r"GLOBAL ([\w.]+)", str(e))) or "Unsupported global" in str(e):
+            raise CheckpointError(f"checkpoint {p} contains a pickled Python object{f' ({m[1]})' if m else ''}, "
+                                  f"which tinygpt refuses to load (torch.load weights_only=True, for safety): use a "
+                                  f"checkpoint written by tinygpt's train.py") from None
         raise CheckpointError(NOT_A_CHECKPOINT.format(p)) from None
-    except EOFError:
-        raise CheckpointError(f"checkpoint {p} is truncated (unexpected end of file): use another checkpoint, "
-                              f"e.g. best.pt, or train again") from None
-    except RuntimeError as e:
-        msg = str(e)
-        if "zip archive" in msg or "central directory" in msg or "PytorchStreamReader" in msg:
-            raise CheckpointError(f"checkpoint {p} is truncated or corrupt (its zip archive is incomplete): use "
-                                  f"another checkpoint, e.g. best.pt, or train again") from None
-        raise CheckpointError(f"checkpoint {p} could not be read ({msg.splitlines()[0] if msg else 'RuntimeError'}): "
-                              f"use a last.pt or best.pt written by train.py") from None
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR, errno.EIO):
             raise CheckpointError(f"cannot read checkpoint {p}: {e.strerror or e}: check the path and its "
                                   f"permissions") from None
-        # torch seeks to offsets a truncated archive does not have -> EINVAL
-        raise CheckpointError(f"checkpoint {p} is truncated or corrupt ({e.strerror or e}): use another "
-                              f"checkpoint, e.g. best.pt, or train again") from None
+        raise CheckpointError(CORRUPT.format(p, e.strerror or e)) from None  # EINVAL: a seek past a cut archive
+    except (EOFError, RuntimeError) as e:
+        msg = str(e) or type(e).__name__
+        if isinstance(e, EOFError) or any(s in msg for s in ("zip archive", "central directory", "PytorchStream")):
+            raise CheckpointError(CORRUPT.format(p, "unexpected end of file or incomplete zip archive")) from None
+        raise CheckpointError(f"checkpoint {p} could not be read ({msg.splitlines()[0]}): use a last.pt or best.pt "
+                              f"written by train.py") from None
     except Exception:  # noqa: BLE001 - torch reads non-zip bytes as pickle; garbage raises KeyError, IndexError, ...
         raise CheckpointError(NOT_A_CHECKPOINT.format(p)) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
@@ -203,13 +189,13 @@ def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bo
     return p, ckpt
 
 
-def tokenizer_name(tok: dict) -> str:
-    """Format 1's "tokenizer" entry in words for error lines: "gpt2 BPE", "char (65 characters)", "own BPE (4096 tokens)"."""
-    if tok.get("type") == "char":
-        return f"char ({len(tok.get('chars', ''))} characters)"
-    if tok.get("type") == "bpe":
-        return f"own BPE ({tok.get('vocab_size')} tokens)"
-    return "gpt2 BPE" if tok.get("type") == "gpt2" else str(tok.get("type", "unknown"))
+def tokens_per_step(ckpt: dict) -> int | None:
+    """The global batch a checkpoint was trained with (its config x its process count), if it says."""
+    t = (ckpt.get("config") or {}).get("train") or {}
+    sizes = (t.get("batch_size"), t.get("grad_accum_steps"), (ckpt.get("model_config") or {}).get("block_size"))
+    if all(isinstance(v, int) for v in sizes):
+        return sizes[0] * sizes[1] * sizes[2] * len(ckpt.get("rng_ranks") or [None])
+    return None
 
 
 def add_checkpoint_options(parser, required: bool = False):

@@ -6,11 +6,11 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, barrier,
                              is_main_rank, is_sharded_checkpoint, link_checkpoint, read_checkpoint,
-                             remove_stale_temp_files, save_checkpoint, tokenizer_name)
+                             remove_stale_temp_files, save_checkpoint, tokens_per_step)
 from common.files import remove_quietly, replace, temp_path
 from model.gpt import check_weights, clean_state_dict
 
@@ -21,13 +21,14 @@ _DIFF_IGNORED = ("train.resume", "train.device", "train.dtype", "train.compile",
 
 class CheckpointManager:
     """`states`: name -> Stateful, saved under its name ("model" and "optimizer" required; None saved as None).
-    `meta`: what every checkpoint records and a resume must match (model_config, tokenizer, config). `sharded`:
-    an FSDP run. Every rank calls resume() and save() (collectives); rank 0 writes; `group` carries barriers."""
+    `meta`: what every checkpoint records and a resume must match (model_config, tokenizer, config);
+    `describe(tokenizer dict)`: its name in messages (the data package's). `sharded`: an FSDP run. Every rank
+    calls resume() and save() (collectives); rank 0 writes; `group` carries barriers."""
 
-    def __init__(self, run_dir: str | os.PathLike, states: dict[str, Any], meta: dict, *, sharded: bool = False,
-                 group: Any = None):
+    def __init__(self, run_dir: str | os.PathLike, states: dict[str, Any], meta: dict,
+                 describe: Callable[[dict], str], *, sharded: bool = False, group: Any = None):
         self.run_dir = Path(run_dir)
-        self.states, self.meta, self.sharded, self.group = states, meta, sharded, group
+        self.states, self.meta, self.describe, self.sharded, self.group = states, meta, describe, sharded, group
         self.source: Optional[Path] = None  # the checkpoint resume() loaded
         self.last: Optional[Path] = None  # the last good checkpoint: resumed from, or written since
         self.last_step: Optional[int] = None
@@ -66,25 +67,30 @@ class CheckpointManager:
             raise ValueError(f"checkpoint {path} is inconsistent (step {self.last_step}, loader at step "
                              f"{loader_step}): it is corrupt; use another checkpoint")
         self.config_diff = _config_diff(ckpt.get("config") or {}, self.meta["config"])
-        self.source_tokens_per_step = _tokens_per_step(ckpt)
+        self.source_tokens_per_step = tokens_per_step(ckpt)
         return self.last_step
 
     def _check_fits(self, ckpt: dict, path: Path) -> None:
-        """The same vocabulary and model shape as this run (one-line ValueErrors saying what to resume with)."""
+        """The same vocabulary, model shape and optimizer as this run (one-line ValueErrors naming the settings)."""
         tok, old = self.meta["tokenizer"], ckpt.get("tokenizer")
         if old is not None and old != tok:
-            raise ValueError(f"the prepared data's vocabulary ({tokenizer_name(tok)}) differs from the checkpoint's "
-                             f"({tokenizer_name(old)}): resume with the data settings the checkpoint was trained with "
+            raise ValueError(f"the prepared data's vocabulary ({self.describe(tok)}) differs from the checkpoint's "
+                             f"({self.describe(old)}): resume with the data settings the checkpoint was trained with "
                              f"({_data_settings(ckpt)})")
+        opt, here = _group(ckpt.get("config"), "optim").get("name"), _group(self.meta["config"], "optim").get("name")
+        if opt and here and opt != here:
+            raise ValueError(f"the optimizer state in {path} does not fit this model (trained with optim={opt}, this "
+                             f"run has optim={here}): resume with the settings it was trained with: optim={opt}")
         mine, theirs = self.meta["model_config"], dict(ckpt["model_config"])
         diffs = [k for k in mine if k != "dropout" and theirs.get(k) != mine[k]]
-        if diffs:
-            here = ", ".join(f"{k}={mine[k]}" for k in diffs)
-            there = ", ".join(f"model.{k}={theirs.get(k)}" for k in diffs if k != "vocab_size")
-            fix = f"resume with the checkpoint's model settings ({there})" if there else \
-                "resume with the data the checkpoint was trained on"
-            raise ValueError(f"the model does not match the checkpoint {path}: here {here}, in the checkpoint "
-                             + ", ".join(f"{k}={theirs.get(k)}" for k in diffs) + f": {fix}")
+        if diffs:  # (the vocabulary alone: its padding, since the tokenizers are the same)
+            pad = _group(ckpt.get("config"), "model").get("pad_vocab_to", 1)
+            there = ", ".join(f"model.{k}={theirs.get(k)}" if k != "vocab_size" else f"model.pad_vocab_to={pad}"
+                              for k in diffs)
+            raise ValueError(f"the model does not match the checkpoint {path}: here "
+                             + ", ".join(f"{k}={mine[k]}" for k in diffs) + ", in the checkpoint "
+                             + ", ".join(f"{k}={theirs.get(k)}" for k in diffs)
+                             + f": resume with the checkpoint's model settings ({there})")
 
     def _load_file_weights(self, ckpt: dict, path: Path) -> None:
         model, optimizer = self.states["model"], self.states["optimizer"]
@@ -178,33 +184,26 @@ def overwrite_refusal(run_dir: str | os.PathLike) -> str | None:
     return None
 
 
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flatten(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
+def _flat(d: dict, prefix: str = "") -> dict:
+    return {k: v for key, val in d.items() for k, v in
+            (_flat(val, f"{prefix}{key}.") if isinstance(val, dict) else {f"{prefix}{key}": val}).items()}
 
 
 def _config_diff(old: dict, new: dict) -> list[str]:
-    a, b = _flatten(old), _flatten(new)
+    a, b = _flat(old), _flat(new)
     return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not k.startswith(_DIFF_IGNORED)]
 
 
+def _group(config: Optional[dict], name: str) -> dict:  # a config group of a checkpoint's "config" ({} if absent)
+    return (config or {}).get(name) or {}
+
+
 def _data_settings(ckpt: dict) -> str:
-    d = (ckpt.get("config") or {}).get("data") or {}
+    d = _group(ckpt.get("config"), "data")
     parts = [f"data={d['name']}"] if d.get("name") else []
-    parts += [f"data.{k}={d[k]}" for k in ("path", "tokenizer") if d.get(k) is not None]
+    parts += [f"data.{k}={d[k]}" for k in ("path", "tokenizer", "vocab_size") if d.get(k) is not None]
     return " ".join(parts) or "see the checkpoint's config"
-
-
-def _tokens_per_step(ckpt: dict) -> Optional[int]:
-    """The global batch a checkpoint was trained with (its config x its process count), if it says."""
-    t = (ckpt.get("config") or {}).get("train") or {}
-    sizes = (t.get("batch_size"), t.get("grad_accum_steps"), (ckpt.get("model_config") or {}).get("block_size"))
-    if not all(isinstance(v, int) for v in sizes):
-        return None
-    return sizes[0] * sizes[1] * sizes[2] * len(ckpt.get("rng_ranks") or [None])
 
 
 def link_latest(run_dir: str | os.PathLike) -> None:

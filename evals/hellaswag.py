@@ -131,3 +131,14 @@ def summary(r: dict) -> str:
     return (f"HellaSwag: acc {r['acc']:.4f} | acc_norm {r['acc_norm']:.4f} (mean loss per ending token, llm.c) | "
             f"acc_norm_chars {r['acc_norm_chars']:.4f} (per character, lm-eval's acc_norm) | {r['examples']:,} "
             f"examples")
+
+
+def check_scorable(examples: Iterable[Example], encode_text: Callable[[str], list[int]], block_size: int,
+                   name: str) -> None:
+    """A one-line ValueError naming `name` and the row of the first example a model cannot score (a character its
+    tokenizer lacks, an ending longer than its context): a training run refuses the file before its first step."""
+    for ex in examples:
+        try:
+            encode(ex, encode_text, block_size)
+        except ValueError as e:
+            raise ValueError(f"{name} line {ex.line}: {str(e).removeprefix(f'line {ex.line}: ')}") from None

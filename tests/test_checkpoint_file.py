@@ -215,9 +215,3 @@ def test_stale_temp_files_are_removed(rd):
     (rd / "last.pt").write_bytes(b"keep")
     assert ck.remove_stale_temp_files(rd) == 1
     assert [f.name for f in rd.iterdir()] == ["last.pt"]
-
-
-def test_tokenizer_name_describes_every_kind():
-    assert ck.tokenizer_name({"type": "gpt2"}) == "gpt2 BPE"
-    assert ck.tokenizer_name({"type": "char", "chars": "abc"}) == "char (3 characters)"
-    assert ck.tokenizer_name({"type": "bpe", "vocab_size": 4096, "json": "{}"}) == "own BPE (4096 tokens)"

@@ -16,6 +16,7 @@ from hydra import compose, initialize_config_dir
 from checkpoint import file as ck
 from checkpoint import sharded as S
 from checkpoint.manager import CheckpointManager
+from data.tokenizer import describe_tokenizer as describe
 from tests.helpers import REPO, find_non_plain, train_steps
 from launch import distributed as D
 from launch import ranks as R
@@ -128,7 +129,8 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
     m, opt = _parts(0)
     train_steps(m, opt, 2, seed=1)
     state = TrainState(step=2)
-    CheckpointManager(tmp_path / "a", {"model": m, "optimizer": opt, "train_state": state}, _meta(m)).save(2)
+    CheckpointManager(tmp_path / "a", {"model": m, "optimizer": opt, "train_state": state}, _meta(m),
+                      describe).save(2)
     expected = train_steps(m, opt, 2)
 
     import torch.distributed as dist
@@ -139,7 +141,7 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
         fopt = _opt(f)  # after sharding: its parameters are the shards
         fs = TrainState()
         mgr = CheckpointManager(tmp_path / "a", {"model": f, "optimizer": fopt, "train_state": fs}, _meta(m),
-                                sharded=True)
+                                describe, sharded=True)
         assert mgr.resume(True) == 2 and fs.step == 2 and mgr.source == tmp_path / "a" / "last.pt"
         mgr.run_dir = tmp_path / "b"
         mgr.save(2, best=True)  # last_dcp/ + best_dcp/ + a weights-only last.pt
@@ -149,7 +151,8 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
         dist.destroy_process_group()
 
     g, gopt = _parts(4)
-    mgr = CheckpointManager(tmp_path / "b", {"model": g, "optimizer": gopt, "train_state": TrainState()}, _meta(m))
+    mgr = CheckpointManager(tmp_path / "b", {"model": g, "optimizer": gopt, "train_state": TrainState()}, _meta(m),
+                            describe)
     assert mgr.resume(True) == 2 and mgr.source == tmp_path / "b" / S.LAST_DCP  # the export holds no optimizer
     assert train_steps(g, gopt, 2) == expected
 
@@ -157,13 +160,14 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
 def test_resume_refusals_name_the_fix(tmp_path):
     m, opt = _parts(0)
     run = tmp_path / "run"
-    CheckpointManager(run, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m)).save(1)
+    CheckpointManager(run, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m),
+                      describe).save(1)
     assert (run / "last.pt").is_file() and not (run / "best.pt").exists()
 
     def manager(meta=None, **states):
         m2, opt2 = _parts(1)
         return CheckpointManager(run, {"model": m2, "optimizer": opt2, "train_state": TrainState(), **states},
-                                 meta or _meta(m2))
+                                 meta or _meta(m2), describe)
     with pytest.raises(ValueError, match="already holds last.pt"):
         manager().resume(False)
     with pytest.raises(ValueError, match=r"vocabulary \(char \(3 characters\)\) differs from the checkpoint's "
@@ -179,11 +183,30 @@ def test_resume_refusals_name_the_fix(tmp_path):
     assert manager().resume(False) is None  # a fresh run
 
 
+def test_resume_with_another_bpe_vocabulary_names_data_vocab_size(tmp_path):
+    """Issue 29: the suggested command carries every data setting that makes the vocabulary, data.vocab_size too."""
+    m, opt = _parts(0)
+    bpe = {"type": "bpe", "vocab_size": 300, "json": "{}"}
+    data = {"name": "text", "path": "t.txt", "tokenizer": "bpe", "vocab_size": 300}
+    meta = {**_meta(m), "tokenizer": bpe, "config": {"data": data}}
+    CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, meta,
+                      describe).save(1)
+    m2, opt2 = _parts(1)
+    mgr = CheckpointManager(tmp_path, {"model": m2, "optimizer": opt2, "train_state": TrainState()},
+                            {**meta, "tokenizer": {**bpe, "vocab_size": 400}}, describe)
+    with pytest.raises(ValueError) as e:
+        mgr.resume(True)
+    assert str(e.value) == ("the prepared data's vocabulary (own BPE (400 tokens)) differs from the checkpoint's (own "
+                            "BPE (300 tokens)): resume with the data settings the checkpoint was trained with "
+                            "(data=text data.path=t.txt data.tokenizer=bpe data.vocab_size=300)")
+
+
 def test_a_save_that_fails_leaves_the_previous_checkpoint_the_last(tmp_path, monkeypatch):
     """What the closing line of an aborted run names: last/last_step move only once the file is written."""
     from checkpoint import manager as manager_mod
     m, opt = _parts(0)
-    mgr = CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m))
+    mgr = CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m),
+                            describe)
     mgr.save(1)
 
     def interrupted(obj, path):

@@ -409,3 +409,58 @@ def test_a_ctrl_c_while_finishing_a_stopped_run_keeps_one_true_closing_line(tmp_
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), tmp_path / "run")
     assert (res.exit_code, res.step) == (130, 3) and ck.load_checkpoint(tmp_path / "run" / "last.pt")["step"] == 3
     assert caplog.records[-1].message.startswith("interrupted; last.pt is from step 3: resume with: ")
+
+
+def _hellaswag(path, *rows):
+    row = {"ctx": "the king", "endings": ["is good", "is fair", "speak", "go away"], "label": 0}
+    path.write_text("".join(json.dumps({**row, **r}) + "\n" for r in (row, *rows)))
+    return path
+
+
+@pytest.mark.parametrize("row, why", [
+    ({"ctx": "the king \u20ac"}, "characters not in the vocabulary: '\u20ac'"),
+    ({"endings": ["the king is good and fair", "go", "go", "go"]}, "an ending is 26 tokens, more than the model's "
+                                                                     "context of 16: drop that example"),
+])
+def test_an_unscorable_hellaswag_file_is_refused_before_step_1(tmp_path, tiny_corpus, monkeypatch, row, why):
+    """Issue 29: a row the model cannot score is one line naming the file and row, before any step or file."""
+    hs = _hellaswag(tmp_path / "hs.jsonl", row)
+    monkeypatch.setattr(loop_mod, "train_step", lambda *a, **k: pytest.fail("trained a step"))
+    with pytest.raises(ValueError) as e:
+        train(make_cfg(tiny_corpus, "train.max_iters=2", f"train.hellaswag={hs}"), tmp_path / "run")
+    assert str(e.value).startswith(f"train.hellaswag={hs} line 2: {why}") and "\n" not in str(e.value)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_failing_evaluation_keeps_the_checkpoint_and_no_best_without_its_file(tmp_path, tiny_corpus, monkeypatch):
+    """Issue 29: the step's checkpoint is written before HellaSwag scores; a save that fails records no best."""
+    from training import eval_hellaswag
+
+    def fails(*args, **kwargs):
+        raise ValueError("scoring failed")
+    monkeypatch.setattr(eval_hellaswag, "at_eval", fails)
+    run, hs = tmp_path / "run", _hellaswag(tmp_path / "hs.jsonl")
+    with pytest.raises(ValueError, match="scoring failed"):
+        train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=2", f"train.hellaswag={hs}"), run)
+    summary = records(run)[-1]
+    assert summary["status"] == "failed" and summary["best_step"] == 2
+    assert ck.load_checkpoint(run / "last.pt")["step"] == ck.load_checkpoint(run / "best.pt")["step"] == 2
+
+    def disk_full(self, step, best=False):
+        raise OSError("could not write checkpoint: no space left on device")
+    monkeypatch.setattr(loop_mod.CheckpointManager, "save", disk_full)
+    with pytest.raises(OSError, match="no space left"):
+        train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), tmp_path / "full")
+    summary = records(tmp_path / "full")[-1]
+    assert (summary["status"], summary["best_step"], summary["best_val_loss"]) == ("failed", None, None)
+
+
+def test_resuming_a_muon_run_with_adamw_names_optim_muon(tmp_path, tiny_corpus):
+    """Issue 29: experiment=cpu trains with Muon; resuming it with optim=adamw says which optimizer to pass."""
+    run = tmp_path / "run"
+    train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), run)
+    with pytest.raises(ValueError) as e:
+        train(make_cfg(tiny_corpus, "train.max_iters=4", "train.resume=true", "optim=adamw"), run)
+    assert str(e.value) == (f"the optimizer state in {run / 'last.pt'} does not fit this model (trained with "
+                            f"optim=muon, this run has optim=adamw): resume with the settings it was trained with: "
+                            f"optim=muon")

@@ -17,18 +17,22 @@ from training.state import TrainState
 
 def test_metrics_records_and_plot(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    w = mt.MetricsWriter(path)
+    w = mt.RunLog(4)
+    w.file = mt.open_metrics(path)
     w.write({"type": "train", "step": 1, "loss": 3.0})
     w.write({"type": "eval", "step": 2, "train_loss": 2.5, "val_loss": 2.6})
     w.write({"type": "train", "step": 3, "loss": math.nan})
     w.write({"type": "summary", "best_val_loss": 2.6})
-    w.close()
+    w.file.close()
     with open(path, "a") as f:
         f.write('{"type": "train", "st')  # a torn line from a killed run
     recs = mt.read_metrics(path)
     assert [r["type"] for r in recs] == ["train", "eval", "train", "summary"]
     assert recs[2]["loss"] == "nan"  # JSON has no NaN: written as a string
-    assert [r["step"] for r in mt.records_up_to(recs, 2)] == [1, 2]
+    mt.open_metrics(tmp_path / "resumed.jsonl", source=path, step=2).close()  # a resume at step 2 keeps these
+    assert [r["step"] for r in mt.read_metrics(tmp_path / "resumed.jsonl")] == [1, 2]
+    mt.open_metrics(path).close()  # a new run in a dead run's directory starts the file afresh
+    assert mt.read_metrics(path) == []
     from viz.loss_plot import plot_loss
     assert plot_loss(recs, tmp_path / "loss.png").stat().st_size > 1000
     assert plot_loss([], tmp_path / "none.png") is None

@@ -10,10 +10,9 @@ from typing import Iterable, Optional
 
 import torch
 
-from checkpoint.file import CheckpointError
-from checkpoint.file import read_checkpoint
+from checkpoint.file import CheckpointError, read_checkpoint
 from data.hf_tokenizer import read_hf_tokenizer
-from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer as tokenizer_name, vocab_size_of
+from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer, vocab_size_of
 from model import hf
 from model.config import GPTConfig, pad_vocab
 from model.gpt import clean_state_dict, model_with_weights
@@ -103,8 +102,9 @@ def given_keys(cli_overrides: Optional[Iterable[str]]) -> set[str]:
     return {o.lstrip("+~").split("=", 1)[0].strip() for o in cli_overrides or ()}
 
 
-def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
-    """Open `c.model.init_from` (if set) and give `c.model` its shape, context and vocabulary padding."""
+def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[str] = None) -> Optional[Source]:
+    """Open `c.model.init_from` (if set) and give `c.model` its shape, context and vocabulary padding;
+    `data_kind`: the data.tokenizer the config edge's validation chose (c.data.validate())."""
     m = c.model
     if m.init_from is None:
         return None
@@ -123,19 +123,19 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None) -> Optional[Source]:
                          f"positions): use at most model.block_size={s.block_size} (a smaller one crops it)")
     if src.hf_dir and data_setting(src.tokenizer) == "bpe":
         use_source_tokenizer(c, src, given)
-    kind, data_kind, n_bpe = data_setting(src.tokenizer), c.data.validate(), vocab_size_of(src.tokenizer)
-    own_bpe = f"use data.tokenizer=bpe data.vocab_size={n_bpe} on the text it was trained on (its BPE was learnt there)"
+        data_kind = None  # the data settings changed: validate them again
+    kind, data_kind, n = data_setting(src.tokenizer), data_kind or c.data.validate(), vocab_size_of(src.tokenizer)
+    own_bpe = f"use data.tokenizer=bpe data.vocab_size={n} on the text it was trained on (its BPE was learnt there)"
     if kind != data_kind:
         fix = {"gpt2": "use data=shakespeare, or data=text data.tokenizer=gpt2", "bpe": own_bpe}.get(
             kind, "use data with the char tokenizer it was trained on")
-        raise ValueError(f"{src.key} reads {tokenizer_name(src.tokenizer)} tokens but data={c.data.name} is tokenized "
-                         f"with data.tokenizer={data_kind}: {fix}")
-    if kind == "bpe" and c.data.vocab_size != n_bpe:
-        raise ValueError(f"{src.key} has its own {n_bpe}-token BPE but data.vocab_size={c.data.vocab_size}: {own_bpe}")
-    n = vocab_size_of(src.tokenizer)
+        raise ValueError(f"{src.key} reads {describe_tokenizer(src.tokenizer)} tokens but data={c.data.name} is "
+                         f"tokenized with data.tokenizer={data_kind}: {fix}")
+    if kind == "bpe" and c.data.vocab_size != n:
+        raise ValueError(f"{src.key} has its own {n}-token BPE but data.vocab_size={c.data.vocab_size}: {own_bpe}")
     if s.vocab_size < n:
         raise ValueError(f"{src.key} has {s.vocab_size} vocabulary rows, fewer than the {n} ids of its "
-                         f"{tokenizer_name(src.tokenizer)} tokenizer: it cannot read this data")
+                         f"{describe_tokenizer(src.tokenizer)} tokenizer: it cannot read this data")
     if pad_vocab(n, m.pad_vocab_to) != s.vocab_size:
         if "model.pad_vocab_to" in given:
             raise ValueError(f"model.pad_vocab_to={m.pad_vocab_to} would make {pad_vocab(n, m.pad_vocab_to)} "
@@ -152,8 +152,9 @@ def check_tokenizer(src: Source, tokenizer: dict) -> None:
                          f"model with its own BPE fine-tunes only on the text (and data.tokenizer_sample_mb) that "
                          f"tokenizer was learnt from; for new text train a new model, or use GPT-2 BPE")
     if tokenizer != src.tokenizer:
-        raise ValueError(f"the prepared data's vocabulary ({tokenizer_name(tokenizer)}) differs from that of {src.key} "
-                         f"({tokenizer_name(src.tokenizer)}): fine-tune on data with the characters it was trained on")
+        raise ValueError(f"the prepared data's vocabulary ({describe_tokenizer(tokenizer)}) differs from that of "
+                         f"{src.key} ({describe_tokenizer(src.tokenizer)}): fine-tune on data with the characters it "
+                         f"was trained on")
 
 
 def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.nn.Module:

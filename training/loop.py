@@ -19,6 +19,7 @@ import torch
 from checkpoint.manager import CheckpointManager
 from launch import ranks
 from training.config import Config, gpt_config, to_dataclass, train_keys
+from launch.console import progress_bar
 from launch.device import resolve_compile, setup_device
 from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
@@ -56,7 +57,7 @@ class Trainer:
         self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
         self.device = device  # resolved once, where the run was set up
         self.stop = StopRequest(rt)
-        self.report = RunLog(t.max_iters, enabled=rt.is_main)  # metrics.jsonl, wandb, log lines
+        self.report = RunLog(t.max_iters)  # metrics.jsonl, wandb, log lines (rank 0 starts it)
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)
@@ -66,7 +67,7 @@ class Trainer:
     def setup(self) -> None:
         from data.loader import BatchLoader
         from data.prepare import prepare
-        from data.tokenizer import token_bytes
+        from data.tokenizer import describe_tokenizer, token_bytes
         from model import GPT
         c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
         self.dev = setup_device(self.device, t.dtype)
@@ -79,6 +80,9 @@ class Trainer:
         if self.source is not None:
             from training import init_from
             init_from.check_tokenizer(self.source, self.tokenizer.to_dict())
+        if t.hellaswag:  # a row this model cannot score is refused now, not at the first evaluation
+            from training import eval_hellaswag
+            eval_hellaswag.check(t.hellaswag, self.tokenizer, m.block_size)
         self.token_bytes = token_bytes(self.tokenizer).to(device)  # for bits per byte
         self.gpt_config = gpt_config(m, self.tokenizer.vocab_size)
         seed_all(t.seed)
@@ -102,7 +106,8 @@ class Trainer:
                  "loss_window": self.window, "rng": self.rng, "train_state": self.state}
         meta = {"model_config": self.gpt_config.to_dict(), "tokenizer": self.tokenizer.to_dict(),
                 "config": dataclasses.asdict(c)}
-        self.ckpt = CheckpointManager(self.run_dir, parts, meta, sharded=rt.parallel == "fsdp", group=rt.control_group)
+        self.ckpt = CheckpointManager(self.run_dir, parts, meta, describe_tokenizer, sharded=rt.parallel == "fsdp",
+                                      group=rt.control_group)
         self.resumed = self.ckpt.resume(t.resume) is not None
         self.window.start(self.state.step)
         self.compiled = resolve_compile(t.compile, device)  # compile(DDP(model)): its graph breaks overlap all-reduces
@@ -133,7 +138,7 @@ class Trainer:
         show_bar = self.rt.is_main and sys.stderr.isatty()
         self.stop.install()
         try:
-            with self.report.progress(t.max_iters, st.step, show_bar):
+            with progress_bar(t.max_iters, st.step, show_bar) as self.report.bar:
                 if st.eval_pending or (t.eval_at_start and not self.resumed):  # pending: a stop cut it short
                     self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
@@ -197,18 +202,22 @@ class Trainer:
         for split in ("train", "val"):
             if not math.isfinite(stats[split]["loss"]):
                 self._diverged(step, stats[split]["loss"])
-        improved = save and stats["val"]["loss"] < st.best_val_loss
+        improved, before = save and stats["val"]["loss"] < st.best_val_loss, (st.best_val_loss, st.best_step)
         if improved:
             st.best_val_loss, st.best_step = stats["val"]["loss"], step
         self.report.eval(step, stats, self.lr_at(step - 1), st.tokens, st.elapsed(), improved)
-        if self.c.train.hellaswag:  # optional benchmark, every rank (training/eval_hellaswag.py)
+        if save:
+            try:
+                self._save(step, best=improved)
+            except BaseException:  # no best recorded without its best.pt
+                st.best_val_loss, st.best_step = before
+                raise
+            self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
+        if self.c.train.hellaswag:  # after the save: a failing benchmark never costs the checkpoint
             from training import eval_hellaswag
             eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer, self.dev.autocast,
                                    partial(ranks.eval_plan, info=self.rt),
                                    partial(ranks.all_reduce_sum, info=self.rt), self.rt.is_main, self.report)
-        if save:
-            self._save(step, best=improved)
-            self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights

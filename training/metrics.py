@@ -1,7 +1,6 @@
 """What rank 0 reports as a run goes: metrics.jsonl records, wandb, the log lines and the closing summary.
-
-Records are flushed as they happen (a killed run keeps them all); a resumed run first cuts the file back to
-its checkpoint's step, so it ends with the same records as an uninterrupted run.
+Records are flushed as they happen (a killed run keeps them); a resumed run first cuts the file back to its
+checkpoint's step, so it ends with the same records as an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -9,13 +8,11 @@ import contextlib
 import json
 import logging
 import math
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from common.files import atomic_write
 from common.platform import command_line
-from launch.console import progress_bar
 
 if TYPE_CHECKING:
     from data.cache import Prepared
@@ -28,29 +25,14 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-def _clean(value):  # JSON has no NaN/inf: they are written as strings
-    return str(value) if isinstance(value, float) and not math.isfinite(value) else value
-
-
-class MetricsWriter:
-    """Appends records to `path`: a file started afresh, or (resuming) one holding `source`'s up to `step`."""
-
-    def __init__(self, path: Path, source: Optional[Path] = None, step: int = 0):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if source is not None:
-            records = records_up_to(read_metrics(source), step) if source.is_file() else []
-            with atomic_write(path, "w", encoding="utf-8") as f:
-                f.writelines(json.dumps(r) + "\n" for r in records)
-        elif path.exists():
-            path.unlink()  # a run that died before its first checkpoint: start the file afresh
-        self.path, self._f = path, open(path, "a", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        self._f.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
+def open_metrics(path: Path, source: Optional[Path] = None, step: int = 0):
+    """metrics.jsonl opened for appending: afresh, or (resuming) holding `source`'s train/eval records up to `step`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    kept = [r for r in read_metrics(source) if r.get("type") in ("train", "eval") and int(r.get("step", -1)) <= step] \
+        if source is not None else []
+    with atomic_write(path, "w", encoding="utf-8") as f:  # (also a dead run's file, started afresh)
+        f.writelines(json.dumps(r) + "\n" for r in kept)
+    return open(path, "a", encoding="utf-8")
 
 
 def read_metrics(path: Path) -> list[dict]:
@@ -61,11 +43,6 @@ def read_metrics(path: Path) -> list[dict]:
             with contextlib.suppress(json.JSONDecodeError):  # also blank lines
                 records.append(json.loads(line))
     return records
-
-
-def records_up_to(records: list[dict], step: int) -> list[dict]:
-    """The train/eval records of steps <= step (what a run resumed at `step` keeps); summaries dropped."""
-    return [r for r in records if r.get("type") in ("train", "eval") and int(r.get("step", -1)) <= step]
 
 
 def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, block_size: int) -> float:
@@ -97,11 +74,11 @@ def format_duration(s: float) -> str:
 
 class RunLog:
     """The records, wandb data and log lines of a run, each from the values it is given: `start` once rank 0
-    has set the run up, `train`/`eval` per interval, `finish` at the end. Off rank 0 (`enabled` False) a no-op."""
+    has set the run up, `train`/`eval` per interval, `finish` at the end. Off rank 0 (never started) a no-op."""
 
-    def __init__(self, max_iters: int, enabled: bool = True):
-        self.max_iters, self.enabled = max_iters, enabled
-        self.metrics: Optional[MetricsWriter] = None  # rank 0, once started
+    def __init__(self, max_iters: int):
+        self.max_iters = max_iters
+        self.file = None  # metrics.jsonl, once started (rank 0)
         self.wandb, self.bar = None, None  # wandb: a launch.wandb_run.WandbRun, with logger=wandb only
 
     def start(self, c: "Config", run_dir: Path, st: "TrainState", *, data: "Prepared", num_params: int,
@@ -114,7 +91,7 @@ class RunLog:
             self.wandb = WandbRun()
             self.wandb.start(c, run_dir, st.wandb_run_id)
         source_metrics = resumed_from.parent / "metrics.jsonl" if resumed_from is not None else None
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl", source_metrics, st.step)
+        self.file = open_metrics(run_dir / "metrics.jsonl", source_metrics, st.step)
         m, n, togo, (train, val) = c.model, st.tokens_per_step, c.train.max_iters - st.step, data.token_files()
         log.info(f"run dir: {run_dir}")
         log.info(f"data: {c.data.name}, {data.tokenizer.describe()}, {format_count(len(train))} train / "
@@ -138,29 +115,28 @@ class RunLog:
         if config_diff:
             log.warning(f"resuming with settings that differ from the checkpoint's: {'; '.join(config_diff)}")
 
-    @contextlib.contextmanager
-    def progress(self, total: int, initial: int, show: bool):
-        with progress_bar(total, initial, show) as self.bar:
-            yield self.bar
+    def write(self, record: dict) -> None:  # JSON has no NaN/inf: they are written as strings
+        self.file.write(json.dumps({k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+                                    for k, v in record.items()}) + "\n")
+        self.file.flush()
 
     def track(self, data: dict, step: int) -> None:
-        """`data` to the tracker (wandb), if the run has one."""
         if self.wandb is not None:
             self.wandb.log(data, step=step)
 
     @property
     def started(self) -> bool:
-        return self.metrics is not None or (self.wandb is not None and self.wandb.run is not None)
+        return self.file is not None or (self.wandb is not None and self.wandb.run is not None)
 
     def train(self, step: int, loss: float, lr: float, tokens: int, elapsed: float, tps: float,
               util: Optional[float]) -> None:
-        if not self.enabled:
+        if self.file is None:
             return
-        self.metrics.write({"type": "train", "step": step, "loss": loss, "lr": lr, "tokens": tokens,
-                            "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
-                            **({"mfu": round(util, 4)} if util is not None else {})})
+        self.write({"type": "train", "step": step, "loss": loss, "lr": lr, "tokens": tokens,
+                    "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
+                    **({"mfu": round(util, 4)} if util is not None else {})})
         self.track({"train/loss": loss, "lr": lr, "tokens": tokens, "tokens_per_s": tps,
-                        **({"mfu": util} if util is not None else {})}, step=step)
+                    **({"mfu": util} if util is not None else {})}, step=step)
         line = f"loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s" + \
             (f" | mfu {util * 100:.1f}%" if util is not None else "")
         if self.bar is not None and not self.bar.disable:
@@ -169,14 +145,14 @@ class RunLog:
 
     def eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
         """`stats`: {"train"|"val": {"loss": nats per token, "bpb": bits per byte or None}}."""
-        if not self.enabled:
+        if self.file is None:
             return
         tr, va = stats["train"], stats["val"]
         bpb = {f"{split}_bpb": stats[split]["bpb"] for split in ("train", "val") if stats[split]["bpb"] is not None}
-        self.metrics.write({"type": "eval", "step": step, "train_loss": tr["loss"], "val_loss": va["loss"], **bpb,
-                            "lr": lr, "tokens": tokens, "elapsed_s": round(elapsed, 3)})
+        self.write({"type": "eval", "step": step, "train_loss": tr["loss"], "val_loss": va["loss"], **bpb,
+                    "lr": lr, "tokens": tokens, "elapsed_s": round(elapsed, 3)})
         self.track({"eval/train_loss": tr["loss"], "eval/val_loss": va["loss"],
-                        **{f"eval/{k}": v for k, v in bpb.items()}}, step=step)
+                    **{f"eval/{k}": v for k, v in bpb.items()}}, step=step)
         val_bpb = f" ({va['bpb']:.3f} bpb)" if va["bpb"] is not None else ""
         log.info(f"step {step}/{self.max_iters}: train loss {tr['loss']:.4f}, val loss {va['loss']:.4f}{val_bpb}"
                  f"{' (best)' if improved else ''} | {format_count(tokens)} tokens | {format_duration(elapsed)}")
@@ -185,19 +161,19 @@ class RunLog:
                compiled: bool, early_stopped: bool) -> None:
         """The summary record and loss.png (best effort: a full disk is a warning), wandb.finish, the done line;
         `wall`: the run's seconds, `train_s`/`session_tokens`: this session's training time and tokens."""
-        m, best, run_dir = self.model, st.best_val_loss, self.metrics.path.parent if self.metrics else None
+        m, best, run_dir = self.model, st.best_val_loss, Path(self.file.name).parent if self.file else None
         try:
-            if self.metrics is not None:
-                self.metrics.write({
+            if self.file is not None:
+                self.write({
                     "type": "summary", "status": status, "step": st.step, "best_step": st.best_step,
                     "best_val_loss": best if math.isfinite(best) else None, "tokens": st.tokens,
                     "wall_s": round(wall, 3), "train_s": round(train_s, 3),
                     "mean_tokens_per_s": round(session_tokens / train_s, 1) if train_s else None,
                     "num_params": self.num_params, "device": self.dev.name, "dtype": self.dev.dtype_name,
                     "compiled": compiled, "early_stopped": early_stopped})
-                self.metrics.close()
+                self.file.close()
                 from viz.loss_plot import plot_loss
-                plot_loss(read_metrics(self.metrics.path), run_dir / "loss.png", title=f"{run_dir}  ({m.n_layer}L/"
+                plot_loss(read_metrics(self.file.name), run_dir / "loss.png", title=f"{run_dir}  ({m.n_layer}L/"
                           f"{m.n_head}H/{m.n_embd}, ctx {m.block_size}; best val {best:.4f})")
         except OSError as e:
             log.warning(f"could not write the run summary or loss.png: {e}")

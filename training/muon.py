@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.optim.adamw import adamw
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
@@ -85,26 +86,12 @@ class MuonAdamW(torch.optim.Optimizer):
             for j, i in enumerate(idx):
                 params[i].add_(U[j].to(params[i].dtype), alpha=scale)
 
-    def _adamw(self, g: dict, params: list[torch.Tensor]) -> None:
-        lr, (b1, b2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
-        grads, m, v = [p.grad for p in params], [], []
-        for p in params:
-            st = self.state[p]
+    def _adamw(self, g: dict, params: list[torch.Tensor]) -> None:  # torch's own AdamW step, on this group
+        states = [self.state[p] for p in params]
+        for p, st in zip(params, states):
             if "exp_avg" not in st:
-                st["step"] = torch.tensor(0.0)
-                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-            st["step"] += 1
-            m.append(st["exp_avg"])
-            v.append(st["exp_avg_sq"])
-        step = float(self.state[params[0]]["step"])  # all params of a group step together
-        if wd:
-            torch._foreach_mul_(params, 1 - lr * wd)
-        torch._foreach_lerp_(m, grads, 1 - b1)
-        torch._foreach_mul_(v, b2)
-        torch._foreach_addcmul_(v, grads, grads, 1 - b2)
-        bc1, bc2 = 1 - b1 ** step, 1 - b2 ** step
-        denom = torch._foreach_sqrt(v)
-        torch._foreach_div_(denom, math.sqrt(bc2))
-        torch._foreach_add_(denom, eps)
-        torch._foreach_addcdiv_(params, m, denom, -lr / bc1)
+                st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        adamw([p for p in params], [p.grad for p in params], [st["exp_avg"] for st in states],
+              [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states], foreach=True, amsgrad=False,
+              beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"],
+              maximize=False)

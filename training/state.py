@@ -1,6 +1,6 @@
 """What a run carries into its next session, as Stateful parts of the checkpoint (checkpoint.manager), and the
-one home of random state (seeding, capturing and restoring every generator as plain containers). Their
-state_dicts are format 1's keys, so checkpoints of every version resume exactly.
+one home of random state (every generator seeded, captured and restored as plain containers). Their state_dicts
+are format 1's keys, so checkpoints of every version resume exactly.
 """
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from checkpoint.file import tokens_per_step
 from common.rng import seed_for
 from launch.ranks import DistInfo, all_reduce_mean
 
@@ -80,14 +81,8 @@ class TrainState:
         self.elapsed_before = float(ckpt.get("elapsed_s") or 0.0)
         self.wandb_run_id = ckpt.get("wandb_run_id")
         self.eval_pending = bool(ckpt.get("eval_pending"))
-        if ckpt.get("tokens") is not None:
-            self.tokens = int(ckpt["tokens"])
-        else:  # a checkpoint older than the field: its step times its own global batch (len(rng_ranks) processes)
-            t, per_step = (ckpt.get("config") or {}).get("train") or {}, self.tokens_per_step
-            if isinstance(t.get("batch_size"), int) and isinstance(t.get("grad_accum_steps"), int):
-                world_size = len(ckpt.get("rng_ranks") or [None])
-                per_step = t["batch_size"] * t["grad_accum_steps"] * world_size * ckpt["model_config"]["block_size"]
-            self.tokens = int(ckpt["step"]) * per_step
+        tokens = ckpt.get("tokens")  # (older checkpoints: their step times their own global batch)
+        self.tokens = int(tokens) if tokens is not None else self.step * (tokens_per_step(ckpt) or self.tokens_per_step)
 
 
 class LossWindow:
