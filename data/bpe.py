@@ -50,7 +50,7 @@ def cache_path(texts: Iterable[str], vocab_size: int) -> tuple[Path, int]:
         raw = text.encode("utf-8", errors="surrogatepass")
         h.update(len(raw).to_bytes(8, "little") + raw)  # piece boundaries are part of what is learnt
         n += len(raw)
-    return sources.cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{h.hexdigest()[:16]}.json", n
+    return sources.cache_dir(check=True) / "tokenizers" / f"bpe-{vocab_size}-{h.hexdigest()[:16]}.json", n
 
 
 def train(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -106,8 +106,8 @@ def tokenizer_for(pieces: list[str], cfg: DataConfig, train_chars: int,
 
 # ---------------------------------------------------------------------------------------------------- CLI
 def run(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(
-        prog="python -m data.bpe",
+    ap = ArgumentParser(  # prog: errors say "see python -m data.bpe --help"
+        prog="-m data.bpe", usage="python -m data.bpe --path PATH [PATH ...] --vocab-size N [options]",
         description="Train your own byte-level BPE tokenizer on a corpus (or find it in the cache), as "
                     "data.tokenizer=bpe does before preparing the data, and say how long it took.")
     ap.add_argument("--path", nargs="+", required=True, help="text, .jsonl or .parquet files, or directories of them")
@@ -116,12 +116,14 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--val-fraction", type=float, default=0.1, help="the end of the text left out (default 0.1)")
     ap.add_argument("--encoding-errors", default="strict", help="strict (default), replace, ignore or "
                                                                 "backslashreplace for bytes that are not UTF-8")
+    ap.add_argument("--text-key", default="text",
+                    help="the field (jsonl, json) or column (csv, parquet) holding the text (default text)")
     args = ap.parse_args(argv)
     cfg = DataConfig(name="text", path=args.path[0] if len(args.path) == 1 else args.path, tokenizer="bpe",
                      vocab_size=args.vocab_size, tokenizer_sample_mb=args.sample_mb, val_fraction=args.val_fraction,
-                     encoding_errors=args.encoding_errors)
+                     encoding_errors=args.encoding_errors, text_key=args.text_key)
     keys = {"vocab_size": "--vocab-size", "tokenizer_sample_mb": "--sample-mb", "path": "--path",
-            "val_fraction": "--val-fraction", "encoding_errors": "--encoding-errors"}
+            "val_fraction": "--val-fraction", "encoding_errors": "--encoding-errors", "text_key": "--text-key"}
     with in_keys(keys):
         cfg.validate()
         src = sources.resolve(cfg)

@@ -33,6 +33,7 @@ from data.shards import PROGRESS, ShardWriter, saved_head
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer_from_dict
 
 STALE_PARTIAL_S = 7 * 24 * 3600  # a dead run's closed shards are kept this long for a rerun to continue from
+_BUILDING: set[str] = set()  # the `.tmp-*` names this process is building now
 
 
 def _owner_alive(tmp: Path) -> bool:
@@ -45,15 +46,17 @@ def _owner_alive(tmp: Path) -> bool:
         return time.time() - tmp.stat().st_mtime < 24 * 3600  # unknown owner: keep for a day
     if host not in (_host(), socket.gethostname()):
         return True  # another machine on a shared file system: not ours to judge
-    return pid > 0 and pid_alive(pid)  # pid 0: released by an interrupted run
+    if pid == os.getpid():  # ours: released by an interrupt unless this process is building it now
+        return tmp.name in _BUILDING
+    return pid > 0 and pid_alive(pid)  # pid 0: released by an interrupted run of an older version
 
 
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:60] or "host"
 
 
-def _own_name(root: Path, pid: int | None = None) -> Path:
-    return root / f".tmp-{_host()}-{os.getpid() if pid is None else pid}-{os.urandom(6).hex()}"
+def _own_name(root: Path) -> Path:
+    return root / f".tmp-{_host()}-{os.getpid()}-{os.urandom(6).hex()}"
 
 
 def _claim(root: Path, key: str) -> Path | None:
@@ -87,15 +90,16 @@ def staging(root: Path, key: str) -> Iterator[Path]:
     except OSError as e:
         raise type(e)(f"the data cache {root} is not writable ({e.strerror or e}): make it writable, or set "
                       f"TINYGPT_CACHE to a writable directory") from None
+    _BUILDING.add(tmp.name)
     try:
         yield tmp
     except KeyboardInterrupt:
-        with suppress(OSError):  # released, so that a rerun (even in this process) continues from it
-            os.rename(tmp, _own_name(root, pid=0))
-        raise
+        raise  # kept: a rerun (even in this process, see _owner_alive) continues from it
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _BUILDING.discard(tmp.name)
 
 
 def publish(tmp: Path, final: Path, meta: dict) -> bool:
@@ -134,9 +138,12 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
         else:
             tok, sample_bytes = gpt2, int(float(cfg.tokenizer_sample_mb) * 1e6) if tok_kind == "bpe" else 0
             n_chars, chars, sample = corpus.scan(src, errors, tok_kind == "char", sample_bytes)
-        if n_chars == 0:
-            raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file "
-                                "with some content", src.display, errors)
+        if n_chars == 0:  # the files have bytes (resolve checked), but no text: null or empty records, or decoding
+            how = " or null" if src.keyed else ""
+            why = ", after decoding with {encoding_errors=}{1}" if errors != "strict" else ""
+            fix = ", or set {text_key=}<the field or column that holds it>" if src.keyed else ""
+            raise setting_error("{0} has no text (every document is empty" + how + why + "): give a file with some "
+                                "text" + fix, src.display, errors)
         n_train = int(n_chars * (1.0 - vf))
         if tok is None:  # a fresh start: the char vocabulary just scanned, or the own BPE (trained or cached)
             tok = CharTokenizer(chars) if tok_kind == "char" else bpe.tokenizer_for(sample, cfg, n_train, note)
@@ -145,7 +152,7 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
                                                                "tokenizer": tok.to_dict()})
         start = sink.resume()
         done = f", continuing after {len(sink.done)} finished shards" if sink.done else ""
-        note(f"preparing {cfg.name} ({src.nbytes / 1e6:,.1f} MB, {tok.describe()}) from {src.display} into "
+        note(f"preparing {cfg.name} ({n_chars:,} characters of text, {tok.describe()}) from {src.display} into "
              f"{final}{done}")
         hasher = hashlib.sha256()
         with tqdm(total=src.nbytes, unit="B", unit_scale=True, unit_divisor=1024, desc=f"prepare {cfg.name}",
@@ -177,7 +184,7 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
         if not publish(tmp, final, meta):  # another process finished first: the caller reads its (identical) result
             return None
     note(f"prepared {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens in {seconds:.1f} s "
-         f"({src.nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
+         f"({src.nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s of files read)")
     return Prepared(final, meta, tok)
 
 

@@ -6,7 +6,6 @@ reads, to count characters (and collect the char vocabulary or the own BPE's sam
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -15,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from common.cli import exit_quietly_on_broken_pipe
+from common.cli import ArgumentParser, exit_quietly_on_broken_pipe
 from common.text import error_line, in_keys
 from data import sources
 from data.config import DataConfig
@@ -36,6 +35,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     tok_kind = cfg.validate()  # checked once: the config edge has validated it already
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens!r} must be a positive integer (default {SHARD_TOKENS:,})")
+    root = prepared_root()
     src = sources.resolve(cfg)
 
     def note(msg: str) -> None:
@@ -51,7 +51,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     if tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
         more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
     key = cache_key(src_hash, tok_kind, float(cfg.val_fraction), cfg.encoding_errors, **more)
-    final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"
+    final = root / f"{cfg.name}-{tok_kind}-{key}"
     p = lookup(final, key, note)
     if p is None:
         from data.cache import build  # the miss: only now the encoders, the BPE trainer, the shard writer
@@ -63,7 +63,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
 
 
 def prepared_root() -> Path:
-    return sources.cache_dir() / "prepared"
+    return sources.cache_dir(check=True) / "prepared"
 
 
 def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str, **more) -> str:
@@ -119,8 +119,8 @@ def lookup(final: Path, key: str, note: Callable[[str], None]) -> Prepared | Non
 
 # ---------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m data.prepare",
+    ap = ArgumentParser(  # a mistake is one line; prog: its "see python -m data.prepare --help"
+        prog="-m data.prepare", usage="python -m data.prepare [options]",
         description="Tokenize a corpus into token shards in the tinygpt cache (training does this "
                     "automatically; this runs it on its own). Run it again after an interruption to continue.")
     ap.add_argument("--data", default="shakespeare_char", help="shakespeare_char (default), shakespeare or text")
@@ -137,7 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS,
                     help=f"tokens per shard file (default {SHARD_TOKENS:,}; the tokens are the same for any value)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar or notes")
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except ValueError as e:
+        print(error_line(e), file=sys.stderr)
+        return 2
     tokenizer = args.tokenizer or ("gpt2" if args.data == "shakespeare" else "char")
     path = args.path[0] if args.path and len(args.path) == 1 else args.path
     cfg = DataConfig(name=args.data, path=path, tokenizer=tokenizer, val_fraction=args.val_fraction,
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted (finished shards are kept: run the same command again to continue)", file=sys.stderr)
         return 130
     m = p.meta
-    print(f"{m['name']}: {p.tokenizer.describe()}, {m['source']['bytes']:,} bytes from {p.source}"
+    print(f"{m['name']}: {p.tokenizer.describe()}, {m['source']['chars']:,} characters of text from {p.source}"
           f"{' (already prepared)' if p.cached else ''}")
     for split, paths in (("train", p.train_paths), ("val", p.val_paths)):
         files = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}/{split}-*.bin ({len(paths)} shards)"

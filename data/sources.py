@@ -198,7 +198,7 @@ class Corpus:
 
     @property
     def keyed(self) -> bool:  # whether `text_key` picks the text (part of the cache key then)
-        return any(f.suffix in (".jsonl", *COLUMNAR) for f in self.files)
+        return any(f.suffix in (".jsonl", ".json", ".csv", *COLUMNAR) for f in self.files)
 
     @property
     def documents(self) -> bool:  # whether the text can hold more than one document
@@ -218,7 +218,12 @@ def _expand(given: str) -> tuple[list[Path], list[str] | None]:
     files = saved_dataset(p)
     if files is None:
         found = [f for f in p.rglob("*") if f.is_file()]
-        files = sorted((f for f in found if f.suffix in SUFFIXES), key=lambda f: f.relative_to(p).as_posix())
+        groups = {}  # a saved dataset below `p` contributes its own files (a DatasetDict: its train split)
+        for d in sorted({f.parent for f in found if f.name in ("state.json", "dataset_dict.json")}, key=lambda d: len(d.parts)):
+            if not any(r in d.parents for r in groups):
+                groups[d] = saved_dataset(d)
+        groups.update({f: [f] for f in found if f.suffix in SUFFIXES and not any(r in f.parents for r in groups)})
+        files = [f for _, fs in sorted(groups.items(), key=lambda kv: kv[0].relative_to(p).as_posix()) for f in fs]
         if not files:
             kinds = collections.Counter(f.suffix or "(no suffix)" for f in found)
             has = ", ".join(f"{n} {k}" for k, n in kinds.most_common(6)) or "no files"
@@ -308,6 +313,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"TINYGPT_CACHE to change it) unless they are there already, and print where they are. "
                     f"Run it on a machine with internet, then copy the cache directory to an offline one.",
     ).parse_args(argv)
+    try:
+        cache_dir(check=True)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     failed = False
     for what, fetch, where in (("Tiny Shakespeare", shakespeare_path, shakespeare_cache_path),
                                ("GPT-2 BPE ranks", gpt2_encoding, gpt2_ranks_cache_path)):

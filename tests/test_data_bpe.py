@@ -127,3 +127,15 @@ def test_train_sample_eval_export_and_finetune(tmp_path, tiny_corpus, capsys):
     with pytest.raises(ValueError, match="the BPE tokenizer trained on this data differs from the one"):
         train(cfg(last, f"data.path={other}", "train.max_iters=1"), tmp_path / "ft1")
     assert train(cfg(last, "train.max_iters=1"), tmp_path / "ft2").status == "completed"  # the same text: fine
+
+
+def test_cli_messages_and_text_key(tmp_path, capsys):
+    """Argument errors say `python -m data.bpe` once; --text-key picks the field, as data.prepare's does."""
+    assert bpe.main(["--vocab-size", "300"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(see python -m data.bpe --help)" in err and "python python" not in err
+    rows = "".join(json.dumps({"body": f"line {i} of the body text"}) + "\n" for i in range(50))
+    (tmp_path / "c.jsonl").write_text(rows, encoding="utf-8")
+    assert bpe.main(["--path", str(tmp_path / "c.jsonl"), "--vocab-size", "270", "--text-key", "body"]) == 0
+    assert bpe.main(["--path", str(tmp_path / "c.jsonl"), "--vocab-size", "270"]) == 2
+    assert "has no text under 'text' (it has: body): set --text-key <" in capsys.readouterr().err

@@ -172,3 +172,17 @@ def test_training_on_a_directory_of_parquet_shards(tmp_path, tiny_corpus):
                       row_group_size=16)
     res = train(make_cfg(d, "train.max_iters=2", "train.eval_interval=2"), tmp_path / "run")
     assert (tmp_path / "run" / "last.pt").is_file() and res is not None
+
+
+def test_null_and_binary_columns(tmp_path):
+    """A binary column is read as UTF-8 text; an all-null column says it holds no text (not a decoding problem)."""
+    f = tmp_path / "bin.parquet"
+    pq.write_table(pa.table({"text": pa.array([b"hello ", None, "w\xf6rld".encode()], type=pa.binary())}), f)
+    assert text_of(prepare(DataConfig(name="text", path=str(f), val_fraction=0.2), progress=False)) == "hello w\xf6rld"
+    pq.write_table(pa.table({"text": pa.array([None, None], type=pa.string())}), tmp_path / "nulls.parquet")
+    msg = one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / "nulls.parquet")),
+                         "has no text (every document is empty or null)", "set text_key=<")
+    assert "decoding" not in msg
+    pq.write_table(pa.table({"text": pa.array([None, None]), "body": ["a", "b"]}), tmp_path / "nulltype.parquet")
+    one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / "nulltype.parquet")),
+                   "its column 'text' holds only nulls (no text)", "set text_key=<")

@@ -190,3 +190,20 @@ def test_sources_cli_help_fetches_nothing(monkeypatch, capsys):
     with pytest.raises(SystemExit) as ei:
         sources.main(["--help"])
     assert ei.value.code == 0 and "usage: python -m data.sources" in capsys.readouterr().out
+
+
+def test_tests_find_the_data_in_the_default_cache(tmp_path, monkeypatch):
+    """Data kept only in ~/.cache/tinygpt (as the docs' offline setup leaves it) is found, not silently skipped."""
+    from tests.conftest import _find_shared_data
+    cache = tmp_path / "home" / ".cache" / "tinygpt"
+    (cache / "tinyshakespeare").mkdir(parents=True)
+    (cache / "tokenizers").mkdir()
+    (cache / "tinyshakespeare" / "input.txt").write_text("First Citizen:\n")
+    (cache / "tokenizers" / "gpt2.tiktoken").write_text("ranks\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    found = _find_shared_data({}, repo=tmp_path / "elsewhere" / "repo")
+    assert (found / "tinyshakespeare.txt").read_text() == "First Citizen:\n"
+    assert (found / "gpt2.tiktoken").read_text() == "ranks\n"
+    assert _find_shared_data({}, repo=tmp_path / "elsewhere" / "repo") is not None
+    monkeypatch.setenv("HOME", str(tmp_path / "nobody"))
+    assert _find_shared_data({}, repo=tmp_path / "elsewhere" / "repo") is None
