@@ -6,6 +6,8 @@ Imports neither hydra, model/ nor training/: its errors name DataConfig's fields
 import os
 from pathlib import Path
 
+SHAKESPEARE_FILE = "tinyshakespeare/input.txt"  # in the cache: data/sources.py downloads it there
+
 
 def cache_dir(check: bool = False) -> Path:
     """`$TINYGPT_CACHE` if set (and non-empty), else `~/.cache/tinygpt`: where every download and prepared data set

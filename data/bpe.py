@@ -18,8 +18,8 @@ from typing import Callable, Iterable, Iterator
 from common.files import write_text_atomic
 from common.cli import ArgumentParser, cli_main
 from common.text import in_keys
-from data import corpus, sources
-from data.config import DataConfig
+from data import cache_dir, corpus
+from data.config import DataConfig, resolve
 from data.tokenizer import BPE_EOT, BPETokenizer, import_tokenizers
 
 FORMAT_VERSION = 1  # part of the cache key: a change to how tokenizers are trained gets new files
@@ -50,7 +50,7 @@ def cache_path(texts: Iterable[str], vocab_size: int) -> tuple[Path, int]:
         raw = text.encode("utf-8", errors="surrogatepass")
         h.update(len(raw).to_bytes(8, "little") + raw)  # piece boundaries are part of what is learnt
         n += len(raw)
-    return sources.cache_dir(check=True) / "tokenizers" / f"bpe-{vocab_size}-{h.hexdigest()[:16]}.json", n
+    return cache_dir(check=True) / "tokenizers" / f"bpe-{vocab_size}-{h.hexdigest()[:16]}.json", n
 
 
 def train(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -126,7 +126,7 @@ def run(argv: list[str] | None = None) -> int:
             "val_fraction": "--val-fraction", "encoding_errors": "--encoding-errors", "text_key": "--text-key"}
     with in_keys(keys):
         cfg.validate()
-        src = sources.resolve(cfg)
+        src = resolve(cfg)
         n_chars, _, pieces = corpus.scan(src, cfg.encoding_errors, False, int(cfg.tokenizer_sample_mb * 1e6))
         t0 = time.perf_counter()
         tok = tokenizer_for(pieces, cfg, int(n_chars * (1.0 - cfg.val_fraction)),

@@ -26,7 +26,7 @@ from common.files import fsync_dir, write_text_atomic
 from common.platform import pid_alive
 from common.text import setting_error
 from data import bpe, corpus, sources
-from data.config import DataConfig
+from data.config import Corpus, DataConfig
 from data.encode import encode_bpe, encode_char
 from data.loader import Prepared, dtype_for_vocab
 from data.shards import PROGRESS, ShardWriter, saved_head
@@ -119,7 +119,7 @@ def publish(tmp: Path, final: Path, meta: dict) -> bool:
     return True
 
 
-def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, head: dict, more: dict, final: Path,
+def build(cfg: DataConfig, tok_kind: str, src: Corpus, src_hash: str, head: dict, more: dict, final: Path,
           note: Callable[[str], None], progress: bool, shard_tokens: int) -> Prepared | None:
     """Prepare `src` into `final` (data/prepare.py made the key and meta.json's `head`); None when another process
     published it first. Reads the text twice: to count characters (and collect the char vocabulary or the own
@@ -129,6 +129,8 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
     def changed_error():
         return ValueError(f"{src.display} changed while it was being prepared: run again once it is stable")
 
+    if src.given is None and src_hash != sources.SHAKESPEARE_SHA256:  # the cached download, hashed by prepare
+        raise sources.not_shakespeare(src.files[0])
     t0 = time.perf_counter()
     gpt2 = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
     with staging(final.parent, key) as tmp:

@@ -11,7 +11,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from common.text import one_line, setting_error
 
-PARQUET = ".parquet"  # the other kind: .arrow (data/sources.py names both)
+PARQUET = ".parquet"  # the other kind: .arrow (data/config.py names both)
 BATCH_ROWS = 1024  # rows converted to Python strings at a time
 _ARROW_FILE_MAGIC = b"ARROW1"  # the Arrow IPC file format (save_to_disk writes the stream format, which lacks it)
 

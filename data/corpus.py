@@ -1,6 +1,6 @@
 """The corpus's text, streamed: each text file is one document, each line of a .jsonl file another, each record of
 a .json array, each row of a .csv file or of a parquet / Arrow file another (data/columnar.py); `read_text` yields None between two. Decoding is exact UTF-8 in
-bounded chunks, so any file size fits in memory: docs/design.md (Data). Which files, and their hash: data/sources.py.
+bounded chunks, so any file size fits in memory: docs/design.md (Data). Which files, and their hash: data/config.py.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Iterator
 import numpy as np
 
 from common.text import setting_error
-from data import sources
+from data.config import BLOCK, COLUMNAR, Corpus
 
 CHUNK_BYTES = 4 << 20  # bytes read and decoded at a time
 csv.field_size_limit(2**31 - 1)  # a document in one cell may be long (the default limit is 128 KiB)
@@ -126,14 +126,14 @@ def _csv_documents(f, path: Path, errors: str, key: str, feed) -> Iterator[tuple
 READERS = {".jsonl": _jsonl_documents, ".json": _json_documents, ".csv": _csv_documents}  # else: plain text
 
 
-def read_text(src: sources.Corpus, errors: str, hasher=None, bar=None) -> Iterator[str | None]:
+def read_text(src: Corpus, errors: str, hasher=None, bar=None) -> Iterator[str | None]:
     """The decoded text in chunks, None between two documents, feeding `hasher` (as `sha256`) and `bar` the bytes."""
     unshown, started = 0, False  # bytes read but not yet on the bar; whether a document has begun
 
     def advance(n: int) -> None:
         nonlocal unshown
         unshown += n
-        if bar is not None and unshown >= sources.BLOCK:
+        if bar is not None and unshown >= BLOCK:
             bar.update(unshown)
             unshown = 0
 
@@ -144,9 +144,9 @@ def read_text(src: sources.Corpus, errors: str, hasher=None, bar=None) -> Iterat
 
     for i, path in enumerate(src.files):
         if hasher is not None:
-            hasher.update(sources.file_header(src, i))
-        with sources.open_file(src, path) as f:
-            columns = path.suffix in sources.COLUMNAR
+            hasher.update(src.header(i))
+        with src.open(path) as f:
+            columns = path.suffix in COLUMNAR
             if columns:
                 from data.columnar import documents  # pyarrow: only for these files
                 docs = documents(f, path, src.text_key, errors, advance)
@@ -162,7 +162,7 @@ def read_text(src: sources.Corpus, errors: str, hasher=None, bar=None) -> Iterat
                     yield text
             if columns and hasher is not None:  # pyarrow read the file out of order: its bytes, from the same handle
                 f.seek(0)
-                sources.hash_rest(f, hasher)
+                src.hash_rest(f, hasher)
     if bar is not None:
         bar.update(unshown)
 
@@ -173,7 +173,7 @@ def blocks(text: str, size: int = 1 << 18) -> Iterator[str]:
         yield text[i:i + size]
 
 
-def scan(src: sources.Corpus, errors: str, want_vocab: bool, sample_bytes: int = 0) -> tuple[int, list[str], list[str]]:
+def scan(src: Corpus, errors: str, want_vocab: bool, sample_bytes: int = 0) -> tuple[int, list[str], list[str]]:
     """The number of characters, (if `want_vocab`) the sorted set of characters, and the first `sample_bytes`
     bytes (UTF-8) of the text in its pieces, which the own BPE learns from (data/bpe.py): one read for all three."""
     n, pieces, left = 0, [], sample_bytes

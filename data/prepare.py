@@ -1,6 +1,6 @@
 """Text -> token shards of each split + meta.json, cached by content. The entry point (`prepare`) and the CLI.
 
-The key hashes everything the tokens depend on (data/sources.py hashes the text); a hit returns at once, having
+The key hashes everything the tokens depend on (data/config.py hashes the text); a hit returns at once, having
 read the text once to hash it and nothing else. A miss builds the directory (data/cache.py): two more streamed
 reads, to count characters (and collect the char vocabulary or the own BPE's sample) and to encode.
 """
@@ -16,10 +16,10 @@ from typing import Callable
 
 from common.cli import ArgumentParser, exit_quietly_on_broken_pipe
 from common.text import error_line, in_keys
-from data import sources
-from data.config import DataConfig
+from data import cache_dir
+from data.config import DataConfig, resolve
 from data.loader import Prepared
-from data.tokenizer import tokenizer_from_dict
+from data.tokenizer import BPE_EOT, tokenizer_from_dict
 
 FORMAT = "tinygpt-prepared"
 FORMAT_VERSION = 2  # 2: meta.json lists each split's shards; 1 (one train.bin and one val.bin) is still read
@@ -36,7 +36,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens!r} must be a positive integer (default {SHARD_TOKENS:,})")
     root = prepared_root()
-    src = sources.resolve(cfg)
+    src = resolve(cfg)
 
     def note(msg: str) -> None:
         if progress and log is not None:
@@ -44,10 +44,10 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
         elif progress:
             print(msg, file=sys.stderr, flush=True)
 
-    src_hash = sources.sha256(src)
+    src_hash = src.sha256()
     more = {"text_key": cfg.text_key} if src.keyed else {}
     if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
-        more["separator"] = sources.GPT2_EOT
+        more["separator"] = BPE_EOT
     if tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
         more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
     key = cache_key(src_hash, tok_kind, float(cfg.val_fraction), cfg.encoding_errors, **more)
@@ -63,7 +63,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
 
 
 def prepared_root() -> Path:
-    return sources.cache_dir(check=True) / "prepared"
+    return cache_dir(check=True) / "prepared"
 
 
 def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str, **more) -> str:

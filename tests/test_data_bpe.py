@@ -13,7 +13,7 @@ import eval as eval_cli
 import export
 import sample
 from data import bpe, corpus, sources
-from data.config import DataConfig
+from data.config import DataConfig, resolve
 from data.loader import TokenFile
 from data.prepare import prepare
 from tests.helpers import REPO
@@ -46,7 +46,7 @@ def spy(monkeypatch):
 def test_sample_is_the_start_of_the_train_split(tmp_path):
     f = tmp_path / "a.txt"
     f.write_text("héllo wörld " * 100, encoding="utf-8")  # 1,200 characters, 1,400 bytes
-    n, _, pieces = corpus.scan(sources.resolve(DataConfig(name="text", path=str(f))), "strict", False, 10 ** 6)
+    n, _, pieces = corpus.scan(resolve(DataConfig(name="text", path=str(f))), "strict", False, 10 ** 6)
     assert n == 1200 and "".join(pieces) == "héllo wörld " * 100  # the scan collects the sample: no read of its own
     assert "".join(bpe.sample(pieces, 1080, 10 ** 6)) == ("héllo wörld " * 90)  # val never seen
     capped = "".join(bpe.sample(pieces, 1080, 100))
@@ -68,7 +68,7 @@ def test_trained_once_then_cached(tiny_corpus, spy):
     assert spy == [300, 320] and other.tokenizer.vocab_size == 320 and other.dir != p.dir
     cached[0].write_text("{damaged", encoding="utf-8")
     notes = []
-    pieces = corpus.scan(sources.resolve(bpe_cfg(tiny_corpus)), "strict", False, 10 ** 8)[2]
+    pieces = corpus.scan(resolve(bpe_cfg(tiny_corpus)), "strict", False, 10 ** 8)[2]
     tok = bpe.tokenizer_for(pieces, bpe_cfg(tiny_corpus),
                             p.meta["split"]["train_chars"], notes.append)
     assert spy == [300, 320, 300] and any("is unreadable" in n for n in notes) and tok.vocab_size == 300

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from data.config import DataConfig
+from data.config import DataConfig, resolve
 from data.prepare import prepare
 from tests.test_data_corpus import _check_gpt2
 from tests.test_data_prepare import one_line_error, small_chunks, tokens
@@ -102,7 +102,7 @@ def test_read_a_row_group_at_a_time(tmp_path):
     from data import corpus, sources
     f = write_parquet(tmp_path / "big.parquet", [{"text": f"{i} " + "lorem ipsum dolor " * 5500} for i in range(40)],
                       row_group_size=4)
-    src = sources.resolve(DataConfig(name="text", path=str(f)))
+    src = resolve(DataConfig(name="text", path=str(f)))
     live, total = [], 0
     for text in corpus.read_text(src, "strict"):
         live.append(pa.total_allocated_bytes())

@@ -242,7 +242,8 @@ def _deny(monkeypatch, name):
             raise PermissionError(13, "Permission denied", str(path))
         return builtins.open(path, *a, **k)
 
-    monkeypatch.setattr(sources, "open", fake_open, raising=False)
+    import data.config
+    monkeypatch.setattr(data.config, "open", fake_open, raising=False)
 
 
 def test_unreadable_corpus_names_the_setting(tmp_path, monkeypatch):

@@ -207,3 +207,12 @@ def test_tests_find_the_data_in_the_default_cache(tmp_path, monkeypatch):
     assert _find_shared_data({}, repo=tmp_path / "elsewhere" / "repo") is not None
     monkeypatch.setenv("HOME", str(tmp_path / "nobody"))
     assert _find_shared_data({}, repo=tmp_path / "elsewhere" / "repo") is None
+
+
+def test_prepare_refuses_a_cached_file_that_is_not_tiny_shakespeare():
+    from data.config import DataConfig
+    from data.prepare import prepare
+    sources.shakespeare_cache_path().parent.mkdir(parents=True)
+    sources.shakespeare_cache_path().write_text("not the play\n")
+    with pytest.raises(ValueError, match="is not Tiny Shakespeare .12 bytes; expected 1,115,394 bytes"):
+        prepare(DataConfig(), progress=False)
