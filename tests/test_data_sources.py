@@ -214,5 +214,5 @@ def test_prepare_refuses_a_cached_file_that_is_not_tiny_shakespeare():
     from data.prepare import prepare
     sources.shakespeare_cache_path().parent.mkdir(parents=True)
     sources.shakespeare_cache_path().write_text("not the play\n")
-    with pytest.raises(ValueError, match="is not Tiny Shakespeare .12 bytes; expected 1,115,394 bytes"):
+    with pytest.raises(ValueError, match="is not Tiny Shakespeare .13 bytes; expected 1,115,394 bytes"):
         prepare(DataConfig(), progress=False)
