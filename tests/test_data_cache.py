@@ -14,7 +14,8 @@ import pytest
 from data import corpus, sources
 from data.prepare import cache_key
 from data.config import DataConfig
-from data.loader import TokenFile, TokenWriter
+from data.loader import TokenFile
+from data.shards import TokenWriter
 from data.prepare import load_prepared, prepare
 from tests.test_data_prepare import small_chunks
 
