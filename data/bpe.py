@@ -1,11 +1,6 @@
-"""Your own tokenizer: a byte-level BPE trained with Hugging Face `tokenizers` on the start of the corpus.
-
-It learns from the first `tokenizer_sample_mb` MB (UTF-8) of the train split only, so validation text never
-shapes the vocabulary and a huge corpus costs no more than its sample. The read that counts the characters
-(data/corpus.py `scan`) collects that sample, held in memory, so it costs no read of its own. The pre-tokenizer is
-GPT-2's and <|endoftext|> its one special token. Trained tokenizers are cached by the hash of that sample and the
-vocabulary size, as `$TINYGPT_CACHE/tokenizers/bpe-<vocab>-<key>.json` beside GPT-2's ranks, so preparing again
-never retrains. Also a CLI: `python -m data.bpe --path FILE --vocab-size N` trains (or finds) one and says how long.
+"""Your own tokenizer: a byte-level BPE (GPT-2's pre-tokenizer, <|endoftext|>) trained with Hugging Face `tokenizers`
+on the first `tokenizer_sample_mb` MB of the train split (collected by `corpus.scan`), cached by the hash of that
+sample and the size, so preparing again never retrains. `python -m data.bpe` trains (or finds) one, timed.
 """
 from __future__ import annotations
 

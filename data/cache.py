@@ -1,10 +1,6 @@
-"""Filling the prepared-data cache on a miss: `cache_dir()/prepared/<name>-<tokenizer>-<key>/` gets the token
-shards of each split (train-00000.bin ..., val-00000.bin ...) and meta.json listing them (data/prepare.py keys,
-finds and reads them back).
-
-A directory appears under its final name only once complete (built in `.tmp-<host>-<pid>-<random>`, then renamed),
-so a killed run never leaves one a later run would trust; a later run of the same key adopts a dead run's `.tmp-*`
-(renaming it to its own name) and keeps its closed shards.
+"""Filling the prepared-data cache on a miss: `prepared/<name>-<tokenizer>-<key>/` gets each split's token shards
+and meta.json. It is built in `.tmp-<host>-<pid>-<random>` and renamed once complete, so a killed run never leaves
+one a later run would trust; a later run of the same key adopts a dead run's `.tmp-*` and keeps its closed shards.
 """
 from __future__ import annotations
 

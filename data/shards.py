@@ -1,8 +1,6 @@
-"""Token shards: a split written as numbered token files (`ShardWriter`), read back as one sequence by
-data/loader.py's `TokenShards`, so corpora of tens of GB are written and memory-mapped a shard at a time.
-
-A shard is closed only after a piece of text, never inside one, and its end (characters of the corpus read so far)
-goes into `progress.json` with it: a killed preparation continues from the last closed shard: docs/data.md.
+"""Token shards written: `TokenWriter` (one token file) and `ShardWriter` (a split as numbered files, read back by
+data/loader.py's `TokenShards`). A shard closes between pieces of text and `progress.json` records where it ended,
+so a killed preparation continues from the last closed shard.
 """
 from __future__ import annotations
 
