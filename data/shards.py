@@ -18,7 +18,7 @@ PROGRESS = "progress.json"
 
 
 class TokenWriter:
-    """Append-only writer of the token file format. Use as a context manager; `close()` finalizes."""
+    """Append-only writer of the token file format; `close()` finalizes, `discard()` drops an unfinished file."""
 
     def __init__(self, path: str | os.PathLike, vocab_size: int):
         self.path = Path(path)
@@ -51,15 +51,6 @@ class TokenWriter:
         """Close and delete an unfinished file."""
         self._f.close()
         self.path.unlink(missing_ok=True)
-
-    def __enter__(self) -> "TokenWriter":
-        return self
-
-    def __exit__(self, exc_type, *_) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self._f.close()
 
 
 def shard_name(split: str, i: int) -> str:
