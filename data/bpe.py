@@ -1,11 +1,6 @@
-"""Your own tokenizer: a byte-level BPE trained with Hugging Face `tokenizers` on the start of the corpus.
-
-It learns from the first `tokenizer_sample_mb` MB (UTF-8) of the train split only, so validation text never
-shapes the vocabulary and a huge corpus costs no more than its sample. The read that counts the characters
-(data/corpus.py `scan`) collects that sample, held in memory, so it costs no read of its own. The pre-tokenizer is
-GPT-2's and <|endoftext|> its one special token. Trained tokenizers are cached by the hash of that sample and the
-vocabulary size, as `$TINYGPT_CACHE/tokenizers/bpe-<vocab>-<key>.json` beside GPT-2's ranks, so preparing again
-never retrains. Also a CLI: `python -m data.bpe --path FILE --vocab-size N` trains (or finds) one and says how long.
+"""Your own tokenizer: a byte-level BPE (GPT-2's pre-tokenizer, <|endoftext|>) trained with Hugging Face `tokenizers`
+on the first `tokenizer_sample_mb` MB of the train split (collected by `corpus.scan`), cached by the hash of that
+sample and the size, so preparing again never retrains. `python -m data.bpe` trains (or finds) one, timed.
 """
 from __future__ import annotations
 
@@ -18,8 +13,8 @@ from typing import Callable, Iterable, Iterator
 from common.files import write_text_atomic
 from common.cli import ArgumentParser, cli_main
 from common.text import in_keys, setting_error
-from data import corpus, sources
-from data.config import DataConfig
+from data import cache_dir, corpus
+from data.config import DataConfig, resolve
 from data.hf_tokenizer import read_tokenizer_json
 from data.tokenizer import BPE_EOT, BPETokenizer, import_tokenizers
 
@@ -51,7 +46,7 @@ def cache_path(texts: Iterable[str], vocab_size: int) -> tuple[Path, int]:
         raw = text.encode("utf-8", errors="surrogatepass")
         h.update(len(raw).to_bytes(8, "little") + raw)  # piece boundaries are part of what is learnt
         n += len(raw)
-    return sources.cache_dir() / "tokenizers" / f"bpe-{vocab_size}-{h.hexdigest()[:16]}.json", n
+    return cache_dir(check=True) / "tokenizers" / f"bpe-{vocab_size}-{h.hexdigest()[:16]}.json", n
 
 
 def train(texts: Iterable[str], vocab_size: int) -> BPETokenizer:
@@ -118,8 +113,8 @@ def from_file(cfg: DataConfig) -> BPETokenizer:
 
 # ---------------------------------------------------------------------------------------------------- CLI
 def run(argv: list[str] | None = None) -> int:
-    ap = ArgumentParser(
-        prog="python -m data.bpe",
+    ap = ArgumentParser(  # prog: errors say "see python -m data.bpe --help"
+        prog="-m data.bpe", usage="python -m data.bpe --path PATH [PATH ...] --vocab-size N [options]",
         description="Train your own byte-level BPE tokenizer on a corpus (or find it in the cache), as "
                     "data.tokenizer=bpe does before preparing the data, and say how long it took.")
     ap.add_argument("--path", nargs="+", required=True, help="text, .jsonl or .parquet files, or directories of them")
@@ -128,15 +123,17 @@ def run(argv: list[str] | None = None) -> int:
     ap.add_argument("--val-fraction", type=float, default=0.1, help="the end of the text left out (default 0.1)")
     ap.add_argument("--encoding-errors", default="strict", help="strict (default), replace, ignore or "
                                                                 "backslashreplace for bytes that are not UTF-8")
+    ap.add_argument("--text-key", default="text",
+                    help="the field (jsonl, json) or column (csv, parquet) holding the text (default text)")
     args = ap.parse_args(argv)
     cfg = DataConfig(name="text", path=args.path[0] if len(args.path) == 1 else args.path, tokenizer="bpe",
                      vocab_size=args.vocab_size, tokenizer_sample_mb=args.sample_mb, val_fraction=args.val_fraction,
-                     encoding_errors=args.encoding_errors)
+                     encoding_errors=args.encoding_errors, text_key=args.text_key)
     keys = {"vocab_size": "--vocab-size", "tokenizer_sample_mb": "--sample-mb", "path": "--path",
-            "val_fraction": "--val-fraction", "encoding_errors": "--encoding-errors"}
+            "val_fraction": "--val-fraction", "encoding_errors": "--encoding-errors", "text_key": "--text-key"}
     with in_keys(keys):
         cfg.validate()
-        src = sources.resolve(cfg)
+        src = resolve(cfg)
         n_chars, _, pieces = corpus.scan(src, cfg.encoding_errors, False, int(cfg.tokenizer_sample_mb * 1e6))
         t0 = time.perf_counter()
         tok = tokenizer_for(pieces, cfg, int(n_chars * (1.0 - cfg.val_fraction)),

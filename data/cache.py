@@ -1,10 +1,6 @@
-"""Filling the prepared-data cache on a miss: `cache_dir()/prepared/<name>-<tokenizer>-<key>/` gets the token
-shards of each split (train-00000.bin ..., val-00000.bin ...) and meta.json listing them (data/prepare.py keys,
-finds and reads them back).
-
-A directory appears under its final name only once complete (built in `.tmp-<host>-<pid>-<random>`, then renamed),
-so a killed run never leaves one a later run would trust; a later run of the same key adopts a dead run's `.tmp-*`
-(renaming it to its own name) and keeps its closed shards.
+"""Filling the prepared-data cache on a miss: `prepared/<name>-<tokenizer>-<key>/` gets each split's token shards
+and meta.json. It is built in `.tmp-<host>-<pid>-<random>` and renamed once complete, so a killed run never leaves
+one a later run would trust; a later run of the same key adopts a dead run's `.tmp-*` and keeps its closed shards.
 """
 from __future__ import annotations
 
@@ -26,13 +22,14 @@ from common.files import fsync_dir, write_text_atomic
 from common.platform import pid_alive
 from common.text import setting_error
 from data import bpe, corpus, sources
-from data.config import DataConfig
+from data.config import Corpus, DataConfig
 from data.encode import encode_bpe, encode_char
 from data.loader import Prepared, dtype_for_vocab
 from data.shards import PROGRESS, ShardWriter, saved_head
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer_from_dict
 
 STALE_PARTIAL_S = 7 * 24 * 3600  # a dead run's closed shards are kept this long for a rerun to continue from
+_BUILDING: set[str] = set()  # the `.tmp-*` names this process is building now
 
 
 def _owner_alive(tmp: Path) -> bool:
@@ -45,15 +42,17 @@ def _owner_alive(tmp: Path) -> bool:
         return time.time() - tmp.stat().st_mtime < 24 * 3600  # unknown owner: keep for a day
     if host not in (_host(), socket.gethostname()):
         return True  # another machine on a shared file system: not ours to judge
-    return pid > 0 and pid_alive(pid)  # pid 0: released by an interrupted run
+    if pid == os.getpid():  # ours: released by an interrupt unless this process is building it now
+        return tmp.name in _BUILDING
+    return pid > 0 and pid_alive(pid)  # pid 0: released by an interrupted run of an older version
 
 
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:60] or "host"
 
 
-def _own_name(root: Path, pid: int | None = None) -> Path:
-    return root / f".tmp-{_host()}-{os.getpid() if pid is None else pid}-{os.urandom(6).hex()}"
+def _own_name(root: Path) -> Path:
+    return root / f".tmp-{_host()}-{os.getpid()}-{os.urandom(6).hex()}"
 
 
 def _claim(root: Path, key: str) -> Path | None:
@@ -87,15 +86,16 @@ def staging(root: Path, key: str) -> Iterator[Path]:
     except OSError as e:
         raise type(e)(f"the data cache {root} is not writable ({e.strerror or e}): make it writable, or set "
                       f"TINYGPT_CACHE to a writable directory") from None
+    _BUILDING.add(tmp.name)
     try:
         yield tmp
     except KeyboardInterrupt:
-        with suppress(OSError):  # released, so that a rerun (even in this process) continues from it
-            os.rename(tmp, _own_name(root, pid=0))
-        raise
+        raise  # kept: a rerun (even in this process, see _owner_alive) continues from it
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    finally:
+        _BUILDING.discard(tmp.name)
 
 
 def publish(tmp: Path, final: Path, meta: dict) -> bool:
@@ -115,7 +115,7 @@ def publish(tmp: Path, final: Path, meta: dict) -> bool:
     return True
 
 
-def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, head: dict, more: dict, final: Path,
+def build(cfg: DataConfig, tok_kind: str, src: Corpus, src_hash: str, head: dict, more: dict, final: Path,
           note: Callable[[str], None], progress: bool, shard_tokens: int) -> Prepared | None:
     """Prepare `src` into `final` (data/prepare.py made the key and meta.json's `head`); None when another process
     published it first. Reads the text twice: to count characters (and collect the char vocabulary or the own
@@ -125,6 +125,8 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
     def changed_error():
         return ValueError(f"{src.display} changed while it was being prepared: run again once it is stable")
 
+    if src.given is None and src_hash != sources.SHAKESPEARE_SHA256:  # the cached download, hashed by prepare
+        raise sources.not_shakespeare(src.files[0])
     t0 = time.perf_counter()
     gpt2 = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
     with staging(final.parent, key) as tmp:
@@ -135,9 +137,12 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
             own_bpe = tok_kind == "bpe" and cfg.tokenizer_file is None  # trained here: the scan collects its sample
             tok, sample_bytes = gpt2, int(float(cfg.tokenizer_sample_mb) * 1e6) if own_bpe else 0
             n_chars, chars, sample = corpus.scan(src, errors, tok_kind == "char", sample_bytes)
-        if n_chars == 0:
-            raise setting_error("{0} has no text left after decoding with {encoding_errors=}{1}: give a text file "
-                                "with some content", src.display, errors)
+        if n_chars == 0:  # the files have bytes (resolve checked), but no text: null or empty records, or decoding
+            how = " or null" if src.keyed else ""
+            why = ", after decoding with {encoding_errors=}{1}" if errors != "strict" else ""
+            fix = ", or set {text_key=}<the field or column that holds it>" if src.keyed else ""
+            raise setting_error("{0} has no text (every document is empty" + how + why + "): give a file with some "
+                                "text" + fix, src.display, errors)
         n_train = int(n_chars * (1.0 - vf))
         if tok is None:  # a fresh start: the char vocabulary just scanned, or the own BPE (trained or cached)
             tok = CharTokenizer(chars) if tok_kind == "char" else bpe.tokenizer_for(sample, cfg, n_train, note)
@@ -146,7 +151,7 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
                                                                "tokenizer": tok.to_dict()})
         start = sink.resume()
         done = f", continuing after {len(sink.done)} finished shards" if sink.done else ""
-        note(f"preparing {cfg.name} ({src.nbytes / 1e6:,.1f} MB, {tok.describe()}) from {src.display} into "
+        note(f"preparing {cfg.name} ({n_chars:,} characters of text, {tok.describe()}) from {src.display} into "
              f"{final}{done}")
         hasher = hashlib.sha256()
         with tqdm(total=src.nbytes, unit="B", unit_scale=True, unit_divisor=1024, desc=f"prepare {cfg.name}",
@@ -178,7 +183,7 @@ def build(cfg: DataConfig, tok_kind: str, src: sources.Corpus, src_hash: str, he
         if not publish(tmp, final, meta):  # another process finished first: the caller reads its (identical) result
             return None
     note(f"prepared {meta['train_tokens']:,} train + {meta['val_tokens']:,} val tokens in {seconds:.1f} s "
-         f"({src.nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s)")
+         f"({src.nbytes / 1e6 / max(seconds, 1e-9):,.1f} MB/s of files read)")
     return Prepared(final, meta, tok)
 
 

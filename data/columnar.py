@@ -11,7 +11,7 @@ from typing import BinaryIO, Callable, Iterator
 
 from common.text import one_line, setting_error
 
-PARQUET = ".parquet"  # the other kind: .arrow (data/sources.py names both)
+PARQUET = ".parquet"  # the other kind: .arrow (data/config.py names both)
 BATCH_ROWS = 1024  # rows converted to Python strings at a time
 _ARROW_FILE_MAGIC = b"ARROW1"  # the Arrow IPC file format (save_to_disk writes the stream format, which lacks it)
 
@@ -110,7 +110,11 @@ class _Reader:
                                 f"{self.path} has no column {key!r} (it has: {shown})")
         t, types = self.schema.field(key).type, self.pa.types
         value = t.value_type if types.is_dictionary(t) else t
-        if not (types.is_string(value) or types.is_large_string(value) or types.is_string_view(value)):
+        if types.is_null(value):
+            raise setting_error("{0}: set {text_key=}<the column that holds the text>",
+                                f"{self.path}: its column {key!r} holds only nulls (no text)")
+        if not any(f(value) for f in (types.is_string, types.is_large_string, types.is_string_view,
+                                      types.is_binary, types.is_large_binary, types.is_binary_view)):
             raise setting_error("{0}: set {text_key=}<a column of strings>",
                                 f"{self.path}: its column {key!r} holds {t}, not strings")
 
@@ -125,12 +129,15 @@ def check(f: BinaryIO, path: Path, key: str) -> bool:
 
 
 def _texts(pa, col, path: Path, key: str, errors: str, first_row: int) -> list:
-    try:
-        return col.to_pylist()
-    except UnicodeDecodeError:  # bytes that are not UTF-8 (parquet readers do not check them): decode as asked
-        pass
+    """The column's values as str (None for nulls); bytes (a binary column, or strings that are not UTF-8, which
+    parquet readers do not check) are decoded as UTF-8 with `errors`."""
     if pa.types.is_dictionary(col.type):
         col = col.dictionary_decode()
+    if not (pa.types.is_binary(col.type) or pa.types.is_large_binary(col.type) or pa.types.is_binary_view(col.type)):
+        try:
+            return col.to_pylist()
+        except UnicodeDecodeError:
+            pass
     out = []
     for i, b in enumerate(col.cast(pa.large_binary()).to_pylist()):
         try:

@@ -1,4 +1,5 @@
-"""`DataConfig`: which text to train on and how to tokenize and split it (data sets: see README).
+"""`DataConfig`: which text to train on and how to tokenize and split it (data sets: see README), and `resolve`:
+the files it names (`Corpus`: opened, named and hashed here; their text is read by data/corpus.py).
 
 A plain dataclass (no Hydra import) so it serves both the Python API and the Hydra `data` node. `validate()` is
 not run by `__post_init__`, so OmegaConf can build the node from defaults: the config edge calls it once, and
@@ -6,16 +7,24 @@ later calls (`data.prepare.prepare` makes one) return the remembered answer whil
 """
 from __future__ import annotations
 
+import hashlib
+import os
+from collections import Counter
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from common.text import setting_error
+from data import SHAKESPEARE_FILE, cache_dir
 
 NAMES = ("shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2", "bpe")
 BPE_VOCAB = (257, 1 << 18)  # 256 byte tokens + <|endoftext|> .. 262,144 (the largest common vocabularies)
 ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
+COLUMNAR = (".parquet", ".arrow")  # parquet files and `datasets` save_to_disk Arrow files: data/columnar.py
+SUFFIXES = (".txt", ".jsonl", *COLUMNAR)  # what a directory contributes
+KEYED = (".jsonl", ".json", ".csv", *COLUMNAR)  # files whose text is under `text_key`
+BLOCK = 1 << 20  # bytes read at a time to hash
 
 
 @dataclass
@@ -121,3 +130,112 @@ class DataConfig:
             raise setting_error("{tokenizer_file=}{0!r} is not a file: give the path of a tokenizer.json (or leave "
                                 "{tokenizer_file} out to train your own BPE)", f)
         return self.vocab_size is not None
+
+# ------------------------------------------------------------------------------------- the files it names
+@dataclass
+class Corpus:
+    files: list[Path]
+    names: list[str] | None  # relative names when the source is a directory or a list (part of the hash), else None
+    display: str  # as the user gave it (messages)
+    abspath: str  # absolute (meta.json)
+    nbytes: int
+    given: str | None  # the path setting as given, for messages ("a.txt", "[a.txt,b.txt]"); None: the download
+    text_key: str  # the field or column of a KEYED file that holds the text
+    keyed = property(lambda self: any(f.suffix in KEYED for f in self.files))  # text_key is in the cache key then
+    documents = property(lambda self: len(self.files) > 1 or self.keyed)  # more than one document possible
+
+    def open(self, path: Path):
+        try:
+            return open(path, "rb")
+        except OSError as e:
+            denied = isinstance(e, PermissionError)
+            where = "" if str(path) == self.display else f": {path}"
+            shown = "{0}" if self.given is None else "{path=}{0}"
+            raise setting_error(shown + " cannot be read ({1}): {2} or give another file", self.given or self.display,
+                                f"{'permission denied' if denied else e.strerror or e}{where}",
+                                "check its permissions" if denied else "check the file", cls=type(e)) from None
+
+    def header(self, i: int) -> bytes:
+        """What the hash reads before file i of a directory or list: its name and size."""
+        return b"" if self.names is None else f"{self.names[i]}\0{self.files[i].stat().st_size}\0".encode()
+
+    @staticmethod
+    def hash_rest(f, hasher) -> None:
+        while block := f.read(BLOCK):
+            hasher.update(block)
+
+    def sha256(self) -> str:
+        """For one file exactly `sha256sum file`; for a directory or list, over names, sizes and contents (parquet
+        and Arrow files too: their bytes)."""
+        h = hashlib.sha256()
+        for i, path in enumerate(self.files):
+            h.update(self.header(i))
+            with self.open(path) as f:
+                self.hash_rest(f, h)
+        return h.hexdigest()
+
+
+def _expand(given: str) -> tuple[list[Path], list[str] | None]:
+    """One `path` entry: a file; a `datasets` save_to_disk directory (its Arrow files); or every .txt, .jsonl,
+    .parquet and .arrow file under a directory (a saved dataset in it: its own files), sorted by relative path."""
+    p = Path(os.path.expanduser(given))
+    if not p.exists():
+        raise setting_error("{path=}{0} does not exist (looked at {1}): give an existing text file or a directory "
+                            "of .txt, .jsonl or .parquet files", given, p.absolute(), cls=FileNotFoundError)
+    if not p.is_dir():
+        return [p], None
+    from data.columnar import saved_dataset  # pyarrow-free, but only a directory needs it
+    files = saved_dataset(p)
+    if files is None:
+        found = [f for f in p.rglob("*") if f.is_file()]
+        groups = {}
+        for d in sorted({f.parent for f in found if f.name in ("state.json", "dataset_dict.json")}, key=lambda d: len(d.parts)):
+            if not any(r in d.parents for r in groups):
+                groups[d] = saved_dataset(d)
+        groups.update({f: [f] for f in found if f.suffix in SUFFIXES and not any(r in f.parents for r in groups)})
+        files = [f for _, fs in sorted(groups.items(), key=lambda kv: kv[0].relative_to(p).as_posix()) for f in fs]
+        if not files:
+            kinds = Counter(f.suffix or "(no suffix)" for f in found)
+            has = ", ".join(f"{n} {k}" for k, n in kinds.most_common(6)) or "no files"
+            raise setting_error("directory {0} has no .txt files (nor .jsonl, .parquet or a datasets save_to_disk "
+                                "directory; it has {1}): convert your text to one of these, or point {path} at a "
+                                "single text file", p, has)
+    return files, [f.relative_to(p).as_posix() for f in files]
+
+
+def resolve(cfg: DataConfig) -> Corpus:
+    """`path` (one or several files or directories), else Tiny Shakespeare (cached, or downloaded and checked)."""
+    given = cfg.paths()
+    if len(given) == 1:
+        files, names = _expand(given[0])
+        p = Path(os.path.expanduser(given[0]))
+        display, abspath, shown = str(p), str(p.absolute()), given[0]
+    elif given:  # several: their files in order, each name prefixed by its entry's position
+        files, names = [], []
+        for i, g in enumerate(given):
+            f, n = _expand(g)
+            files += f
+            names += [f"{i}:{x}" for x in (n or [f[0].name])]
+        display, shown = ", ".join(given), f"[{','.join(given)}]"
+        abspath = ", ".join(str(Path(os.path.expanduser(g)).absolute()) for g in given)
+    else:  # the Shakespeare presets without a local copy: the cache (checked by its hash: data/cache.py), else a download
+        p = cache_dir() / SHAKESPEARE_FILE
+        if not p.is_file():
+            from data.sources import shakespeare_path
+            p = shakespeare_path()
+        files, names, display, abspath, shown = [p], None, str(p), str(p.absolute()), None
+    src = Corpus(files, names, display, abspath, sum(f.stat().st_size for f in files), shown, cfg.text_key)
+    if not any([_has_text(src, f) for f in files]):  # a list: every columnar file is checked
+        what = f"all {len(files)} files of {display} are empty" if names else f"{display} is empty"
+        rows = " (no rows)" if all(f.suffix in COLUMNAR for f in files) else ""
+        raise ValueError(f"{what}{rows}: give a text file with some content")
+    return src
+
+
+def _has_text(src: Corpus, path: Path) -> bool:
+    """Whether the file holds anything; a parquet / Arrow file's text column is checked (one line if wrong)."""
+    if path.suffix not in COLUMNAR:
+        return path.stat().st_size > 0
+    from data.columnar import check
+    with src.open(path) as f:
+        return check(f, path, src.text_key)

@@ -1,8 +1,5 @@
-"""Streamed encoding of the corpus into the train/val token shards, in bounded memory.
-
-Char-level maps code points through a lookup table. BPE (GPT-2's or your own) cuts the text only where GPT-2's
-pre-tokenizer always splits (`find_safe_cut`: same ids as one whole encode) and encodes the pieces on a thread
-pool, in order: docs/design.md (Data).
+"""Streamed encoding of the corpus into the train/val token shards, in bounded memory: char-level through a lookup
+table; BPE cut only where GPT-2's pre-tokenizer always splits (`find_safe_cut`), the pieces encoded on a thread pool.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Prepared data read back: the checked `.bin` token format (`TokenFile`, `TokenWriter`), a split's shards as one
-sequence (`TokenShards`; written by data/shards.py), a prepared directory (`Prepared`) and `BatchLoader`.
+"""Prepared data read back: the checked `.bin` token format (`TokenFile`), a split's shards as one sequence
+(`TokenShards`; written by data/shards.py), a prepared directory (`Prepared`) and `BatchLoader`.
 
 A damaged token file is a one-line ValueError; batches depend only on (seed, global step): docs/design.md (Data).
 torch is imported lazily: preparing data does not need it.
@@ -28,6 +28,10 @@ _DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
 
 def dtype_for_vocab(vocab_size: int) -> np.dtype:
     return _DTYPES[2] if vocab_size <= 1 << 16 else _DTYPES[4]
+
+
+def header(dtype: np.dtype, count: int, vocab_size: int) -> bytes:
+    return HEADER.pack(MAGIC, VERSION, dtype.itemsize, count, vocab_size, 0)
 
 
 def _fix_hint(path: Path) -> str:
@@ -80,55 +84,13 @@ class TokenFile:
         return self.tokens[np.asarray(offsets, dtype=np.int64)[:, None] + np.arange(length, dtype=np.int64)]
 
 
-class TokenWriter:
-    """Append-only writer of the token file format. Use as a context manager; `close()` finalizes."""
-
-    def __init__(self, path: str | os.PathLike, vocab_size: int):
-        self.path = Path(path)
-        self.vocab_size = int(vocab_size)
-        self.dtype = dtype_for_vocab(vocab_size)
-        self.count = 0
-        self._f = open(self.path, "wb")
-        self._f.write(b"\0" * HEADER_SIZE)  # placeholder: an unfinished file never has valid magic
-
-    def write(self, ids) -> None:
-        arr = np.asarray(ids)
-        if arr.size == 0:
-            return
-        if arr.dtype != self.dtype:
-            assert arr.min() >= 0 and arr.max() < self.vocab_size, "token id outside the vocabulary"
-            arr = arr.astype(self.dtype)
-        self._f.write(np.ascontiguousarray(arr).data)
-        self.count += int(arr.size)
-
-    def close(self) -> None:
-        if self._f.closed:
-            return
-        self._f.seek(0)
-        self._f.write(HEADER.pack(MAGIC, VERSION, self.dtype.itemsize, self.count, self.vocab_size, 0))
-        self._f.flush()
-        os.fsync(self._f.fileno())
-        self._f.close()
-
-    def discard(self) -> None:
-        """Close and delete an unfinished file."""
-        self._f.close()
-        self.path.unlink(missing_ok=True)
-
-    def __enter__(self) -> "TokenWriter":
-        return self
-
-    def __exit__(self, exc_type, *_) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self._f.close()
-
-
 def write_token_file(path: str | os.PathLike, ids, vocab_size: int) -> Path:
-    """Write a whole token file at once (tests, small data)."""
-    with TokenWriter(path, vocab_size) as w:
-        w.write(ids)
+    """Write a whole token file at once (tests, small data); data/shards.py's TokenWriter streams one."""
+    arr = np.asarray(ids)
+    assert arr.size == 0 or 0 <= arr.min() <= arr.max() < vocab_size, "token id outside the vocabulary"
+    arr = arr.astype(dtype_for_vocab(vocab_size))
+    with open(path, "wb") as f:
+        f.write(header(arr.dtype, arr.size, vocab_size) + arr.tobytes())
     return Path(path)
 
 

@@ -1,12 +1,11 @@
 """Text -> token shards of each split + meta.json, cached by content. The entry point (`prepare`) and the CLI.
 
-The key hashes everything the tokens depend on (data/sources.py hashes the text); a hit returns at once, having
+The key hashes everything the tokens depend on (data/config.py hashes the text); a hit returns at once, having
 read the text once to hash it and nothing else. A miss builds the directory (data/cache.py): two more streamed
 reads, to count characters (and collect the char vocabulary or the own BPE's sample) and to encode.
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -15,12 +14,12 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from common.cli import exit_quietly_on_broken_pipe
+from common.cli import ArgumentParser, exit_quietly_on_broken_pipe
 from common.text import error_line, in_keys
-from data import sources
-from data.config import DataConfig
+from data import cache_dir
+from data.config import DataConfig, resolve
 from data.loader import Prepared
-from data.tokenizer import tokenizer_from_dict
+from data.tokenizer import BPE_EOT, tokenizer_from_dict
 
 FORMAT = "tinygpt-prepared"
 FORMAT_VERSION = 2  # 2: meta.json lists each split's shards; 1 (one train.bin and one val.bin) is still read
@@ -36,7 +35,8 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     tok_kind = cfg.validate()  # checked once: the config edge has validated it already
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens!r} must be a positive integer (default {SHARD_TOKENS:,})")
-    src = sources.resolve(cfg)
+    root = prepared_root()
+    src = resolve(cfg)
 
     def note(msg: str) -> None:
         if progress and log is not None:
@@ -44,10 +44,10 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
         elif progress:
             print(msg, file=sys.stderr, flush=True)
 
-    src_hash = sources.sha256(src)
+    src_hash = src.sha256()
     more = {"text_key": cfg.text_key} if src.keyed else {}
     if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
-        more["separator"] = sources.GPT2_EOT
+        more["separator"] = BPE_EOT
     if tok_kind == "bpe" and cfg.tokenizer_file is not None:  # a given tokenizer.json: its text is the key
         more["tokenizer_json"] = hashlib.sha256(Path(cfg.tokenizer_file).expanduser().read_bytes()).hexdigest()
         if cfg.vocab_size is not None:  # in the key, so a wrong one is always checked (bpe.from_file)
@@ -55,7 +55,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     elif tok_kind == "bpe":  # the own BPE is trained from these settings (data/bpe.py)
         more.update(vocab_size=int(cfg.vocab_size), tokenizer_sample_mb=float(cfg.tokenizer_sample_mb))
     key = cache_key(src_hash, tok_kind, float(cfg.val_fraction), cfg.encoding_errors, **more)
-    final = prepared_root() / f"{cfg.name}-{tok_kind}-{key}"
+    final = root / f"{cfg.name}-{tok_kind}-{key}"
     p = lookup(final, key, note)
     if p is None:
         from data.cache import build  # the miss: only now the encoders, the BPE trainer, the shard writer
@@ -67,7 +67,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
 
 
 def prepared_root() -> Path:
-    return sources.cache_dir() / "prepared"
+    return cache_dir(check=True) / "prepared"
 
 
 def cache_key(source_hash: str, tokenizer: str, val_fraction: float, encoding_errors: str, **more) -> str:
@@ -123,8 +123,8 @@ def lookup(final: Path, key: str, note: Callable[[str], None]) -> Prepared | Non
 
 # ---------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m data.prepare",
+    ap = ArgumentParser(  # a mistake is one line; prog: its "see python -m data.prepare --help"
+        prog="-m data.prepare", usage="python -m data.prepare [options]",
         description="Tokenize a corpus into token shards in the tinygpt cache (training does this "
                     "automatically; this runs it on its own). Run it again after an interruption to continue.")
     ap.add_argument("--data", default="shakespeare_char", help="shakespeare_char (default), shakespeare or text")
@@ -141,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--shard-tokens", type=int, default=SHARD_TOKENS,
                     help=f"tokens per shard file (default {SHARD_TOKENS:,}; the tokens are the same for any value)")
     ap.add_argument("--quiet", action="store_true", help="no progress bar or notes")
-    args = ap.parse_args(argv)
+    try:
+        args = ap.parse_args(argv)
+    except ValueError as e:
+        print(error_line(e), file=sys.stderr)
+        return 2
     tokenizer = args.tokenizer or ("gpt2" if args.data == "shakespeare" else "char")
     path = args.path[0] if args.path and len(args.path) == 1 else args.path
     cfg = DataConfig(name=args.data, path=path, tokenizer=tokenizer, val_fraction=args.val_fraction,
@@ -156,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: interrupted (finished shards are kept: run the same command again to continue)", file=sys.stderr)
         return 130
     m = p.meta
-    print(f"{m['name']}: {p.tokenizer.describe()}, {m['source']['bytes']:,} bytes from {p.source}"
+    print(f"{m['name']}: {p.tokenizer.describe()}, {m['source']['chars']:,} characters of text from {p.source}"
           f"{' (already prepared)' if p.cached else ''}")
     for split, paths in (("train", p.train_paths), ("val", p.val_paths)):
         files = str(paths[0]) if len(paths) == 1 else f"{paths[0].parent}/{split}-*.bin ({len(paths)} shards)"

@@ -1,21 +1,56 @@
-"""Token shards: a split written as numbered token files (`ShardWriter`), read back as one sequence by
-data/loader.py's `TokenShards`, so corpora of tens of GB are written and memory-mapped a shard at a time.
-
-A shard is closed only after a piece of text, never inside one, and its end (characters of the corpus read so far)
-goes into `progress.json` with it: a killed preparation continues from the last closed shard: docs/data.md.
+"""Token shards written: `TokenWriter` (one token file) and `ShardWriter` (a split as numbered files, read back by
+data/loader.py's `TokenShards`). A shard closes between pieces of text and `progress.json` records where it ended,
+so a killed preparation continues from the last closed shard.
 """
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 
 from common.files import fsync_dir, write_text_atomic
-from data.loader import TokenFile, TokenWriter
+from data.loader import HEADER, TokenFile, dtype_for_vocab, header
 
 PROGRESS = "progress.json"
+
+
+class TokenWriter:
+    """Append-only writer of the token file format; `close()` finalizes, `discard()` drops an unfinished file."""
+
+    def __init__(self, path: str | os.PathLike, vocab_size: int):
+        self.path = Path(path)
+        self.vocab_size = int(vocab_size)
+        self.dtype = dtype_for_vocab(vocab_size)
+        self.count = 0
+        self._f = open(self.path, "wb")
+        self._f.write(b"\0" * HEADER.size)  # placeholder: an unfinished file never has valid magic
+
+    def write(self, ids) -> None:
+        arr = np.asarray(ids)
+        if arr.size == 0:
+            return
+        if arr.dtype != self.dtype:
+            assert arr.min() >= 0 and arr.max() < self.vocab_size, "token id outside the vocabulary"
+            arr = arr.astype(self.dtype)
+        self._f.write(np.ascontiguousarray(arr).data)
+        self.count += int(arr.size)
+
+    def close(self) -> None:
+        if self._f.closed:
+            return
+        self._f.seek(0)
+        self._f.write(header(self.dtype, self.count, self.vocab_size))
+        self._f.flush()
+        os.fsync(self._f.fileno())
+        self._f.close()
+
+    def discard(self) -> None:
+        """Close and delete an unfinished file."""
+        self._f.close()
+        self.path.unlink(missing_ok=True)
 
 
 def shard_name(split: str, i: int) -> str:

@@ -1,29 +1,23 @@
-"""Where the raw data lives: the cache directory, Tiny Shakespeare, the GPT-2 BPE ranks, and your corpus files
-(`resolve`: which files; `sha256`: their content hash, the base of the prepared-data cache key).
-
-Every downloadable file has one fixed place in `$TINYGPT_CACHE` (default `~/.cache/tinygpt`), looked at first,
-so an offline machine works once `python -m data.sources` has filled a cache elsewhere and it is copied there.
-Reading the files' text lives in data/corpus.py; this module only names them and hashes their bytes.
+"""The downloads: Tiny Shakespeare and the GPT-2 BPE ranks, each with one fixed place in `$TINYGPT_CACHE`
+(default `~/.cache/tinygpt`), looked at first, so an offline machine works once `python -m data.sources` has filled
+a cache elsewhere and it is copied there. Your own corpus files are named and hashed by data/config.py.
 """
 from __future__ import annotations
 
 import argparse
 import base64
 import binascii
-import collections
 import functools
 import hashlib
-import os
 import sys
 import threading
 import urllib.request
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write
 from common.text import one_line, setting_error
-from data import cache_dir
+from data import SHAKESPEARE_FILE, cache_dir
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SIZE = 1_115_394
@@ -37,12 +31,8 @@ GPT2_EOT = "<|endoftext|>"
 GPT2_EOT_ID = 50256
 GPT2_VOCAB_SIZE = 50257
 
-COLUMNAR = (".parquet", ".arrow")  # parquet files and `datasets` save_to_disk Arrow files: data/columnar.py
-SUFFIXES = (".txt", ".jsonl", *COLUMNAR)  # what a directory contributes
-
-
 def shakespeare_cache_path() -> Path:
-    return cache_dir() / "tinyshakespeare" / "input.txt"
+    return cache_dir() / SHAKESPEARE_FILE
 
 
 def gpt2_ranks_cache_path() -> Path:
@@ -61,12 +51,8 @@ def shakespeare_path() -> Path:
     """Tiny Shakespeare in the cache, downloaded (and verified) the first time."""
     dest = shakespeare_cache_path()
     if dest.is_file():
-        size = dest.stat().st_size
-        if size != SHAKESPEARE_SIZE or hashlib.sha256(dest.read_bytes()).hexdigest() != SHAKESPEARE_SHA256:
-            raise setting_error(
-                "{0}: delete it so it is downloaded again, or train on your own file with {name=}text {path=}<file>",
-                f"{dest} is not Tiny Shakespeare ({size:,} bytes; expected {SHAKESPEARE_SIZE:,} bytes with sha256 "
-                f"{SHAKESPEARE_SHA256[:12]}...)")
+        if dest.stat().st_size != SHAKESPEARE_SIZE or hashlib.sha256(dest.read_bytes()).hexdigest() != SHAKESPEARE_SHA256:
+            raise not_shakespeare(dest)
         return dest
     try:
         download(SHAKESPEARE_URL, dest, size=SHAKESPEARE_SIZE, sha256=SHAKESPEARE_SHA256)
@@ -76,6 +62,12 @@ def shakespeare_path() -> Path:
             "(or set TINYGPT_CACHE to a directory that has tinyshakespeare/input.txt), or pass {path=}<your copy>",
             dest, SHAKESPEARE_URL, one_line(getattr(e, 'reason', None) or e), cls=FileNotFoundError) from None
     return dest
+
+
+def not_shakespeare(dest: Path) -> ValueError:
+    return setting_error("{0}: delete it so it is downloaded again, or train on your own file with {name=}text "
+                         "{path=}<file>", f"{dest} is not Tiny Shakespeare ({dest.stat().st_size:,} bytes; expected "
+                         f"{SHAKESPEARE_SIZE:,} bytes with sha256 {SHAKESPEARE_SHA256[:12]}...)")
 
 
 def download(url: str, dest: Path, *, size: int, sha256: str) -> Path:
@@ -184,121 +176,6 @@ def gpt2_ranks() -> dict[bytes, int]:
     return load_ranks(path)
 
 
-# ---------------------------------------------------------------------------------------- your corpus files
-@dataclass
-class Corpus:
-    files: list[Path]
-    names: list[str] | None  # relative names when the source is a directory or a list (part of the hash), else None
-    display: str  # as the user gave it (messages)
-    abspath: str  # absolute (meta.json)
-    nbytes: int
-    given: str | None  # the path setting as given, for messages ("a.txt", "[a.txt,b.txt]"); None: the download
-    text_key: str  # the field of a .jsonl line, or the column of a parquet / Arrow file, that holds the text
-    digest: str | None = None  # `sha256()` when known already (the download, checked): no second read
-
-    @property
-    def keyed(self) -> bool:  # whether `text_key` picks the text (part of the cache key then)
-        return any(f.suffix in (".jsonl", *COLUMNAR) for f in self.files)
-
-    @property
-    def documents(self) -> bool:  # whether the text can hold more than one document
-        return len(self.files) > 1 or self.keyed
-
-
-def _expand(given: str) -> tuple[list[Path], list[str] | None]:
-    """One `path` entry: a file; a `datasets` save_to_disk directory (its Arrow files); or every .txt, .jsonl,
-    .parquet and .arrow file under a directory, sorted by relative path (other files are left out)."""
-    p = Path(os.path.expanduser(given))
-    if not p.exists():
-        raise setting_error("{path=}{0} does not exist (looked at {1}): give an existing text file or a directory "
-                            "of .txt, .jsonl or .parquet files", given, p.absolute(), cls=FileNotFoundError)
-    if not p.is_dir():
-        return [p], None
-    from data.columnar import saved_dataset  # pyarrow-free, but only a directory needs it
-    files = saved_dataset(p)
-    if files is None:
-        found = [f for f in p.rglob("*") if f.is_file()]
-        files = sorted((f for f in found if f.suffix in SUFFIXES), key=lambda f: f.relative_to(p).as_posix())
-        if not files:
-            kinds = collections.Counter(f.suffix or "(no suffix)" for f in found)
-            has = ", ".join(f"{n} {k}" for k, n in kinds.most_common(6)) or "no files"
-            raise setting_error("directory {0} has no .txt files (nor .jsonl, .parquet or a datasets save_to_disk "
-                                "directory; it has {1}): convert your text to one of these, or point {path} at a "
-                                "single text file", p, has)
-    return files, [f.relative_to(p).as_posix() for f in files]
-
-
-def resolve(cfg) -> Corpus:
-    """`path` (one or several files or directories), else Tiny Shakespeare (cached or downloaded)."""
-    given = cfg.paths()
-    if len(given) == 1:
-        files, names = _expand(given[0])
-        p = Path(os.path.expanduser(given[0]))
-        display, abspath, shown = str(p), str(p.absolute()), given[0]
-    elif given:  # several: their files in order, each name prefixed by its entry's position
-        files, names = [], []
-        for i, g in enumerate(given):
-            f, n = _expand(g)
-            files += f
-            names += [f"{i}:{x}" for x in (n or [f[0].name])]
-        display, shown = ", ".join(given), f"[{','.join(given)}]"
-        abspath = ", ".join(str(Path(os.path.expanduser(g)).absolute()) for g in given)
-    else:  # the Shakespeare presets without a local copy: cache / download
-        p = shakespeare_path()
-        files, names, display, abspath, shown = [p], None, str(p), str(p.absolute()), None
-    src = Corpus(files, names, display, abspath, sum(f.stat().st_size for f in files), shown, cfg.text_key,
-                 None if given else SHAKESPEARE_SHA256)
-    if not any([_has_text(src, f) for f in files]):  # a list: every columnar file is checked
-        what = f"all {len(files)} files of {display} are empty" if names else f"{display} is empty"
-        rows = " (no rows)" if all(f.suffix in COLUMNAR for f in files) else ""
-        raise ValueError(f"{what}{rows}: give a text file with some content")
-    return src
-
-
-def _has_text(src: Corpus, path: Path) -> bool:
-    """Whether the file holds anything; a parquet / Arrow file's text column is checked (one line if wrong)."""
-    if path.suffix not in COLUMNAR:
-        return path.stat().st_size > 0
-    from data.columnar import check
-    with open_file(src, path) as f:
-        return check(f, path, src.text_key)
-
-
-def open_file(src: Corpus, path: Path):
-    try:
-        return open(path, "rb")
-    except OSError as e:
-        denied = isinstance(e, PermissionError)
-        where = "" if str(path) == src.display else f": {path}"
-        shown = "{0}" if src.given is None else "{path=}{0}"
-        raise setting_error(shown + " cannot be read ({1}): {2} or give another file", src.given or src.display,
-                            f"{'permission denied' if denied else e.strerror or e}{where}",
-                            "check its permissions" if denied else "check the file", cls=type(e)) from None
-
-
-def file_header(src: Corpus, i: int) -> bytes:
-    """What the hash reads before file i of a directory or list: its name and size."""
-    return b"" if src.names is None else f"{src.names[i]}\0{src.files[i].stat().st_size}\0".encode()
-
-
-def hash_rest(f, hasher) -> None:
-    while block := f.read(BLOCK):
-        hasher.update(block)
-
-
-def sha256(src: Corpus) -> str:
-    """For one file exactly `sha256sum file`; for a directory, over names, sizes and contents (parquet and Arrow
-    files too: their bytes, as for text)."""
-    if src.digest is not None:
-        return src.digest
-    h = hashlib.sha256()
-    for i, f in enumerate(src.files):
-        h.update(file_header(src, i))
-        with open_file(src, f) as fh:
-            hash_rest(fh, h)
-    return h.hexdigest()
-
-
 # ---------------------------------------------------------------------------------------------------- CLI
 def main(argv: list[str] | None = None) -> int:
     """`python -m data.sources`: fetch Tiny Shakespeare and the GPT-2 ranks into the cache, print where."""
@@ -308,6 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"TINYGPT_CACHE to change it) unless they are there already, and print where they are. "
                     f"Run it on a machine with internet, then copy the cache directory to an offline one.",
     ).parse_args(argv)
+    try:
+        cache_dir(check=True)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     failed = False
     for what, fetch, where in (("Tiny Shakespeare", shakespeare_path, shakespeare_cache_path),
                                ("GPT-2 BPE ranks", gpt2_encoding, gpt2_ranks_cache_path)):

@@ -1,12 +1,6 @@
 """Tokenizers: char-level, GPT-2 BPE and your own byte-level BPE behind one small interface, plus a streaming
-UTF-8 decoder.
-
-`to_dict()` is plain JSON (stored in checkpoints and meta.json) and `tokenizer_from_dict` rebuilds the exact
-tokenizer from it without the corpus; that description's kind is read here only, so other code asks the tokenizer
-(`describe`, `unknown_characters`, `in_transformers`) or this module (`describe_tokenizer`, `data_setting`,
-`vocab_size_of` for a description). Unknown characters and foreign ids are one-line ValueErrors. Training the own
-BPE lives in data/bpe.py; the GPT-2 ranks (data/sources.py) are read and Hugging Face `tokenizers` is imported only
-when such a tokenizer is built.
+UTF-8 decoder. `to_dict()` is plain JSON (checkpoints, meta.json) that `tokenizer_from_dict` rebuilds exactly; its
+kind is read only here. The GPT-2 ranks and `tokenizers` are loaded only when such a tokenizer is built.
 """
 from __future__ import annotations
 

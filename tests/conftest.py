@@ -1,7 +1,8 @@
 """Shared fixtures: every test is hermetic (own cache dir, own cwd, wandb off, no network).
 
 Real data (Tiny Shakespeare, GPT-2 BPE ranks) comes from the shared data directory: `$TINYGPT_SHARED_DATA`,
-else `../shared/data` beside the repo, else the cache `.ci/run` seeded; tests that need it skip when absent.
+else `../shared/data` beside the repo, else a cache that holds it (`$TINYGPT_CACHE`, `~/.cache/tinygpt`); tests
+that need it skip when absent, saying where they looked.
 """
 from __future__ import annotations
 
@@ -22,26 +23,22 @@ from tests.helpers import REPO
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-_ORIGINAL_CACHE = os.environ.get("TINYGPT_CACHE")
-
-
-def _find_shared_data() -> Path | None:
-    candidates = []
-    if os.environ.get("TINYGPT_SHARED_DATA"):
-        candidates.append(Path(os.environ["TINYGPT_SHARED_DATA"]))
-    candidates.append(REPO.parent / "shared" / "data")
-    for c in candidates:
+def _find_shared_data(environ=os.environ, repo: Path = REPO) -> Path | None:
+    """`$TINYGPT_SHARED_DATA`, else `../shared/data` beside the repo (tinyshakespeare.txt, gpt2.tiktoken), else a
+    cache that has them (tinyshakespeare/input.txt, tokenizers/gpt2.tiktoken): `$TINYGPT_CACHE` as the session
+    began (the layout .ci/run seeds), else the default `~/.cache/tinygpt`, seen through a temporary directory."""
+    candidates = [Path(environ["TINYGPT_SHARED_DATA"])] if environ.get("TINYGPT_SHARED_DATA") else []
+    for c in [*candidates, repo.parent / "shared" / "data"]:
         if (c / "tinyshakespeare.txt").is_file():
             return c
-    if _ORIGINAL_CACHE:  # the layout .ci/run seeds
-        c = Path(_ORIGINAL_CACHE)
-        if (c / "tinyshakespeare" / "input.txt").is_file():
-            d = c / "_shared_view"
-            d.mkdir(exist_ok=True)
+    for cache in (environ.get("TINYGPT_CACHE"), "~/.cache/tinygpt"):
+        c = Path(cache).expanduser() if cache else None
+        if c is not None and (c / "tinyshakespeare" / "input.txt").is_file():
+            d = Path(tempfile.mkdtemp(prefix="tinygpt-tests-data-"))
             for name, src in (("tinyshakespeare.txt", c / "tinyshakespeare" / "input.txt"),
                               ("gpt2.tiktoken", c / "tokenizers" / "gpt2.tiktoken")):
-                if src.is_file() and not (d / name).exists():
-                    (d / name).symlink_to(src)
+                if src.is_file():
+                    (d / name).symlink_to(src.resolve())
             return d
     return None
 
@@ -164,7 +161,8 @@ def _one_thread():
 @pytest.fixture
 def shared_data_dir() -> Path:
     if SHARED_DATA is None:
-        pytest.skip("shared data (tinyshakespeare.txt, gpt2.tiktoken) not found; set TINYGPT_SHARED_DATA")
+        pytest.skip("Tiny Shakespeare not found (looked in $TINYGPT_SHARED_DATA, ../shared/data, $TINYGPT_CACHE and "
+                    "~/.cache/tinygpt): set TINYGPT_SHARED_DATA to a directory with tinyshakespeare.txt")
     return SHARED_DATA
 
 

@@ -13,7 +13,7 @@ import eval as eval_cli
 import export
 import sample
 from data import bpe, corpus, sources
-from data.config import DataConfig
+from data.config import DataConfig, resolve
 from data.loader import TokenFile
 from data.prepare import prepare
 from tests.helpers import REPO
@@ -46,7 +46,7 @@ def spy(monkeypatch):
 def test_sample_is_the_start_of_the_train_split(tmp_path):
     f = tmp_path / "a.txt"
     f.write_text("héllo wörld " * 100, encoding="utf-8")  # 1,200 characters, 1,400 bytes
-    n, _, pieces = corpus.scan(sources.resolve(DataConfig(name="text", path=str(f))), "strict", False, 10 ** 6)
+    n, _, pieces = corpus.scan(resolve(DataConfig(name="text", path=str(f))), "strict", False, 10 ** 6)
     assert n == 1200 and "".join(pieces) == "héllo wörld " * 100  # the scan collects the sample: no read of its own
     assert "".join(bpe.sample(pieces, 1080, 10 ** 6)) == ("héllo wörld " * 90)  # val never seen
     capped = "".join(bpe.sample(pieces, 1080, 100))
@@ -68,7 +68,7 @@ def test_trained_once_then_cached(tiny_corpus, spy):
     assert spy == [300, 320] and other.tokenizer.vocab_size == 320 and other.dir != p.dir
     cached[0].write_text("{damaged", encoding="utf-8")
     notes = []
-    pieces = corpus.scan(sources.resolve(bpe_cfg(tiny_corpus)), "strict", False, 10 ** 8)[2]
+    pieces = corpus.scan(resolve(bpe_cfg(tiny_corpus)), "strict", False, 10 ** 8)[2]
     tok = bpe.tokenizer_for(pieces, bpe_cfg(tiny_corpus),
                             p.meta["split"]["train_chars"], notes.append)
     assert spy == [300, 320, 300] and any("is unreadable" in n for n in notes) and tok.vocab_size == 300
@@ -142,3 +142,15 @@ def test_a_given_tokenizer_file_encodes_the_data(tmp_path, tiny_corpus):
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "WordLevel"}}))
     with pytest.raises(ValueError, match="is not a byte-level BPE with <.endoftext.>"):
         prepare(bpe_cfg(tiny_corpus, vocab_size=None, tokenizer_file=str(tmp_path / "tokenizer.json")), progress=False)
+
+
+def test_cli_messages_and_text_key(tmp_path, capsys):
+    """Argument errors say `python -m data.bpe` once; --text-key picks the field, as data.prepare's does."""
+    assert bpe.main(["--vocab-size", "300"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(see python -m data.bpe --help)" in err and "python python" not in err
+    rows = "".join(json.dumps({"body": f"line {i} of the body text"}) + "\n" for i in range(50))
+    (tmp_path / "c.jsonl").write_text(rows, encoding="utf-8")
+    assert bpe.main(["--path", str(tmp_path / "c.jsonl"), "--vocab-size", "270", "--text-key", "body"]) == 0
+    assert bpe.main(["--path", str(tmp_path / "c.jsonl"), "--vocab-size", "270"]) == 2
+    assert "has no text under 'text' (it has: body): set --text-key <" in capsys.readouterr().err

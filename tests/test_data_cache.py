@@ -14,7 +14,8 @@ import pytest
 from data import corpus, sources
 from data.prepare import cache_key
 from data.config import DataConfig
-from data.loader import TokenFile, TokenWriter
+from data.loader import TokenFile
+from data.shards import TokenWriter
 from data.prepare import load_prepared, prepare
 from tests.test_data_prepare import small_chunks
 
@@ -67,7 +68,7 @@ def test_interrupted_preparation_leaves_nothing_trusted(tiny_corpus, monkeypatch
         prepare(cfg, progress=False)
     root = sources.cache_dir() / "prepared"
     (partial,) = root.iterdir()
-    assert partial.name.startswith(".tmp-") and partial.name.split("-")[-2] == "0"  # released by pid 0
+    assert partial.name.startswith(".tmp-") and partial.name.split("-")[-2] == str(os.getpid())  # its owner
     monkeypatch.setattr(TokenWriter, "write", orig_write)
     p = prepare(cfg, progress=False)
     assert not p.cached and p.train_tokens + p.val_tokens == len(tiny_corpus.read_text())

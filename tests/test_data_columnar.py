@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from data.config import DataConfig
+from data.config import DataConfig, resolve
 from data.prepare import prepare
 from tests.test_data_corpus import _check_gpt2
 from tests.test_data_prepare import one_line_error, small_chunks, tokens
@@ -102,7 +102,7 @@ def test_read_a_row_group_at_a_time(tmp_path):
     from data import corpus, sources
     f = write_parquet(tmp_path / "big.parquet", [{"text": f"{i} " + "lorem ipsum dolor " * 5500} for i in range(40)],
                       row_group_size=4)
-    src = sources.resolve(DataConfig(name="text", path=str(f)))
+    src = resolve(DataConfig(name="text", path=str(f)))
     live, total = [], 0
     for text in corpus.read_text(src, "strict"):
         live.append(pa.total_allocated_bytes())
@@ -172,3 +172,17 @@ def test_training_on_a_directory_of_parquet_shards(tmp_path, tiny_corpus):
                       row_group_size=16)
     res = train(make_cfg(d, "train.max_iters=2", "train.eval_interval=2"), tmp_path / "run")
     assert (tmp_path / "run" / "last.pt").is_file() and res is not None
+
+
+def test_null_and_binary_columns(tmp_path):
+    """A binary column is read as UTF-8 text; an all-null column says it holds no text (not a decoding problem)."""
+    f = tmp_path / "bin.parquet"
+    pq.write_table(pa.table({"text": pa.array([b"hello ", None, "w\xf6rld".encode()], type=pa.binary())}), f)
+    assert text_of(prepare(DataConfig(name="text", path=str(f), val_fraction=0.2), progress=False)) == "hello w\xf6rld"
+    pq.write_table(pa.table({"text": pa.array([None, None], type=pa.string())}), tmp_path / "nulls.parquet")
+    msg = one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / "nulls.parquet")),
+                         "has no text (every document is empty or null)", "set text_key=<")
+    assert "decoding" not in msg
+    pq.write_table(pa.table({"text": pa.array([None, None]), "body": ["a", "b"]}), tmp_path / "nulltype.parquet")
+    one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / "nulltype.parquet")),
+                   "its column 'text' holds only nulls (no text)", "set text_key=<")

@@ -242,7 +242,8 @@ def _deny(monkeypatch, name):
             raise PermissionError(13, "Permission denied", str(path))
         return builtins.open(path, *a, **k)
 
-    monkeypatch.setattr(sources, "open", fake_open, raising=False)
+    import data.config
+    monkeypatch.setattr(data.config, "open", fake_open, raising=False)
 
 
 def test_unreadable_corpus_names_the_setting(tmp_path, monkeypatch):
@@ -267,3 +268,40 @@ def test_unreadable_corpus_for_real(tmp_path):
                        "path=secret.txt cannot be read")
     finally:
         f.chmod(0o600)
+
+
+# ------------------------------------------------------- issue 29: structured files are read by their format
+def test_json_array_and_csv_are_read_by_their_format(tmp_path):
+    """A .json array of records and a .csv table give their text field, not their syntax, and `text_key` picks it."""
+    records = [{"text": "hello there", "id": 1}, {"text": "general kenobi", "id": 2}, {"text": "", "id": 3}]
+    (tmp_path / "records.json").write_text(json.dumps(records), encoding="utf-8")
+    p = prepare(DataConfig(name="text", path=str(tmp_path / "records.json"), val_fraction=0.2), progress=False)
+    assert "".join(p.tokenizer.chars) == " abeghiklnort" and p.meta["source"]["text_key"] == "text"
+    (tmp_path / "table.csv").write_text('id,body\n1,"hello, there"\n2,"two\nlines"\n3,\n', encoding="utf-8")
+    q = prepare(DataConfig(name="text", path=str(tmp_path / "table.csv"), text_key="body", val_fraction=0.2),
+                progress=False)
+    text = q.tokenizer.decode(tokens(q.train_path).tolist() + tokens(q.val_path).tolist())
+    assert text == "hello, theretwo\nlines"
+    one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / "table.csv")),
+                   "table.csv has no column 'text' in its header row (it has: id, body)", "set text_key=<")
+    (tmp_path / "obj.json").write_text('{"text": "x"}')
+    one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / "obj.json")),
+                   "holds an object (dict), not an array of records")
+    (tmp_path / "nums.json").write_text('[{"text": 3}]')
+    one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / "nums.json")),
+                   "nums.json record 0: its 'text' is a number (int), not a string", "set text_key=<")
+
+
+def test_datasets_metadata_is_not_text(tmp_path):
+    """state.json / dataset_dict.json given as a file are refused naming the directory; a saved dataset inside a
+    directory contributes its Arrow files (a DatasetDict: its train split), never its metadata or other splits."""
+    datasets = pytest.importorskip("datasets")
+    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([{"text": "train text"}]),
+                               "validation": datasets.Dataset.from_list([{"text": "VALIDATION"}])})
+    dd.save_to_disk(str(tmp_path / "corpus" / "dd"))
+    (tmp_path / "corpus" / "more.txt").write_text(" and more")
+    p = prepare(DataConfig(name="text", path=str(tmp_path / "corpus"), val_fraction=0.2), progress=False)
+    assert p.tokenizer.decode(tokens(p.train_path).tolist() + tokens(p.val_path).tolist()) == "train text and more"
+    state = tmp_path / "corpus" / "dd" / "train" / "state.json"
+    one_line_error(ValueError, DataConfig(name="text", path=str(state)), "is the metadata of a saved dataset",
+                   f"path={state.parent}")

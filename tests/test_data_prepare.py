@@ -13,7 +13,7 @@ import pytest
 from data import corpus, encode, sources
 from data.config import DataConfig
 from data.loader import HEADER_SIZE, TokenFile
-from data.prepare import prepare
+from data.prepare import main, prepare
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 from tests.helpers import run_cli
 
@@ -175,3 +175,22 @@ def test_cli_trains_the_own_bpe_and_names_its_flags(tiny_corpus, capsys):
     assert main(["--data", "text", "--path", str(tiny_corpus), "--tokenizer", "bpe", "--quiet"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "--vocab-size" in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_argument_error_is_one_line_and_sizes_are_text(tmp_path, capsys):
+    """A bad flag is one line (no 8-line usage); the summary reports the text's size, not the file's."""
+    assert main(["--bogus"]) == 2
+    err = capsys.readouterr().err
+    assert err == "error: unrecognized arguments: --bogus (see python -m data.prepare --help)\n"
+    (tmp_path / "r.jsonl").write_text('{"text": "abc", "padding": "' + "x" * 100 + '"}\n{"text": "de"}\n')
+    assert main(["--data", "text", "--path", str(tmp_path / "r.jsonl"), "--val-fraction", "0.4"]) == 0
+    out = capsys.readouterr()
+    assert "5 characters of text from" in out.out and "5 characters of text" in out.err
+
+
+def test_cache_that_is_a_file_is_one_line(tmp_path, monkeypatch, tiny_corpus):
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "afile"))
+    for cfg in (DataConfig(), DataConfig(name="text", path=str(tiny_corpus))):
+        one_line_error(ValueError, cfg, f"the tinygpt cache {tmp_path / 'afile'} is a file, not a directory",
+                       "set TINYGPT_CACHE to a directory")

@@ -190,3 +190,29 @@ def test_sources_cli_help_fetches_nothing(monkeypatch, capsys):
     with pytest.raises(SystemExit) as ei:
         sources.main(["--help"])
     assert ei.value.code == 0 and "usage: python -m data.sources" in capsys.readouterr().out
+
+
+def test_tests_find_the_data_in_the_default_cache(tmp_path, monkeypatch):
+    """Data kept only in ~/.cache/tinygpt (as the docs' offline setup leaves it) is found, not silently skipped."""
+    from tests.conftest import _find_shared_data
+    cache = tmp_path / "home" / ".cache" / "tinygpt"
+    (cache / "tinyshakespeare").mkdir(parents=True)
+    (cache / "tokenizers").mkdir()
+    (cache / "tinyshakespeare" / "input.txt").write_text("First Citizen:\n")
+    (cache / "tokenizers" / "gpt2.tiktoken").write_text("ranks\n")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    found = _find_shared_data({}, repo=tmp_path / "elsewhere" / "repo")
+    assert (found / "tinyshakespeare.txt").read_text() == "First Citizen:\n"
+    assert (found / "gpt2.tiktoken").read_text() == "ranks\n"
+    assert _find_shared_data({}, repo=tmp_path / "elsewhere" / "repo") is not None
+    monkeypatch.setenv("HOME", str(tmp_path / "nobody"))
+    assert _find_shared_data({}, repo=tmp_path / "elsewhere" / "repo") is None
+
+
+def test_prepare_refuses_a_cached_file_that_is_not_tiny_shakespeare():
+    from data.config import DataConfig
+    from data.prepare import prepare
+    sources.shakespeare_cache_path().parent.mkdir(parents=True)
+    sources.shakespeare_cache_path().write_text("not the play\n")
+    with pytest.raises(ValueError, match="is not Tiny Shakespeare .13 bytes; expected 1,115,394 bytes"):
+        prepare(DataConfig(), progress=False)
