@@ -95,14 +95,15 @@ def run(argv: list[str] | None = None) -> int:
     tokenizer = tokenizer_from_dict(tokenizer_dict)
     check_vocab(tokenizer.vocab_size, model)
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         try:
+            out.parent.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
-        except PermissionError:  # name the directory the user chose, not our temp name in it
-            raise PermissionError(f"cannot write into {out.parent.resolve()} (permission denied): choose a writable "
-                                  "directory for --hf, or fix its permissions") from None
+        except OSError as e:  # read-only filesystem, no permission: name the user's directory, not our temp name
+            why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or str(e)).lower()
+            raise OSError(f"cannot write into {out.parent.resolve()} ({why}): choose a writable directory for "
+                          "--hf, or fix its permissions") from None
         names = write_export(model, tokenizer, tmp)
         replace_dir(tmp, out)
     finally:
