@@ -266,3 +266,11 @@ def test_file_is_read_as_train_py_reads_it(tmp_path, capsys, char_run):
         assert json.loads(capsys.readouterr().out) == pytest.approx(plain)
     assert eval_cli.main(["--file", str(tmp_path / "d.jsonl"), "--checkpoint", str(path)]) == 2
     assert "has no text under 'text' (it has: body): set --text-key <the field" in capsys.readouterr().err
+
+
+def test_docs_have_no_empty_code_blocks():
+    import re
+    from pathlib import Path
+    for page in ("export_eval.md", "sampling.md"):
+        text = (Path(__file__).parent.parent / "docs" / page).read_text(encoding="utf-8")
+        assert not re.search(r"^```\w*\n```$", text, re.M), f"docs/{page} has an empty code block"
