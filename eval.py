@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
     p.add_argument("--json", action="store_true", help="print one JSON object: loss, perplexity, bits_per_byte, "
-                   "tokens, bytes (--hellaswag: acc, acc_norm, acc_norm_chars, examples)")
+                   "tokens, bytes, windows (--hellaswag: acc, acc_norm, acc_norm_tokens, examples)")
     args = p.parse_args(argv)
     if args.stride is not None and args.stride < 1:
         raise ValueError(f"--stride {args.stride} is invalid: use a whole number >= 1 (at most the context length)")
@@ -101,16 +101,12 @@ def read_ids(args: argparse.Namespace, src, tokenizer) -> list[int]:
     """--file's token ids as train.py sees them: its documents (data/corpus.py) encoded as the corpus is, a literal
     <|endoftext|> as text; with BPE <|endoftext|> before each document (between them as in training; before the
     first as lm-eval's rolling rule scores it), a char model's documents joined."""
+    from itertools import groupby
+
     from data import corpus
-    docs, parts = [], []
-    with in_keys(KEYS):
-        for text in corpus.read_text(src, args.encoding_errors):
-            if text is None:
-                docs.append("".join(parts))
-                parts = []
-            else:
-                parts.append(text)
-    docs.append("".join(parts))
+    with in_keys(KEYS):  # None between two documents
+        docs = ["".join(g) for gap, g in groupby(corpus.read_text(src, args.encoding_errors), lambda t: t is None)
+                if not gap]
     try:
         if tokenizer.eot_id is None:
             return tokenizer.encode_ordinary("".join(docs))
@@ -148,9 +144,6 @@ def run_hellaswag(args: argparse.Namespace) -> int:
     return 0
 
 
-FIRST = {False: "the first after <|endoftext|>", True: "the first token has no context and is not scored"}
-
-
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.hf is not None:
@@ -177,18 +170,16 @@ def run(argv: list[str] | None = None) -> int:
     losses = token_losses(model, ids, stride=args.stride, batch_size=args.batch_size,
                           vocab_limit=tokenizer.vocab_size, progress=sys.stderr.isatty())  # no \r into a log
     total, n_bytes = losses.sum().item(), int(token_bytes(tokenizer)[torch.as_tensor(ids[1:])].sum())  # scored
-    rule = "rolling" if args.stride is None else f"stride {args.stride}"
     r = {"loss": total / len(losses), "perplexity": math.exp(total / len(losses)),
          "bits_per_byte": total / math.log(2) / n_bytes if n_bytes else None, "tokens": len(losses), "bytes": n_bytes,
-         "windows": rule}
-    if args.json:
-        print(json.dumps(r))
-    else:
-        bpb = "n/a (no bytes)" if r["bits_per_byte"] is None else f"{r['bits_per_byte']:.4f}"
-        how = "lm-eval's rolling windows" if args.stride is None else f"windows {args.stride} apart"
-        print(f"loss {r['loss']:.4f} nats/token | perplexity {r['perplexity']:.3f} | bits per byte {bpb}\n"
-              f"scored {r['tokens']:,} tokens ({r['bytes']:,} bytes; {FIRST[tokenizer.eot_id is None]}) with context "
-              f"{T}, {how}, on {device}")
+         "windows": "rolling" if args.stride is None else f"stride {args.stride}"}
+    bpb = "n/a (no bytes)" if r["bits_per_byte"] is None else f"{r['bits_per_byte']:.4f}"
+    first = "the first after <|endoftext|>" if tokenizer.eot_id is not None else "the first token has no context " \
+        "and is not scored"
+    how = "lm-eval's rolling windows" if args.stride is None else f"windows {args.stride} apart"
+    print(json.dumps(r) if args.json else f"loss {r['loss']:.4f} nats/token | perplexity {r['perplexity']:.3f} | "
+          f"bits per byte {bpb}\nscored {r['tokens']:,} tokens ({r['bytes']:,} bytes; {first}) with context {T}, "
+          f"{how}, on {device}")
     return 0
 
 
