@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 
 from checkpoint.file import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
@@ -154,6 +155,8 @@ def run(argv: list[str] | None = None) -> int:
         raise ValueError(f"--encoding-errors {args.encoding_errors} is not supported: use strict or replace")
     from data import sources
     from data.config import DataConfig
+    if os.path.isfile(args.file) and not os.path.getsize(args.file):
+        raise ValueError(f"--file {args.file} is empty: give a text file with something to score")
     with in_keys(KEYS):  # the file(s) exist and hold something: checked before torch is imported
         src = sources.resolve(DataConfig(path=args.file, text_key=args.text_key))
     import torch

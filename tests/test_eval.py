@@ -138,7 +138,8 @@ def test_bad_input_cli(tmp_path, char_run):
     (tmp_path / "foreign.txt").write_text("KING: Ωmega €5", encoding="utf-8")
     ckpt = ["--checkpoint", str(char_run[0])]
     cases = [(["--file", "empty.txt", *ckpt], ["--file empty.txt is empty"]),
-             (["--file", "latin1.txt", *ckpt], ["--file latin1.txt is not UTF-8 text (invalid byte at offset 9)"]),
+             (["--file", "latin1.txt", *ckpt], ["latin1.txt is not valid UTF-8: byte 0xe9 at byte offset 9",
+                                                "--encoding-errors replace"]),
              (["--file", "missing.txt", *ckpt], ["--file missing.txt does not exist"]),
              (["--file", "foreign.txt", *ckpt], ["cannot score --file foreign.txt: characters not in the "
                                                  "vocabulary: '5', 'Ω', '€'"])]
