@@ -135,7 +135,8 @@ def load_model(args: argparse.Namespace):
 
 def run_hellaswag(args: argparse.Namespace) -> int:
     from evals import hellaswag
-    examples = hellaswag.read_examples(hellaswag.read_text(args.hellaswag, "--hellaswag"), f"--hellaswag {args.hellaswag}")
+    text = hellaswag.read_text(args.hellaswag, "--hellaswag")
+    examples = hellaswag.read_examples(text, f"--hellaswag {args.hellaswag}")
     model, tokenizer, _ = load_model(args)
     try:  # a literal <|endoftext|> is the end-of-text token, as in lm-eval
         r = hellaswag.score(model, examples, tokenizer.encode, vocab_limit=tokenizer.vocab_size)

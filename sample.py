@@ -24,7 +24,8 @@ GET_GPT2 = "hf download openai-community/gpt2 config.json model.safetensors --lo
 
 def parse_args(argv: list[str] | None = None):
     p = ArgumentParser(prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF "
-                       "GPT-2). Without --run/--checkpoint/--init it uses the newest run under ./outputs or ./multirun.")
+                       "GPT-2). Without --run/--checkpoint/--init it uses the newest run under ./outputs or "
+                       "./multirun.")
     src = add_checkpoint_options(p)
     src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2 directory (config.json + weights; "
                      f"GPT-2 BPE, or a char model exported by export.py); GPT-2's: {GET_GPT2}")
@@ -42,7 +43,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--no-kv-cache", dest="kv_cache", action="store_false", help="recompute the whole window per token")
     p.add_argument("--no-stream", dest="stream", action="store_false", help="print each sample whole when done")
     p.add_argument("--compile", action="store_true", help="CUDA: decode with a torch.compile'd step (longest runs)")
-    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false", help="CUDA: decode without CUDA graphs")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
+                   help="CUDA: decode without CUDA graphs")
     p.add_argument("--attention-map", metavar="FILE.png", help="draw the prompt's attention weights to a PNG")
     return check_args(p.parse_args(argv))
 
@@ -116,9 +118,13 @@ def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
         return [0] if tokenizer.unknown_characters("\n") else tokenizer.encode("\n")[-block_size:] or [0]
     try:
         ids = tokenizer.encode(text)
-    except ValueError as e:  # a char model: the characters it never saw are listed
-        raise ValueError(f"the prompt cannot be encoded: {e}; a char-level model knows only the characters of "
-                         "its training text") from None
+    except ValueError as e:
+        if not (unknown := tokenizer.unknown_characters(text)):
+            raise ValueError(f"cannot encode the prompt: {e}") from None
+        more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
+        raise ValueError(f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
+                         f"{', '.join(repr(c) for c in unknown[:20])}{more}; a char-level model knows only the "
+                         "characters of its training text: remove or replace them") from None
     if len(ids) > block_size:
         print(f"note: the prompt is {len(ids)} tokens, longer than the model's context of {block_size}: "
               f"the model sees its last {block_size} tokens", file=sys.stderr)

@@ -55,7 +55,7 @@ def parse_row(line: str, number: int = 0) -> Example:
 
 
 def read_text(path: str, option: str) -> str:
-    """The text of a HellaSwag file given with `option`: UTF-8 (a BOM is dropped by read_examples), or gzip-compressed."""
+    """The text of a HellaSwag file given with `option`: UTF-8 (read_examples drops a BOM), or gzip-compressed."""
     from common.cli import read_text_file
     try:
         return read_text_file(path, option)
