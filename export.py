@@ -1,7 +1,6 @@
-"""Export a trained tinygpt model: to Hugging Face (`python export.py --hf OUT_DIR --run RUN_DIR`), or an FSDP
-run's sharded checkpoint as one .pt file (`python export.py --pt RUN_DIR [-o OUT]`); see --help.
---hf writes into a temp directory beside OUT_DIR and renames it into place: a failure never leaves half of one;
---force replaces only an earlier export, never a directory holding anything else (a run's *.pt, notes).
+"""Export a trained model: to Hugging Face (`python export.py --hf OUT_DIR --run RUN_DIR`), or an FSDP run's sharded
+checkpoint as one .pt file (`--pt RUN_DIR [-o OUT]`). --hf writes a temp directory and renames it into place (no
+half export); --force replaces only an earlier export, never a directory holding anything else (a run's *.pt).
 """
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ from checkpoint.file import add_checkpoint_options, check_vocab, load_for_infere
 from common.cli import ArgumentParser, cli_main
 from common.files import replace_dir
 
-# every file write_export can write: a directory holding only these (config.json and model.safetensors among
-# them) is an earlier export, the one kind --force replaces
+# every file write_export can write: a directory of only these is an earlier export, the one kind --force replaces
 EXPORT_FILES = frozenset({"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer.json",
                           "tokenizer_config.json", "special_tokens_map.json"})
 
@@ -55,9 +53,8 @@ def export_pt(src: str, out: str | None) -> Path:
 
 
 def force_refusal(out: Path) -> str | None:
-    """Why --force must not replace the directory `out`: it is not a previous export (config.json,
-    model.safetensors and tokenizer files, nothing else), so replacing it would delete files export.py did not
-    write, a run's *.pt among them. None for an empty directory or an earlier export."""
+    """Why --force must not replace `out` (files export.py did not write, a run's *.pt among them); None for an
+    empty directory or an earlier export."""
     ours = {e.name for e in out.iterdir() if e.name in EXPORT_FILES and e.is_file() and not e.is_symlink()}
     # the foreign ones first, a checkpoint (*.pt) before anything else
     entries = sorted(out.iterdir(), key=lambda e: (e.name in ours, e.suffix != ".pt", e.name))
@@ -98,14 +95,15 @@ def run(argv: list[str] | None = None) -> int:
     from model.hf_llama import ARCHITECTURES, export_kind
     kind = export_kind(model.config)  # a setting no Hugging Face class has: one line, before anything is written
 
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
     try:
         try:
+            out.parent.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
-        except PermissionError:  # name the directory the user chose, not our temp name in it
-            raise PermissionError(f"cannot write into {out.parent.resolve()} (permission denied): choose a writable "
-                                  "directory for --hf, or fix its permissions") from None
+        except OSError as e:  # read-only filesystem, no permission: name the user's directory, not our temp name
+            why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or str(e)).lower()
+            raise OSError(f"cannot write into {out.parent.resolve()} ({why}): choose a writable directory for "
+                          "--hf, or fix its permissions") from None
         names = write_export(model, tokenizer, tmp)
         replace_dir(tmp, out)
     finally:

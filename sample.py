@@ -1,20 +1,17 @@
-r"""Sample text from a trained tinygpt model: `python sample.py --prompt "ROMEO:"` (see --help).
+r"""Sample text from a trained tinygpt model: `python sample.py --prompt "ROMEO:"` (see --help; docs/sampling.md).
 
-argparse -> checkpoint -> model + tokenizer -> stream text. Arguments are checked before torch is imported,
-so a typo costs milliseconds; a user mistake is one `error: ...` line on stderr and exit code 2.
+Load (checkpoint or HF directory), encode, generate, stream. Arguments are checked before torch is imported, so a
+typo costs milliseconds; a user mistake is one `error: ...` line on stderr and exit code 2.
 """
 from __future__ import annotations
 
-import argparse
 import io
-import os
 import re
 import sys
 import time
 from pathlib import Path
 
-from checkpoint.file import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
-                             resolve_checkpoint)
+from checkpoint.file import add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, read_text_file
 from common.text import in_keys
 from common.threads import configure_threads
@@ -22,15 +19,17 @@ from common.threads import configure_threads
 configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
 
 SEPARATOR = "\n---------------\n"
+GET_GPT2 = "hf download openai-community/gpt2 config.json model.safetensors --local-dir gpt2"
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = ArgumentParser(
-        prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF GPT-2). Without "
-                        "--run/--checkpoint/--init it uses the newest run under ./outputs or ./multirun.")
+def parse_args(argv: list[str] | None = None):
+    p = ArgumentParser(prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF "
+                       "GPT-2). Without --run/--checkpoint/--init it uses the newest run under ./outputs or "
+                       "./multirun.")
     src = add_checkpoint_options(p)
     src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory "
-                     "(config.json + weights; GPT-2 BPE, its tokenizer.json, or a char model exported by export.py)")
+                     "(config.json + weights; GPT-2 BPE, its tokenizer.json, or a char model exported by export.py); "
+                     f"GPT-2's: {GET_GPT2}")
     pr = p.add_mutually_exclusive_group()
     pr.add_argument("--prompt", metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t understood)')
     pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file (- = stdin)")
@@ -48,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="CUDA: decode without CUDA graphs")
     p.add_argument("--attention-map", metavar="FILE.png", help="draw the prompt's attention weights to a PNG")
-    return p.parse_args(argv)
+    return check_args(p.parse_args(argv))
 
 
 def unescape(text: str) -> str:
@@ -56,57 +55,57 @@ def unescape(text: str) -> str:
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
-def validate_args(args: argparse.Namespace) -> None:
+def check_args(a):
     """Cheap checks (no torch) so that mistakes are reported before anything heavy is loaded."""
-    if not args.temperature >= 0:  # also rejects nan
-        raise ValueError(f"--temperature {args.temperature} is invalid: use 0 (greedy) or a positive number like 0.8")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p {args.top_p} is outside (0, 1]: use e.g. --top-p 0.9 (1 keeps every token)")
-    if args.top_k is not None and args.top_k < 1:
-        raise ValueError(f"--top-k {args.top_k} is invalid: use a whole number >= 1 (e.g. --top-k 50), or leave it out")
-    if args.max_new_tokens < 0:
-        raise ValueError(f"--max-new-tokens {args.max_new_tokens} is negative: use 0 or more (default 500)")
-    if args.num_samples < 1:
-        raise ValueError(f"--num-samples {args.num_samples} is invalid: use 1 or more")
-    if args.seed is not None and not 0 <= args.seed < 2**64:  # torch.Generator.manual_seed's range
-        raise ValueError(f"--seed {args.seed} is out of range: use a whole number from 0 to {2**64 - 1}")
-    args.stop, args.prompt = (unescape(t) if t is not None else None for t in (args.stop, args.prompt))
-    if args.stop == "":
-        raise ValueError("--stop is empty: give the text that should end a sample, e.g. --stop '\\n\\n'")
-    if args.checkpoint is not None and Path(args.checkpoint).is_dir():
-        raise IsADirectoryError(f"--checkpoint {args.checkpoint} is a directory: give a .pt file in it, or "
-                                "pass a run directory with --run DIR")
-    if args.checkpoint is not None and not Path(args.checkpoint).exists():
-        raise FileNotFoundError(f"checkpoint {args.checkpoint} does not exist: check the path, or use --run DIR")
-    if args.init is not None:
-        check_hf_dir(args.init, "--init")
-    if args.attention_map is not None:
-        png = Path(args.attention_map)
-        if png.is_dir():
-            raise IsADirectoryError(f"--attention-map {png} is a directory: give a file name, e.g. {png / 'att.png'}")
-        if not png.resolve().parent.is_dir():
-            raise FileNotFoundError(f"cannot write --attention-map {png}: its directory does not exist")
-
-
-def read_prompt(args: argparse.Namespace) -> str | None:
-    """The prompt text, or None for "start from the default token"."""
-    text = args.prompt if args.prompt_file is None else read_text_file(args.prompt_file, "--prompt-file")
-    if text == "":
-        source = "--prompt" if args.prompt_file is None else f"--prompt-file {args.prompt_file}"
+    mistakes = [(not a.temperature >= 0, f"--temperature {a.temperature} is invalid: use 0 (greedy) or a positive "
+                 "number like 0.8"),  # (also nan)
+                (a.top_p is not None and not 0 < a.top_p <= 1, f"--top-p {a.top_p} is outside (0, 1]: use e.g. "
+                 "--top-p 0.9 (1 keeps every token)"),
+                (a.top_k is not None and a.top_k < 1, f"--top-k {a.top_k} is invalid: use a whole number >= 1 (e.g. "
+                 "--top-k 50), or leave it out"),
+                (a.max_new_tokens < 0, f"--max-new-tokens {a.max_new_tokens} is negative: use 0 or more (default 500)"),
+                (a.num_samples < 1, f"--num-samples {a.num_samples} is invalid: use 1 or more"),
+                (a.seed is not None and not 0 <= a.seed < 2**64,  # torch.Generator.manual_seed's range
+                 f"--seed {a.seed} is out of range: use a whole number from 0 to {2**64 - 1}"),
+                (a.stop == "", "--stop is empty: give the text that should end a sample, e.g. --stop '\\n\\n'")]
+    for wrong, message in mistakes:
+        if wrong:
+            raise ValueError(message)
+    a.stop, a.prompt = (unescape(t) if t is not None else None for t in (a.stop, a.prompt))
+    if a.run is not None and Path(a.run).is_file():  # --run RUN/best.pt: that file
+        a.checkpoint, a.run = a.run, None
+    ckpt, png = Path(a.checkpoint or "."), Path(a.attention_map or ".")
+    if a.checkpoint is not None and (ckpt.is_dir() or not ckpt.exists()):
+        raise (IsADirectoryError(f"--checkpoint {ckpt} is a directory: give a .pt file in it, or pass a run directory "
+                                 "with --run DIR") if ckpt.is_dir() else
+               FileNotFoundError(f"checkpoint {ckpt} does not exist: check the path, or use --run DIR"))
+    if a.init is not None and not Path(a.init).expanduser().exists():
+        raise FileNotFoundError(f"--init {a.init} is not a local directory: download GPT-2's with `{GET_GPT2}` and "
+                                "pass --init gpt2, or give the directory export.py --hf wrote")
+    if a.init is not None:
+        check_hf_dir(a.init, "--init")
+    if a.attention_map is not None and png.is_dir():
+        raise IsADirectoryError(f"--attention-map {png} is a directory: give a file name, e.g. {png / 'att.png'}")
+    if a.attention_map is not None and not png.resolve().parent.is_dir():
+        raise FileNotFoundError(f"cannot write --attention-map {png}: its directory does not exist")
+    prompt = a.prompt if a.prompt_file is None else read_text_file(a.prompt_file, "--prompt-file")
+    if prompt == "":
+        source = "--prompt" if a.prompt_file is None else f"--prompt-file {a.prompt_file}"
         raise ValueError(f"{source} is empty: give some text, or leave out the prompt to start from a newline")
-    return text
+    a.prompt = prompt
+    return a
 
 
-def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
-    """(model in eval mode on `device`, tokenizer) from the checkpoint alone (weights_only), or --init HF_DIR."""
+def load(init: str | None, source, device):
+    """(model in eval mode on `device`, tokenizer) from the checkpoint `source` alone (weights_only), or --init."""
     from model.device import cuda_bf16_native
-    if args.init is not None:  # eval.py --hf reads the same directories the same way
+    if init is not None:  # eval.py --hf reads the same directories the same way
         from data.hf_tokenizer import read_hf_tokenizer
         from model.hf import from_pretrained
-        model, tokenizer = from_pretrained(args.init).to(device), read_hf_tokenizer(args.init)
+        model, tokenizer = from_pretrained(init).to(device), read_hf_tokenizer(init)
     else:
         from data.tokenizer import tokenizer_from_dict
-        model, tok, _ = load_for_inference(ckpt_path, device)
+        model, tok, _ = load_for_inference(source, device)
         tokenizer = tokenizer_from_dict(tok)
     check_vocab(tokenizer.vocab_size, model)
     if device.type == "cuda" and cuda_bf16_native():
@@ -117,18 +116,16 @@ def load_model(args: argparse.Namespace, ckpt_path: Path | None, device):
 def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
     """Token ids of the prompt (default "\\n", else token 0), cut to its last `block_size` with a notice."""
     if text is None:  # token 0 if a char vocabulary has no "\n"
-        return (tokenizer.encode("\n")[-block_size:] or [0]) if not tokenizer.unknown_characters("\n") else [0]
+        return [0] if tokenizer.unknown_characters("\n") else tokenizer.encode("\n")[-block_size:] or [0]
     try:
         ids = tokenizer.encode(text)
     except ValueError as e:
-        unknown = tokenizer.unknown_characters(text)
-        if not unknown:
+        if not (unknown := tokenizer.unknown_characters(text)):
             raise ValueError(f"cannot encode the prompt: {e}") from None
         more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
-        shown = ", ".join(repr(c) for c in unknown[:20]) + more
-        raise ValueError(f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: {shown}; "
-                         "a char-level model knows only the characters of its training text: "
-                         "remove or replace them") from None
+        raise ValueError(f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
+                         f"{', '.join(repr(c) for c in unknown[:20])}{more}; a char-level model knows only the "
+                         "characters of its training text: remove or replace them") from None
     if len(ids) > block_size:
         print(f"note: the prompt is {len(ids)} tokens, longer than the model's context of {block_size}: "
               f"the model sees its last {block_size} tokens", file=sys.stderr)
@@ -172,30 +169,24 @@ def stream_text(tokens, tokenizer, write, stop: str | None = None) -> int:
 
 def run(argv: list[str] | None = None) -> int:
     """The whole CLI; raises ValueError/OSError for user mistakes (main() turns them into one line)."""
-    out = sys.stdout
-    args = parse_args(argv)
-    validate_args(args)
-    text = read_prompt(args)
-    ckpt_path = None if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
+    args, out = parse_args(argv), sys.stdout
+    source = args.init if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
     import torch
     from model.device import resolve_device
     from model.generate import generate_tokens
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
-    model, tokenizer = load_model(args, ckpt_path, device)
-    ids = encode_prompt(tokenizer, text, model.config.block_size)
-    head = text if text is not None else tokenizer.decode(ids)  # the prompt is printed in full
-    compile_decode = args.compile and device.type == "cuda"
-    if args.compile and not compile_decode:
+    model, tokenizer = load(args.init, source, device)
+    ids = encode_prompt(tokenizer, args.prompt, model.config.block_size)
+    head = args.prompt if args.prompt is not None else tokenizer.decode(ids)  # the prompt is printed in full
+    compiled = args.compile and device.type == "cuda"
+    if args.compile and not compiled:
         print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
     if args.attention_map:
-        from data import cache_dir
-        os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))  # matplotlib's font cache: not in ~
         from viz.attention_map import draw_attention_map
-        draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(args.init or ckpt_path))
+        draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(source))
         print(f"attention map written to {args.attention_map}", file=sys.stderr)
-
     n_tokens, seconds, tail = 0, 0.0, ""  # tail: the last character printed
 
     def write(text):  # to this sample's sink
@@ -208,17 +199,18 @@ def run(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens,
                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                 use_kv_cache=args.kv_cache, generator=generator, compile=compile_decode,
+                                 use_kv_cache=args.kv_cache, generator=generator, compile=compiled,
                                  vocab_limit=tokenizer.vocab_size,  # padded vocabulary ids: never sampled
                                  cuda_graphs=args.cuda_graphs)
         n_tokens += stream_text(tokens, tokenizer, write, args.stop)
         seconds += time.perf_counter() - t0  # no sync needed: every token has been read back to print it
         out.write("" if sink is out else sink.getvalue())
     print(end="" if tail == "\n" else "\n", file=out, flush=True)  # end the last line, never add one (--stop '\n')
-    rate, graphs = n_tokens / max(seconds, 1e-9), device.type == "cuda" and args.kv_cache and args.cuda_graphs
-    how = ", compiled" if compile_decode else ", CUDA graphs" if graphs else ""
-    mode = "kv cache " + ("on" if args.kv_cache else "off") + how
-    print(f"generated {n_tokens} tokens in {seconds:.2f} s ({rate:.1f} tokens/s, {mode})", file=sys.stderr)
+    graphs = device.type == "cuda" and args.kv_cache and args.cuda_graphs
+    mode = f"kv cache {'on' if args.kv_cache else 'off'}" + (", compiled" if compiled else ", CUDA graphs" if graphs
+                                                              else "")
+    print(f"generated {n_tokens} tokens in {seconds:.2f} s ({n_tokens / max(seconds, 1e-9):.1f} tokens/s, {mode})",
+          file=sys.stderr)
     return 0
 
 

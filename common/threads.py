@@ -9,9 +9,17 @@ from __future__ import annotations
 
 import os
 
-from common.platform import busy_cores
-
 BUSY_CORES = 0.5  # other processes using at least half a core: threads must not spin
+
+
+def busy_cores():
+    """How many cores other processes keep busy: the 1-minute load average where the OS has one (no module to
+    import, no wait); elsewhere (Windows) common.platform measures CPU time."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        from common.platform import busy_cores as measured
+        return measured()
 
 
 def configure_threads() -> None:

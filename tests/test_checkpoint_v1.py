@@ -29,7 +29,7 @@ def test_sample_reads_the_old_checkpoint_with_the_same_text(capsys):
 def test_eval_reads_the_old_checkpoint_with_the_same_loss(capsys, tmp_path):
     text = tmp_path / "t.txt"
     text.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n")
-    assert eval_cli.main(["--file", str(text), "--checkpoint", str(FIXTURE), "--json"]) == 0
+    assert eval_cli.main(["--file", str(text), "--checkpoint", str(FIXTURE), "--json", "--stride", "4"]) == 0
     r = json.loads(capsys.readouterr().out)
     assert r["tokens"] == 60 and abs(r["loss"] - 4.172105979919434) < 1e-5
 

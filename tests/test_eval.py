@@ -14,7 +14,7 @@ import eval as eval_cli
 from tests.helpers import run_cli
 from tests.test_checkpoint_locate import assert_one_error, save_run, tiny_model
 
-KEYS = {"loss", "perplexity", "bits_per_byte", "tokens", "bytes"}
+KEYS = {"loss", "perplexity", "bits_per_byte", "tokens", "bytes", "windows"}
 
 
 @pytest.fixture
@@ -138,7 +138,8 @@ def test_bad_input_cli(tmp_path, char_run):
     (tmp_path / "foreign.txt").write_text("KING: Ωmega €5", encoding="utf-8")
     ckpt = ["--checkpoint", str(char_run[0])]
     cases = [(["--file", "empty.txt", *ckpt], ["--file empty.txt is empty"]),
-             (["--file", "latin1.txt", *ckpt], ["--file latin1.txt is not UTF-8 text (invalid byte at offset 9)"]),
+             (["--file", "latin1.txt", *ckpt], ["latin1.txt is not valid UTF-8: byte 0xe9 at byte offset 9",
+                                                "--encoding-errors replace"]),
              (["--file", "missing.txt", *ckpt], ["--file missing.txt does not exist"]),
              (["--file", "foreign.txt", *ckpt], ["cannot score --file foreign.txt: characters not in the "
                                                  "vocabulary: '5', 'Ω', '€'"])]
@@ -209,3 +210,68 @@ def test_bpe_first_token_is_scored_after_endoftext(tmp_path, capsys, cache_with_
     assert r["bits_per_byte"] == pytest.approx(nats / math.log(2) / len(text), rel=1e-6)
     (tmp_path / "one.txt").write_text("To")  # one token is enough: it has <|endoftext|> as context
     assert eval_cli.main(["--file", str(tmp_path / "one.txt"), "--checkpoint", str(tmp_path / "best.pt")]) == 0
+
+
+def test_default_windows_are_lm_evals_rolling_windows():
+    """No --stride: lm-eval's loglikelihood_rolling windows (disjoint, the last one with a full context); each
+    target is predicted from the same inputs as lm-eval's (get_rolling_token_windows + make_disjoint_window)."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    for n in range(1, 40):
+        for T in range(1, 9):
+            tokens, theirs = list(range(1, n + 1)), {}  # ids = [0 (<|endoftext|>)] + tokens
+            for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(tokens, 0, T, 1)):
+                inputs = (ctx + cont)[:-1]
+                for k, t in enumerate(cont):
+                    theirs[t] = tuple(inputs[:len(inputs) - len(cont) + k + 1][-T:])
+            ids, ours = [0] + tokens, {}
+            for begin, length, first in eval_cli.windows(n, T):
+                for p in range(begin + first, begin + length):
+                    ours[ids[p + 1]] = tuple(ids[begin:p + 1])
+            assert ours == theirs, (n, T)
+
+
+def test_bits_per_byte_agrees_with_lm_eval_rolling(tmp_path, capsys, cache_with_gpt2):
+    """The default bits per byte equals lm-eval's rolling rule computed directly (within 0.05%); --stride keeps the
+    overlapping windows, and the JSON says which rule ran."""
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+
+    from data.tokenizer import GPT2Tokenizer
+    tok, model = GPT2Tokenizer(), tiny_model(50304, n_embd=8, seed=2)
+    path = save_run(tmp_path, model, tok)
+    text = "Ünïcode first. Then plain text, long enough for several windows of sixteen tokens each. " * 3
+    tokens, total = tok.encode_ordinary(text), 0.0
+    for ctx, cont in map(make_disjoint_window, get_rolling_token_windows(tokens, tok.eot_id, 16, 1)):
+        inputs = torch.tensor([(ctx + cont)[:-1]])
+        with torch.no_grad():
+            logp = F.log_softmax(model(inputs)[0][0, -len(cont):, :tok.vocab_size].double(), dim=-1)
+        total -= logp.gather(-1, torch.tensor(cont)[:, None]).sum().item()
+    lm_eval_bpb = total / math.log(2) / len(text.encode())
+    r = eval_json(capsys, tmp_path, text, "--checkpoint", path)
+    assert r["windows"] == "rolling" and r["bits_per_byte"] == pytest.approx(lm_eval_bpb, rel=5e-4)
+    assert eval_json(capsys, tmp_path, text, "--checkpoint", path, "--stride", 8)["windows"] == "stride 8"
+
+
+def test_file_is_read_as_train_py_reads_it(tmp_path, capsys, char_run):
+    """.jsonl and parquet: documents by their text field (--text-key), not the JSON syntax; a char model's
+    documents joined as train.py joins them."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    path = char_run[0]
+    docs = ["KING:\nGood night", "QUEEN:\nGood day"]
+    plain = eval_json(capsys, tmp_path, "".join(docs), "--checkpoint", path)
+    (tmp_path / "d.jsonl").write_text("".join(json.dumps({"body": d}) + "\n" for d in docs))
+    pq.write_table(pa.table({"body": docs}), tmp_path / "d.parquet")
+    for name in ("d.jsonl", "d.parquet"):
+        assert eval_cli.main(["--file", str(tmp_path / name), "--text-key", "body", "--checkpoint", str(path),
+                              "--json"]) == 0
+        assert json.loads(capsys.readouterr().out) == pytest.approx(plain)
+    assert eval_cli.main(["--file", str(tmp_path / "d.jsonl"), "--checkpoint", str(path)]) == 2
+    assert "has no text under 'text' (it has: body): set --text-key <the field" in capsys.readouterr().err
+
+
+def test_docs_have_no_empty_code_blocks():
+    import re
+    from pathlib import Path
+    for page in ("export_eval.md", "sampling.md"):
+        text = (Path(__file__).parent.parent / "docs" / page).read_text(encoding="utf-8")
+        assert not re.search(r"^```\w*\n```$", text, re.M), f"docs/{page} has an empty code block"

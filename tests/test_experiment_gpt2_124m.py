@@ -71,7 +71,7 @@ def test_tiny_recipe_runs_end_to_end_with_hellaswag(tmp_path, tiny_corpus, cache
     assert [r["step"] for r in recs if r["type"] == "eval"] == [0, 2]
     scores = [r for r in recs if r["type"] == "hellaswag"]
     assert [r["step"] for r in scores] == [0, 2] and all(r["examples"] == 3 for r in scores)
-    assert all(0 <= r[k] <= 1 for r in scores for k in ("acc", "acc_norm", "acc_norm_chars"))
+    assert all(0 <= r[k] <= 1 for r in scores for k in ("acc", "acc_norm", "acc_norm_tokens"))
     assert max(r["tokens"] for r in recs if r["type"] == "eval") == 2 * 128  # 2 steps of tokens_per_step
     assert any("HellaSwag: acc " in r.message for r in caplog.records)
     assert any("2 accumulation" in r.message for r in caplog.records)  # 128 / (2 x 32 x 1 process)

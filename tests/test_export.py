@@ -187,3 +187,22 @@ def test_bad_input_cli(tmp_path):
         assert_one_error(run_cli(["export.py", "--hf", out, *args], cwd=tmp_path), *words)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "corrupt.pt", "file", "full"]
     assert (tmp_path / "file").read_text() == "x" and [p.name for p in (tmp_path / "full").iterdir()] == ["x"]
+
+
+def test_read_only_filesystem_names_the_target(tmp_path, capsys, char_tok, monkeypatch):
+    """A read-only filesystem (EROFS, not a PermissionError) named the temp directory; now the target."""
+    import errno
+    save_run(tmp_path / "run", tiny_model(char_tok.vocab_size), char_tok)
+    (tmp_path / "ro").mkdir()
+    mkdir = export.Path.mkdir
+
+    def read_only(self, *a, **k):
+        if self.parent == tmp_path / "ro":
+            raise OSError(errno.EROFS, "Read-only file system", str(self))
+        return mkdir(self, *a, **k)
+    monkeypatch.setattr(export.Path, "mkdir", read_only)
+    assert export.main(["--hf", str(tmp_path / "ro" / "hf"), "--run", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (f"error: cannot write into {tmp_path / 'ro'} (read-only file system): choose a "
+                                    "writable directory for --hf, or fix its permissions")
+    assert ".tmp" not in err

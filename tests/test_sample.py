@@ -486,3 +486,16 @@ def _valid_utf8(b: bytes) -> bool:
         return True
     except UnicodeDecodeError:
         return False
+
+
+def test_run_accepts_a_checkpoint_file(trained, capsys):
+    """`--run RUN/best.pt` samples from that file (it said the directory does not exist)."""
+    code, out, err = sample_main(capsys, "--run", trained[1], "--prompt", PROMPT, "--max-new-tokens", 3)
+    assert code == 0, err
+    assert out.startswith(PROMPT) and "generated 3 tokens" in err
+
+
+def test_init_with_a_model_name_says_how_to_get_the_weights(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(*sample_main(capsys, "--init", "gpt2")[::2], "--init gpt2 is not a local directory",
+                          "hf download openai-community/gpt2 config.json model.safetensors --local-dir gpt2")

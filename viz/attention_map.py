@@ -5,11 +5,16 @@ glyphs the installed fonts lack escaped rather than drawn as empty boxes.
 """
 from __future__ import annotations
 
+import os
 import warnings
 
 import numpy as np
 import torch
-from matplotlib import font_manager
+
+from data import cache_dir
+
+os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))  # matplotlib's font cache: not in ~
+from matplotlib import font_manager  # noqa: E402
 from matplotlib.colors import PowerNorm
 from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
 from matplotlib.ft2font import FT2Font
