@@ -5,6 +5,10 @@ run's sharded checkpoint as one .pt file (`python export.py --pt RUN_DIR [-o OUT
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
+    from common.cli import stop_quietly
+    stop_quietly()
+
 import argparse
 import os
 import shutil

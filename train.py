@@ -5,10 +5,10 @@ Hydra's own flags (--cfg, --help, ...) go through hydra.main. docs/design.md ("T
 """
 from __future__ import annotations
 
-from common.cli import stop_quietly
-
 NOT_STARTED = "stopped by SIGTERM before step 1: nothing was saved and nothing needs resuming"
-stop_quietly(NOT_STARTED)  # before the imports below: a Ctrl-C ends quietly at any moment (docs/faults.md)
+if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too (docs/faults.md)
+    from common.cli import stop_quietly
+    stop_quietly(NOT_STARTED)
 
 from common.threads import configure_threads
 
@@ -107,7 +107,7 @@ class Run:
     its checkpoint read and found to match), train.log's lines are held back and .hydra/ is not written."""
 
     def __init__(self, auto_cpu: bool):
-        self.auto_cpu, self.rt, self.clean, self.held = auto_cpu, None, False, []
+        self.auto_cpu, self.rt, self.clean, self.held, self.accepted = auto_cpu, None, False, [], False
 
     def check(self, cfg: DictConfig) -> None:
         self.cfg = cfg
@@ -133,8 +133,6 @@ class Run:
             problem = claim(str(cfg.hydra.run.dir), "hydra.run.dir", c.train.resume)
         if problem := ranks.broadcast_object(problem, rt):
             raise Failed(problem)
-        if self.auto_cpu and rt.is_main:  # once the checks passed (a mistake stays one line)
-            print(CPU_NOTE, file=sys.stderr, flush=True)
         if rt.is_main and c.data.path and c.data.name != "text":  # data.path alone: read as the preset's
             from launch.overrides import data_path_note
             if note := data_path_note(c.data.name, c.data.path, list(cfg.hydra.overrides.task)):
@@ -156,12 +154,21 @@ class Run:
         else:
             self.accept()
 
-    def accept(self) -> None:
-        """The run goes ahead: .hydra/ written as Hydra writes it (rank 0), train.log's held lines let through."""
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (before step 1 it said nothing was saved: not now)
+    def start(self) -> None:
+        """train()'s on_start: set up (a resume accepted), before step 1."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (until now it said nothing was saved: no longer true)
         if INTERRUPTED.is_set():  # a Ctrl-C that a library swallowed
             raise KeyboardInterrupt
-        cfg, root = self.cfg, logging.getLogger()
+        self.accept()
+        if self.auto_cpu and self.rt.is_main:  # said only when the run starts on it, not ahead of a mistake
+            print(CPU_NOTE, file=sys.stderr, flush=True)
+            to_files(CPU_NOTE, logging.INFO)
+
+    def accept(self) -> None:
+        """The run goes ahead: .hydra/ written as Hydra writes it (rank 0), train.log's held lines let through."""
+        if self.accepted:
+            return
+        self.accepted, cfg, root = True, self.cfg, logging.getLogger()
         if self.rt.is_main and cfg.hydra.output_subdir is not None:
             record = Path(cfg.hydra.runtime.output_dir) / cfg.hydra.output_subdir
             record.mkdir(parents=True, exist_ok=True)
@@ -187,14 +194,12 @@ class Run:
         from training.loop import train
         cfg = self.cfg
         self.open()
-        if self.auto_cpu:
-            to_files(CPU_NOTE, logging.INFO)
         out = Path(cfg.hydra.run.dir)
         if out.resolve().is_relative_to(Path.cwd().resolve()):  # paths as the user sees them
             out = Path(os.path.relpath(out))
         try:
             result = train(self.config, out, cli_overrides=list(cfg.hydra.overrides.task), source=self.source,
-                           rt=self.rt, on_start=self.accept, device=self.device)
+                           rt=self.rt, on_start=self.start, device=self.device)
         except Exception as e:  # noqa: BLE001 (re-raised unless a user's mistake or out of memory)
             raise failure(e, self.config) from None
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape

@@ -9,6 +9,10 @@ never retrains. Also a CLI: `python -m data.bpe --path FILE --vocab-size N` trai
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
+    from common.cli import stop_quietly
+    stop_quietly()
+
 import hashlib
 import sys
 import time
