@@ -239,6 +239,7 @@ def hydra_job(cfg: DictConfig) -> object:
             raise f from None
         if isinstance(f, Failed):
             to_files(f.line)
+            print(f.line, file=sys.stderr, flush=True)
             return sweep.outcome(f.status, f.line)
         # a bug in one job: its traceback in its train.log, the sweep goes on
         logging.getLogger(__name__).exception(f"sweep job failed: {type(e).__name__}: {one_line(e)}")
@@ -302,7 +303,14 @@ def preflight(args: list[str], multirun: bool) -> list[str]:
             if multirun:
                 to_dataclass(compose(job))
         except ERRORS as e:
-            raise Failed(e, where=f" (sweep job {' '.join(job)})" if len(jobs) > 1 else "") from None
+            where = f" (sweep job {' '.join(job)})" if len(jobs) > 1 else ""
+            swept = [a for a in overrides if a.startswith("data.tokenizer=") and "," in a]
+            if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
+                mine = next(a for a in job if a.startswith("data.tokenizer="))
+                where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
+                          f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
+                          f"setting above, then the same for the other data.tokenizer values")
+            raise Failed(e, where=where) from None
     if not multirun:
         return args
     # the sweep owns its directory (its jobs' are inside): claimed, and pinned for Hydra (the default is dated)

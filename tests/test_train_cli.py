@@ -413,3 +413,15 @@ def test_no_cuda_note_is_not_printed_ahead_of_a_mistake(tmp_path):
     proc = run_cli(["train.py", "data=text", "data.path=empty.txt", "hydra.run.dir=run"], cwd=tmp_path, timeout=180)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "no CUDA GPU found" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_a_sweep_over_tokenizers_is_told_a_command_that_works(tmp_path, tiny_corpus):
+    """Issue 29: `-m data.tokenizer=char,bpe` advised data.vocab_size=4096, which the char job then refused."""
+    args = ["-m", *TINY, "data=text", f"data.path={tiny_corpus}", "data.tokenizer=char,bpe", "train.max_iters=1",
+            "train.eval_interval=1", "hydra.sweep.dir=sw"]
+    proc = run_cli(["train.py", *args], cwd=tmp_path, timeout=180)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    advice = proc.stderr.split("on its own: python train.py ")[1].split(" with the setting above")[0]
+    ok = run_cli(["train.py", *shlex.split(advice), "data.vocab_size=300"], cwd=tmp_path)
+    assert ok.returncode == 0 and "1 of 1 jobs completed" in ok.stdout, ok.stderr
