@@ -21,7 +21,7 @@ from checkpoint.file import (add_checkpoint_options, check_hf_dir, check_vocab, 
                              resolve_checkpoint)
 from common.cli import ArgumentParser, cli_main, read_text_file
 from common.text import in_keys
-from common.threads import configure_threads
+from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
 

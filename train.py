@@ -10,9 +10,9 @@ if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below e
     from common.cli import stop_quietly
     stop_quietly(NOT_STARTED)
 
-from common.threads import configure_threads
+from common.platform import configure_threads
 
-configure_threads()  # before torch is imported (so the imports below come after it): see common/threads.py
+configure_threads()  # before torch is imported (so the imports below come after it): see common/platform.py
 
 import itertools
 import logging
@@ -38,7 +38,6 @@ from common import run_lock
 from common.cli import INTERRUPTED
 from common.text import one_line
 from launch import console, memory, ranks
-from launch.overrides import override
 from model.device import resolve_device
 from training.config import check_override, register_configs, to_dataclass, train_keys
 
@@ -318,6 +317,7 @@ def preflight(args: list[str], multirun: bool) -> list[str]:
     sweep_dir = str(compose(first, return_hydra_config=True).hydra.sweep.dir)
     if problem := claim(sweep_dir, "hydra.sweep.dir"):
         raise Failed(problem)
+    from launch.overrides import override
     return [*args, override("hydra.sweep.dir", sweep_dir)]
 
 

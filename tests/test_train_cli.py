@@ -171,10 +171,10 @@ def test_sweep_gets_one_run_dir_per_job(tmp_path, tiny_corpus):
 
 @pytest.mark.slow
 def test_threads_are_configured_before_torch_is_imported():
-    """train.py sets OMP_WAIT_POLICY (common/threads.py) before anything imports torch; the user's value wins.
+    """train.py sets OMP_WAIT_POLICY (common/platform.py) before anything imports torch; the user's value wins.
     The machine is made to look busy (busy_cores patched) so the policy is PASSIVE whatever the real load."""
     spy = ("import os, sys\nseen = []\n"
-           "import common.threads\ncommon.threads.busy_cores = lambda: 1.0\n"
+           "import common.platform\ncommon.platform.busy_cores = lambda: 1.0\n"
            "class Spy:\n"
            "    def find_spec(self, name, path=None, target=None):\n"
            "        if name == 'torch' and not seen:\n"
