@@ -17,7 +17,6 @@ configure_threads()  # before torch is imported (so the imports below come after
 import itertools
 import logging
 import os
-import re
 import signal
 import sys
 from logging.handlers import MemoryHandler
@@ -42,7 +41,6 @@ from model.device import resolve_device
 from training.config import check_override, register_configs, to_dataclass, train_keys
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
-CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
 ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
@@ -69,36 +67,6 @@ def to_files(message: str, level: int = logging.ERROR) -> None:
 def compose(args: list[str], return_hydra_config: bool = False) -> DictConfig:
     with hydra.initialize(config_path="conf", version_base=None, job_name="train"):
         return hydra.compose("config", overrides=args, return_hydra_config=return_hydra_config)
-
-
-def claim(given: str, key: str, resume: object = None) -> str | None:
-    """Lock `given` as this process's run (or sweep) directory for its life; else the one-line reason why not."""
-    path = Path(given)
-    if path.resolve() == Path.cwd().resolve():
-        return (f"{key}={given or repr(given)} is the current directory, where the run's files (last.pt, "
-                f"train.log, .hydra/) would mix with yours: give the run a directory of its own, e.g. "
-                f"{key}=runs/demo, or leave {key} out for a new dated one")
-    busy = "wait for it to finish, or choose another " + key
-    for up in (path.resolve(), *path.resolve().parents):  # a live run's or sweep's directory, or one inside it
-        if who := run_lock.holder(up):
-            return (f"{key}={given} is in use by another training run ({who}): {busy}" if up == path.resolve() else
-                    f"{key}={given} is inside {up}, which another training run is using ({who}): {busy}")
-    if resume is False and (refusal := overwrite_refusal(path)):
-        return refusal
-    parent = next(d for d in (path, *path.parents) if d.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        return f"{key}={path} cannot be created: {parent} is " + (
-            f"not writable: choose another {key} or fix its permissions" if parent.is_dir() else
-            f"a file, not a directory: choose another {key}")
-    try:
-        if not run_lock.acquire(path):
-            print(f"warning: {path} cannot be locked on this filesystem: make sure no other run uses it",
-                  file=sys.stderr, flush=True)
-    except run_lock.DirectoryInUse as e:  # it started a moment ago
-        return f"{key}={given} is in use by another training run ({e}): {busy}"
-    except OSError as e:
-        return f"{key}={path} cannot be created: {e.strerror or e}: choose another {key}"
-    return overwrite_refusal(path) if resume is False else None  # one that ended meanwhile
 
 
 class Run:
@@ -129,7 +97,8 @@ class Run:
         except ERRORS as e:
             raise Failed(e) from None
         if rt.is_main and not problem:
-            problem = claim(str(cfg.hydra.run.dir), "hydra.run.dir", c.train.resume)
+            problem = run_lock.claim(str(cfg.hydra.run.dir), "hydra.run.dir",
+                                         overwrite_refusal if c.train.resume is False else None)
         if problem := ranks.broadcast_object(problem, rt):
             raise Failed(problem)
         if rt.is_main and c.data.path and c.data.name != "text":  # data.path alone: read as the preset's
@@ -209,14 +178,8 @@ class Run:
 def failure(e: Exception, config) -> Exception:
     """What train() raised, as the run's Failed line (out of memory: what to lower); a bug: itself."""
     from training.loop import TrainingDiverged
-    oom = (f"with train.batch_size={config.train.batch_size}, model.block_size={config.model.block_size}: lower "
-           f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
-    if isinstance(e, torch.OutOfMemoryError):
-        return Failed("out of memory on the GPU " + oom)
-    if isinstance(e, MemoryError) or isinstance(e, RuntimeError) and any(s in str(e) for s in CPU_OOM):
-        size = re.search(r"allocate (\d+) bytes|allocate ([\d.]+ \w+)", str(e))  # (numpy's: a MemoryError)
-        what = f" (allocating {memory.gib(int(size[1])) if size[1] else size[2]} failed)" if size else ""
-        return Failed(f"out of memory on the CPU{what} " + oom)
+    if oom := memory.out_of_memory(e, config):
+        return Failed(oom)
     if isinstance(e, TrainingDiverged):
         return Failed(str(e), status="diverged")
     return Failed(str(e) or type(e).__name__) if isinstance(e, (ValueError, OSError)) else e
@@ -315,7 +278,7 @@ def preflight(args: list[str], multirun: bool) -> list[str]:
     # the sweep owns its directory (its jobs' are inside): claimed, and pinned for Hydra (the default is dated)
     first = jobs[0] if jobs else [a for a in overrides if a.startswith("hydra.")]
     sweep_dir = str(compose(first, return_hydra_config=True).hydra.sweep.dir)
-    if problem := claim(sweep_dir, "hydra.sweep.dir"):
+    if problem := run_lock.claim(sweep_dir, "hydra.sweep.dir"):
         raise Failed(problem)
     from launch.overrides import override
     return [*args, override("hydra.sweep.dir", sweep_dir)]
@@ -346,12 +309,12 @@ def main(args: list[str]) -> int:
         from launch import sweep
         return 1 if sweep.failed() else 0  # (the table said which)
     except (Failed,) + ERRORS as e:
-        failure = e if isinstance(e, Failed) else Failed(e)
+        f = e if isinstance(e, Failed) else Failed(e)
         run.refuse()
-        to_files(failure.line)
-        sys.stderr.write(failure.line + "\n")  # one write: under torchrun, ranks' lines never run together
+        to_files(f.line)
+        sys.stderr.write(f.line + "\n")  # one write: under torchrun, ranks' lines never run together
         sys.stderr.flush()
-        return failure.code
+        return f.code
     except KeyboardInterrupt:
         run.refuse()
         sys.stderr.write("error: interrupted: stopped at once without saving (checkpoints already written are "
