@@ -29,12 +29,6 @@ def is_macos() -> bool:
     return sys.platform == "darwin"
 
 
-def posix_signals() -> bool:
-    """Whether another process can stop this one with SIGTERM (and SIGKILL, SIGHUP...). On Windows the names
-    exist in `signal` only partly and TerminateProcess kills at once: Ctrl-C (SIGINT) is the clean stop there."""
-    return not is_windows()
-
-
 def _read(path: Path) -> Optional[str]:
     try:
         return path.read_text()

@@ -176,7 +176,6 @@ def test_command_line_quotes_for_this_systems_shell(monkeypatch):
     assert platform.command_line(parts) == "python train.py 'hydra.run.dir=C:\\runs\\my run' 'x=it'\"'\"'s'"
     monkeypatch.setattr(platform, "is_windows", lambda: True)
     assert platform.command_line(parts) == 'python train.py "hydra.run.dir=C:\\runs\\my run" x=it\'s'
-    assert not platform.posix_signals()
 
 
 # -- the scan: Windows has none of these modules, and no /proc --
