@@ -217,19 +217,6 @@ def with_override(args: list[str], override: str) -> list[str]:
     return [*args[:i], override, *args[i:]]
 
 
-def habits(args: list[str]) -> None:
-    """The user's own arguments (before train.py adds any): nanoGPT's --key=value and config files, and values the
-    shell split at a space, each refused in one line with the override to write."""
-    if all("=" in a and not a.startswith("-") for a in args):
-        return
-    from launch.overrides import VALUE_FLAGS, flag_hint, word_hint
-    for i, a in enumerate(args):
-        before = args[i - 1] if i else None
-        hint = flag_hint(a) if a.startswith("-") else None if before in VALUE_FLAGS else word_hint(a, before)
-        if hint:
-            raise Failed(hint)
-
-
 def preflight(args: list[str], multirun: bool) -> list[str]:
     """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed, its directory claimed);
     other --flags are Hydra's. Returns the arguments for hydra.main (a sweep: its directory pinned)."""
@@ -295,7 +282,10 @@ def main(args: list[str]) -> int:
     multirun = bool({"-m", "--multirun"} & set(args))
     run = Run(auto_cpu)
     try:
-        habits(args)
+        if not all("=" in a and not a.startswith("-") for a in args):  # nanoGPT's habits, a value the shell split
+            from launch.overrides import habit_hint
+            if hint := habit_hint(args):
+                raise Failed(hint)
         register_configs(sweep=multirun)
         args = preflight(with_override(args, "experiment=cpu") if auto_cpu else args, multirun)
         if not any(a.startswith("-") for a in args):
