@@ -94,7 +94,8 @@ CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  #
 def out_of_memory(e: BaseException, c: Config) -> Optional[str]:
     """The one line for an allocation that failed while training (what to lower), or None: not one."""
     lower = (f"with train.batch_size={c.train.batch_size}, model.block_size={c.model.block_size}: lower "
-             f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
+             f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller "
+             f"model")
     if type(e).__name__ == "OutOfMemoryError":  # torch's (CUDA)
         return "out of memory on the GPU " + lower
     if isinstance(e, MemoryError) or isinstance(e, RuntimeError) and any(s in str(e) for s in CPU_OOM):
