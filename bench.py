@@ -5,6 +5,10 @@ bench_results/<timestamp>.json. The sections live in benchmarks/; docs/benchmark
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
+    from common.cli import stop_quietly
+    stop_quietly()
+
 import argparse
 import json
 import platform
@@ -18,7 +22,7 @@ from benchmarks import PRESETS, REPO, load_avg
 from common.cli import exit_quietly_on_broken_pipe
 from common.files import write_text_atomic
 from common.platform import cpu_flags, cpu_model, usable_cores
-from common.threads import configure_threads
+from common.platform import configure_threads
 from common.text import one_line
 
 SECTIONS = ("train", "quality", "decode", "prep", "startup", "sample")

@@ -12,9 +12,9 @@ from pathlib import Path
 from checkpoint.file import check_hf_dir  # no torch
 from common.cli import ArgumentParser, cli_main
 from common.text import in_keys
-from common.threads import configure_threads
+from common.platform import configure_threads
 
-configure_threads()  # before torch is imported (run() imports it): see common/threads.py
+configure_threads()  # before torch is imported (run() imports it): see common/platform.py
 
 LOCAL = "127.0.0.1"
 

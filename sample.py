@@ -5,6 +5,10 @@ typo costs milliseconds; a user mistake is one `error: ...` line on stderr and e
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
+    from common.cli import stop_quietly
+    stop_quietly()
+
 import io
 import re
 import sys
@@ -14,7 +18,7 @@ from pathlib import Path
 from checkpoint.file import add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, read_text_file
 from common.text import in_keys
-from common.threads import configure_threads
+from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
 

@@ -1,200 +1,214 @@
 """Train a tinygpt model: `python train.py [key=value ...]` (Hydra; configs in conf/, the loop in training/loop.py).
-Around Hydra, so a mistake is one `error: ...` line before anything runs: docs/design.md ("Training loop", train.py).
+Every check runs before the run directory is touched, so a mistake is one `error: ...` line; a run's .hydra/ and
+train.log are written once it is accepted (a refused resume leaves its directory as it was). A sweep (-m) and
+Hydra's own flags (--cfg, --help, ...) go through hydra.main. docs/design.md ("Training loop", train.py).
 """
 from __future__ import annotations
 
-from common.threads import configure_threads
+NOT_STARTED = "stopped by SIGTERM before step 1: nothing was saved and nothing needs resuming"
+if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too (docs/faults.md)
+    from common.cli import stop_quietly
+    stop_quietly(NOT_STARTED)
 
-configure_threads()  # before torch is imported (so the imports below come after it): see common/threads.py
+from common.platform import configure_threads
+
+configure_threads()  # before torch is imported (so the imports below come after it): see common/platform.py
 
 import itertools
 import logging
 import os
-import re
 import signal
 import sys
+from logging.handlers import MemoryHandler
 from pathlib import Path
 
 import hydra
 import torch
 from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.utils import configure_log
 from hydra.errors import HydraException, OverrideParseException
-from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf, read_write
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from checkpoint.manager import overwrite_refusal
 from common import run_lock
+from common.cli import INTERRUPTED
 from common.text import one_line
 from launch import console, memory, ranks
 from model.device import resolve_device
 from training.config import check_override, register_configs, to_dataclass, train_keys
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
-CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
-_auto_cpu = _told = _raise_hydra_errors = None  # set by the command line
-_config = _source = _rt = _device = None  # Checks' work, done once: the Config, its fine-tune source, DistInfo, device
-_clean = False  # main's run ended, or stopped on a signal every rank agreed on: ranks leave together
-_record = None  # a resume's run dir as it was: put back if the resume is refused
-_failure: tuple[str, str] | None = None  # (status, error line) of the last _fail: a sweep job's outcome
+ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
 
 
-def _log_to_files(message: str, level: int = logging.ERROR) -> None:
-    for h in [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]:  # train.log
+class Failed(Exception):
+    """The one `error: ...` line a run ends with (of a Hydra/OmegaConf error: its first line), its exit code and
+    the status a sweep's table gives it."""
+
+    def __init__(self, message: object, code: int = 2, status: str = "failed", where: str = ""):
+        if isinstance(message, (HydraException, OmegaConfBaseException)):
+            message = next((ln for ln in str(message).splitlines() if ln.strip()), type(message).__name__)
+        self.line = f"error: {'' if RANK == '0' else f'[rank {RANK}] '}{one_line(message)}{where}"
+        self.code, self.status = code, status
+        super().__init__(self.line)
+
+
+def to_files(message: str, level: int = logging.ERROR) -> None:
+    """A line for train.log only (not the console)."""
+    for h in [h for h in logging.getLogger().handlers if isinstance(h, (logging.FileHandler, MemoryHandler))]:
         h.handle(logging.LogRecord("train", level, __file__, 0, message, None, None))
 
 
-def _fail(message: object, code: int = 2, where: str = "", status: str = "failed") -> None:
-    """One `error: ...` line on stderr and in train.log, then exit (of a Hydra/OmegaConf error: its first line);
-    a refused resume's run dir is put back as it was first (train.log then does not get the line)."""
-    global _failure
-    if isinstance(message, (HydraException, OmegaConfBaseException)):
-        message = next((ln for ln in str(message).splitlines() if ln.strip()), type(message).__name__)
-    line = f"error: {'' if RANK == '0' else f'[rank {RANK}] '}{one_line(message)}{where}"
-    if _record is not None:
-        _record.restore()
-    _log_to_files(line)
-    _failure = (status, line)
-    sys.stderr.write(line + "\n")  # one write: under torchrun, ranks' lines never run together
-    sys.stderr.flush()
-    sys.exit(code)
+def compose(args: list[str], return_hydra_config: bool = False) -> DictConfig:
+    with hydra.initialize(config_path="conf", version_base=None, job_name="train"):
+        return hydra.compose("config", overrides=args, return_hydra_config=return_hydra_config)
 
 
-def _say_cpu_preset() -> None:
-    global _told  # once, on rank 0, after the checks (so a mistake stays one line)
-    if _auto_cpu and not _told and RANK == "0":
-        print(CPU_NOTE, file=sys.stderr, flush=True)
-    _told = True
+class Run:
+    """One run (not a sweep's job): checked, its directory claimed, then trained. Until it is accepted (a resume:
+    its checkpoint read and found to match), train.log's lines are held back and .hydra/ is not written."""
 
+    def __init__(self, auto_cpu: bool):
+        self.auto_cpu, self.rt, self.clean, self.held, self.accepted = auto_cpu, None, False, [], False
 
-@hydra.main(version_base=None, config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> object:
-    """One run; a sweep's job returns its outcome instead of exiting, so that the sweep goes on (launch/sweep.py)."""
-    console.setup()  # the console's one handler (`train.py | head`: the run stops as on Ctrl-C, quietly)
-    if HydraConfig.get().mode != RunMode.MULTIRUN:
-        return _run(cfg)
-    from launch import sweep
-    try:
-        _run(cfg)
-    except SystemExit as e:
-        if e.code not in (0, None, 2):  # stopped by a signal: so is the sweep
-            raise
-        return sweep.outcome(*_failure) if e.code == 2 and _failure else sweep.outcome("completed")
-    except Exception as e:  # noqa: BLE001 (a bug in one job: its traceback in its train.log, the sweep goes on)
-        logging.getLogger(__name__).exception(f"sweep job failed: {type(e).__name__}: {one_line(e)}")
-        return sweep.outcome("failed", f"error: {type(e).__name__}: {one_line(e)}")
-    return sweep.outcome("completed")
-
-
-def _run(cfg: DictConfig) -> None:
-    global _clean
-    if _raise_hydra_errors:  # the job's own errors get Hydra's usual report
-        os.environ.pop("HYDRA_FULL_ERROR", None)
-    from training.loop import TrainingDiverged, train
-    if _auto_cpu:
-        _log_to_files(CPU_NOTE, logging.INFO)
-    out = Path(HydraConfig.get().runtime.output_dir)
-    if out.resolve().is_relative_to(Path.cwd().resolve()):  # paths as the user sees them
-        out = Path(os.path.relpath(out))
-    oom = (f"with train.batch_size={cfg.train.batch_size}, model.block_size={cfg.model.block_size}: lower "
-           f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller model")
-    try:
-        result = train(_config or cfg, out, cli_overrides=list(HydraConfig.get().overrides.task), source=_source,
-                       rt=_rt, on_start=_record.keep if _record else None, device=_device)  # (a sweep's job:
-        # train() sets itself up)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
-        _clean = result.clean
-    except torch.OutOfMemoryError:
-        _fail("out of memory on the GPU " + oom)
-    except (MemoryError, RuntimeError) as e:  # numpy's _ArrayMemoryError is a MemoryError; torch's CPU one is not
-        if not isinstance(e, MemoryError) and not any(s in str(e) for s in CPU_OOM):
-            raise
-        size = re.search(r"allocate (\d+) bytes|allocate ([\d.]+ \w+)", str(e))
-        what = f" (allocating {memory.gib(int(size[1])) if size[1] else size[2]} failed)" if size else ""
-        _fail(f"out of memory on the CPU{what} " + oom)
-    except TrainingDiverged as e:
-        _fail(str(e), status="diverged")
-    except (ValueError, OSError) as e:
-        _fail(str(e) or type(e).__name__)
-    except KeyboardInterrupt:
-        _fail("interrupted: stopped at once without saving (checkpoints already written are intact)", code=130)
-    if result.exit_code:
-        sys.exit(result.exit_code)
-
-
-def claim(given: str, key: str, resume: object = None) -> str | None:
-    """Lock `given` as this process's run (or sweep) directory for its life; else the one-line reason why not."""
-    path = Path(given)
-    if path.resolve() == Path.cwd().resolve():
-        return (f"{key}={given or repr(given)} is the current directory, where the run's files (last.pt, "
-                f"train.log, .hydra/) would mix with yours: give the run a directory of its own, e.g. "
-                f"{key}=runs/demo, or leave {key} out for a new dated one")
-    busy = "wait for it to finish, or choose another " + key
-    for up in (path.resolve(), *path.resolve().parents):  # a live run's or sweep's directory, or one inside it
-        if who := run_lock.holder(up):
-            return (f"{key}={given} is in use by another training run ({who}): {busy}" if up == path.resolve() else
-                    f"{key}={given} is inside {up}, which another training run is using ({who}): {busy}")
-    if resume is False and (refusal := overwrite_refusal(path)):
-        return refusal
-    parent = next(d for d in (path, *path.parents) if d.exists())
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        return f"{key}={path} cannot be created: {parent} is " + (
-            f"not writable: choose another {key} or fix its permissions" if parent.is_dir() else
-            f"a file, not a directory: choose another {key}")
-    try:
-        if not run_lock.acquire(path):
-            print(f"warning: {path} cannot be locked on this filesystem: make sure no other run uses it",
-                  file=sys.stderr, flush=True)
-    except run_lock.DirectoryInUse as e:  # it started a moment ago
-        return f"{key}={given} is in use by another training run ({e}): {busy}"
-    except OSError as e:
-        return f"{key}={path} cannot be created: {e.strerror or e}: choose another {key}"
-    return overwrite_refusal(path) if resume is False else None  # one that ended meanwhile
-
-
-class Checks(Callback):
-    """Checks the composed config before Hydra makes the run directory (it would turn an exception into a warning)."""
-
-    def on_run_start(self, config: DictConfig, **kwargs) -> None:
-        global _config, _source, _rt, _device, _record
+    def check(self, cfg: DictConfig) -> None:
+        self.cfg = cfg
         try:
-            _config = c = to_dataclass(OmegaConf.masked_copy(config, [k for k in config if k != "hydra"]))
+            self.config = c = to_dataclass(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]))
+            self.source = None
             if c.model.init_from:  # a fine-tune's shape is its source's
                 from training import init_from
-                _source = init_from.apply(c, list(config.hydra.overrides.task))
+                self.source = init_from.apply(c, list(cfg.hydra.overrides.task))
             with train_keys():  # a bad device is told as train.device=...
-                _rt = rt = ranks.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
-                _device = device = resolve_device(c.train.device, rt.local_rank)  # the run's, resolved once
-            if rt.distributed:  # rank 0's run directory for all (the default is a timestamp)
-                with read_write(config.hydra):
-                    config.hydra.run.dir = ranks.broadcast_object(str(config.hydra.run.dir), rt)
-                    if not rt.is_main:  # rank 0 alone records the config in .hydra/
-                        config.hydra.output_subdir = None
+                self.rt = rt = ranks.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
+                self.device = resolve_device(c.train.device, rt.local_rank)  # the run's, resolved once
+            with read_write(cfg.hydra):
+                if rt.distributed:  # rank 0's run directory for all (the default is a timestamp)
+                    cfg.hydra.run.dir = ranks.broadcast_object(str(cfg.hydra.run.dir), rt)
+                cfg.hydra.runtime.output_dir = str(Path(str(cfg.hydra.run.dir)).resolve())
+                cfg.hydra.mode = RunMode.RUN
             # rank 0 checks memory (before any allocation) and claims the directory for all
-            problem = memory.check(c, device, rt.world_size, rt.local_world_size) if rt.is_main else None
-        except (ValueError, HydraException, OmegaConfBaseException) as e:
-            _fail(e)
-        if rt.is_main and c.train.resume is not False:  # before claim() and Hydra write into the run dir
-            from launch.hydra_record import RecordSnapshot
-            _record = RecordSnapshot(config.hydra.run.dir, config.hydra.output_subdir)
+            problem = memory.check(c, self.device, rt.world_size, rt.local_world_size) if rt.is_main else None
+        except ERRORS as e:
+            raise Failed(e) from None
         if rt.is_main and not problem:
-            problem = claim(str(config.hydra.run.dir), "hydra.run.dir", c.train.resume)
+            problem = run_lock.claim(str(cfg.hydra.run.dir), "hydra.run.dir",
+                                         overwrite_refusal if c.train.resume is False else None)
         if problem := ranks.broadcast_object(problem, rt):
-            _fail(problem)
-        _say_cpu_preset()
-        if rt.is_main and c.data.path and c.data.name != "text":  # data.path alone: said to be read as the preset's
+            raise Failed(problem)
+        if rt.is_main and c.data.path and c.data.name != "text":  # data.path alone: read as the preset's
             from launch.overrides import data_path_note
-            if note := data_path_note(c.data.name, c.data.path, list(config.hydra.overrides.task)):
+            if note := data_path_note(c.data.name, c.data.path, list(cfg.hydra.overrides.task)):
                 print(note, file=sys.stderr, flush=True)
 
-    def on_multirun_start(self, config: DictConfig, **kwargs) -> None:
-        """A sweep owns its sweep directory (before multirun.yaml is written): its jobs' directories are inside."""
-        if problem := claim(str(config.hydra.sweep.dir), "hydra.sweep.dir"):
-            _fail(problem)
+    def open(self) -> None:
+        """What Hydra's run_job does for a job: its config, run directory and train.log (held for a resume)."""
+        HydraConfig.instance().set_config(self.cfg)
+        Path(self.cfg.hydra.runtime.output_dir).mkdir(parents=True, exist_ok=True)
+        configure_log(self.cfg.hydra.job_logging, self.cfg.hydra.verbose)
+        console.setup()  # the console's one handler (`train.py | head`: the run stops as on Ctrl-C, quietly)
+        root = logging.getLogger()
+        if self.config.train.resume is not False:
+            for fh in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+                mh = MemoryHandler(1 << 30, logging.CRITICAL + 1, fh, flushOnClose=False)
+                root.removeHandler(fh)
+                root.addHandler(mh)
+                self.held.append((fh, mh))
+        else:
+            self.accept()
+
+    def start(self) -> None:
+        """train()'s on_start: set up (a resume accepted), before step 1."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (until now it said nothing was saved: no longer true)
+        if INTERRUPTED.is_set():  # a Ctrl-C that a library swallowed
+            raise KeyboardInterrupt
+        self.accept()
+        if self.auto_cpu and self.rt.is_main:  # said only when the run starts on it, not ahead of a mistake
+            print(CPU_NOTE, file=sys.stderr, flush=True)
+            to_files(CPU_NOTE, logging.INFO)
+
+    def accept(self) -> None:
+        """The run goes ahead: .hydra/ written as Hydra writes it (rank 0), train.log's held lines let through."""
+        if self.accepted:
+            return
+        self.accepted, cfg, root = True, self.cfg, logging.getLogger()
+        if self.rt.is_main and cfg.hydra.output_subdir is not None:
+            record = Path(cfg.hydra.runtime.output_dir) / cfg.hydra.output_subdir
+            record.mkdir(parents=True, exist_ok=True)
+            for name, node in (("config.yaml", OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])),
+                               ("hydra.yaml", OmegaConf.masked_copy(cfg, "hydra")),
+                               ("overrides.yaml", cfg.hydra.overrides.task)):
+                (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+        for fh, mh in self.held:
+            mh.flush()
+            root.removeHandler(mh)
+            root.addHandler(fh)
+        self.held = []
+
+    def refuse(self) -> None:
+        """Before it was accepted: train.log's held lines dropped, so its directory stays as it was."""
+        for fh, mh in self.held:
+            logging.getLogger().removeHandler(mh)
+            mh.buffer.clear()
+            fh.close()
+        self.held = []
+
+    def train(self) -> int:
+        from training.loop import train
+        cfg = self.cfg
+        self.open()
+        out = Path(cfg.hydra.run.dir)
+        if out.resolve().is_relative_to(Path.cwd().resolve()):  # paths as the user sees them
+            out = Path(os.path.relpath(out))
+        try:
+            result = train(self.config, out, cli_overrides=list(cfg.hydra.overrides.task), source=self.source,
+                           rt=self.rt, on_start=self.start, device=self.device)
+        except Exception as e:  # noqa: BLE001 (re-raised unless a user's mistake or out of memory)
+            raise failure(e, self.config) from None
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
+        self.clean = result.clean
+        return result.exit_code
+
+
+def failure(e: Exception, config) -> Exception:
+    """What train() raised, as the run's Failed line (out of memory: what to lower); a bug: itself."""
+    from training.loop import TrainingDiverged
+    if oom := memory.out_of_memory(e, config):
+        return Failed(oom)
+    if isinstance(e, TrainingDiverged):
+        return Failed(str(e), status="diverged")
+    return Failed(str(e) or type(e).__name__) if isinstance(e, (ValueError, OSError)) else e
+
+
+def hydra_job(cfg: DictConfig) -> object:
+    """A job hydra.main runs (a sweep's, or a run with Hydra's flags): a sweep's job returns its outcome instead of
+    raising its error, so that the sweep goes on (launch/sweep.py)."""
+    from launch import sweep
+    from training.loop import train
+    console.setup()
+    sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        result = train(cfg, Path(HydraConfig.get().runtime.output_dir),
+                       cli_overrides=list(HydraConfig.get().overrides.task))
+    except Exception as e:  # noqa: BLE001
+        f = failure(e, to_dataclass(cfg))
+        if not sweeping:
+            raise f from None
+        if isinstance(f, Failed):
+            to_files(f.line)
+            print(f.line, file=sys.stderr, flush=True)
+            return sweep.outcome(f.status, f.line)
+        # a bug in one job: its traceback in its train.log, the sweep goes on
+        logging.getLogger(__name__).exception(f"sweep job failed: {type(e).__name__}: {one_line(e)}")
+        return sweep.outcome("failed", f"error: {type(e).__name__}: {one_line(e)}")
+    if result.exit_code:  # stopped by a signal: so is the sweep
+        sys.exit(result.exit_code)
+    return sweep.outcome("completed")
 
 
 def with_override(args: list[str], override: str) -> list[str]:
@@ -203,29 +217,16 @@ def with_override(args: list[str], override: str) -> list[str]:
     return [*args[:i], override, *args[i:]]
 
 
-def habits(args: list[str]) -> None:
-    """The user's own arguments (before train.py adds any): nanoGPT's --key=value and config files, and values the
-    shell split at a space, each refused in one line with the override to write."""
-    if all("=" in a and not a.startswith("-") for a in args):
-        return
-    from launch.overrides import VALUE_FLAGS, flag_hint, word_hint
-    for i, a in enumerate(args):
-        before = args[i - 1] if i else None
-        hint = flag_hint(a) if a.startswith("-") else None if before in VALUE_FLAGS else word_hint(a, before)
-        if hint:
-            _fail(hint)
-
-
-def preflight(args: list[str]) -> None:
-    """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed); other --flags are Hydra's."""
-    multirun = bool({"-m", "--multirun"} & set(args))
+def preflight(args: list[str], multirun: bool) -> list[str]:
+    """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed, its directory claimed);
+    other --flags are Hydra's. Returns the arguments for hydra.main (a sweep: its directory pinned)."""
     overrides = [a for a in args if a not in ("-m", "--multirun")]
     if multirun and any(k in os.environ for k in ranks.TORCHRUN_ENV):
         from launch.distributed import launched_by_torchrun
         if launched_by_torchrun():
-            _fail("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
+            raise Failed("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
     if any(a.startswith("-") for a in overrides):
-        return
+        return args
     try:  # a sweep's jobs: the product of its a=1,2 values, as Hydra's basic sweeper makes them
         lists = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if multirun and
                  o.is_sweep_override() else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
@@ -233,12 +234,13 @@ def preflight(args: list[str]) -> None:
         from launch.overrides import lexer_hint
         key, _, value = str(e.override).partition("=")
         if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
-            _fail(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
-                  f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell to expand")
-        _fail(lexer_hint(str(e.override)) or f"cannot read the override {e.override}: {e}")
+            raise Failed(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
+                         f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell "
+                         f"to expand") from None
+        raise Failed(lexer_hint(str(e.override)) or f"cannot read the override {e.override}: {e}") from None
     except HydraException:  # glob() / interval() sweeps: only Hydra's sweeper expands them
-        return
-    jobs = [list(job) for job in itertools.product(*lists)]
+        lists = None
+    jobs = [list(job) for job in itertools.product(*lists)] if lists else []
     for job in jobs[:64]:  # composing takes a moment: a larger sweep is left to Hydra
         try:
             for o in OverridesParser.create().parse_overrides(job):
@@ -248,37 +250,71 @@ def preflight(args: list[str]) -> None:
                 if not (o.is_hydra_override() or o.is_delete()):
                     check_override(o.key_or_group, o.value(), o.input_line)
             if multirun:
-                with hydra.initialize(config_path="conf", version_base=None, job_name="train"):
-                    to_dataclass(hydra.compose("config", overrides=job))
-        except (ValueError, HydraException, OmegaConfBaseException) as e:
-            _fail(e, where=f" (sweep job {' '.join(job)})" if len(jobs) > 1 else "")
+                to_dataclass(compose(job))
+        except ERRORS as e:
+            where = f" (sweep job {' '.join(job)})" if len(jobs) > 1 else ""
+            swept = [a for a in overrides if a.startswith("data.tokenizer=") and "," in a]
+            if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
+                mine = next(a for a in job if a.startswith("data.tokenizer="))
+                where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
+                          f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
+                          f"setting above, then the same for the other data.tokenizer values")
+            raise Failed(e, where=where) from None
+    if not multirun:
+        return args
+    # the sweep owns its directory (its jobs' are inside): claimed, and pinned for Hydra (the default is dated)
+    first = jobs[0] if jobs else [a for a in overrides if a.startswith("hydra.")]
+    sweep_dir = str(compose(first, return_hydra_config=True).hydra.sweep.dir)
+    if problem := run_lock.claim(sweep_dir, "hydra.sweep.dir"):
+        raise Failed(problem)
+    from launch.overrides import override
+    return [*args, override("hydra.sweep.dir", sweep_dir)]
 
 
-if __name__ == "__main__":
+def main(args: list[str]) -> int:
     from data import cache_dir
     # matplotlib (loss.png) keeps its font cache in tinygpt's cache, not in ~/.cache or ~/.config
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     # no CUDA GPU and no experiment chosen: experiment=cpu, so a laptop never starts a multi-hour run
-    _auto_cpu = not (torch.cuda.is_available() or any(
+    auto_cpu = not (torch.cuda.is_available() or any(
         a in ("-h", "--help", "--hydra-help", "-sc", "--shell-completion", "--version")
-        or a.lstrip("+~").split("=")[0].split("@")[0] == "experiment" for a in sys.argv[1:]))
-    habits(sys.argv[1:])
-    register_configs(sweep=bool({"-m", "--multirun"} & set(sys.argv[1:])))
-    if _auto_cpu:
-        sys.argv[1:] = with_override(sys.argv[1:], "experiment=cpu")
-    preflight(sys.argv[1:])
-    if any(a.startswith("-") for a in sys.argv[1:]):  # a sweep, --cfg job, --info, ...: no on_run_start
-        _say_cpu_preset()
-    _raise_hydra_errors = "HYDRA_FULL_ERROR" not in os.environ  # so that a composition error the checks did
-    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # not foresee is raised to the except below (main() undoes it)
+        or a.lstrip("+~").split("=")[0].split("@")[0] == "experiment" for a in args))
+    multirun = bool({"-m", "--multirun"} & set(args))
+    run = Run(auto_cpu)
     try:
-        main()
-    except (HydraException, OmegaConfBaseException) as e:
-        _fail(e)
+        if not all("=" in a and not a.startswith("-") for a in args):  # nanoGPT's habits, a value the shell split
+            from launch.overrides import habit_hint
+            if hint := habit_hint(args):
+                raise Failed(hint)
+        register_configs(sweep=multirun)
+        args = preflight(with_override(args, "experiment=cpu") if auto_cpu else args, multirun)
+        if not any(a.startswith("-") for a in args):
+            run.check(compose(args, return_hydra_config=True))
+            return run.train()
+        if auto_cpu and multirun:
+            print(CPU_NOTE, file=sys.stderr, flush=True)
+        sys.argv[1:] = args
+        os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra's own errors raised to the except below
+        hydra.main(version_base=None, config_path="conf", config_name="config")(hydra_job)()
+        from launch import sweep
+        return 1 if sweep.failed() else 0  # (the table said which)
+    except (Failed,) + ERRORS as e:
+        f = e if isinstance(e, Failed) else Failed(e)
+        run.refuse()
+        to_files(f.line)
+        sys.stderr.write(f.line + "\n")  # one write: under torchrun, ranks' lines never run together
+        sys.stderr.flush()
+        return f.code
+    except KeyboardInterrupt:
+        run.refuse()
+        sys.stderr.write("error: interrupted: stopped at once without saving (checkpoints already written are "
+                         "intact)\n")
+        return 130
     finally:
-        if _record is not None:  # a resume that crashed before it started: its run dir as it was
-            _record.restore()
+        run.refuse()  # a resume that crashed before it started: nothing of it written
         # after an error, leave at once; else together: a rank that left first would have torchrun kill the rest
-        ranks.destroy(_rt, together=_clean)
-    if "launch.sweep" in sys.modules and sys.modules["launch.sweep"].failed():  # (the table said which)
-        sys.exit(1)
+        ranks.destroy(run.rt, together=run.clean)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

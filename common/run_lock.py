@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import Callable, Optional
 
 try:
     import fcntl
@@ -123,6 +124,37 @@ def holder(directory: str | os.PathLike) -> str | None:
         return _describe(_record(fd)) if e.errno in BUSY else None
     finally:
         _close(fd, locked)
+
+
+def claim(given: str, key: str, refusal: Optional[Callable[[Path], Optional[str]]] = None) -> Optional[str]:
+    """Lock `given` as this process's run (or sweep) directory for its life (given as the setting `key`), else the
+    one-line reason why not; `refusal(path)`: a reason of the caller's (a new run's directory that holds one)."""
+    path = Path(given)
+    if path.resolve() == Path.cwd().resolve():
+        return (f"{key}={given or repr(given)} is the current directory, where the run's files (last.pt, "
+                f"train.log, .hydra/) would mix with yours: give the run a directory of its own, e.g. "
+                f"{key}=runs/demo, or leave {key} out for a new dated one")
+    busy = "wait for it to finish, or choose another " + key
+    for up in (path.resolve(), *path.resolve().parents):  # a live run's or sweep's directory, or one inside it
+        if who := holder(up):
+            return (f"{key}={given} is in use by another training run ({who}): {busy}" if up == path.resolve() else
+                    f"{key}={given} is inside {up}, which another training run is using ({who}): {busy}")
+    if refusal is not None and (reason := refusal(path)):
+        return reason
+    parent = next(d for d in (path, *path.parents) if d.exists())
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return f"{key}={path} cannot be created: {parent} is " + (
+            f"not writable: choose another {key} or fix its permissions" if parent.is_dir() else
+            f"a file, not a directory: choose another {key}")
+    try:
+        if not acquire(path):
+            print(f"warning: {path} cannot be locked on this filesystem: make sure no other run uses it",
+                  file=sys.stderr, flush=True)
+    except DirectoryInUse as e:  # it started a moment ago
+        return f"{key}={given} is in use by another training run ({e}): {busy}"
+    except OSError as e:
+        return f"{key}={path} cannot be created: {e.strerror or e}: choose another {key}"
+    return refusal(path) if refusal is not None else None  # one that ended meanwhile
 
 
 def release(directory: str | os.PathLike) -> None:

@@ -6,6 +6,10 @@ reads, to count characters (and collect the char vocabulary or the own BPE's sam
 """
 from __future__ import annotations
 
+if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
+    from common.cli import stop_quietly
+    stop_quietly()
+
 import hashlib
 import json
 import os

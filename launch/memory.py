@@ -1,10 +1,12 @@
-"""Will one training step fit in memory? Asked before anything is allocated.
+"""Will one training step fit in memory? Asked before anything is allocated; and, if it did not fit after all,
+the one line that says what to lower (`out_of_memory`).
 
 Otherwise too large a batch ends in an allocator traceback, or silently in Linux's OOM killer minutes in.
 How the estimate's terms are counted: docs/design.md (Memory).
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Optional
 
@@ -84,6 +86,23 @@ def available(device) -> Optional[int]:
 
 def gib(n: float) -> str:
     return f"{n / 2**40:.1f} TiB" if n >= 2**40 else f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+CPU_OOM = ("can't allocate memory", "DefaultCPUAllocator: not enough memory")  # torch's CPU allocator failing
+
+
+def out_of_memory(e: BaseException, c: Config) -> Optional[str]:
+    """The one line for an allocation that failed while training (what to lower), or None: not one."""
+    lower = (f"with train.batch_size={c.train.batch_size}, model.block_size={c.model.block_size}: lower "
+             f"train.batch_size (and raise train.grad_accum_steps to keep the same global batch) or use a smaller "
+             f"model")
+    if type(e).__name__ == "OutOfMemoryError":  # torch's (CUDA)
+        return "out of memory on the GPU " + lower
+    if isinstance(e, MemoryError) or isinstance(e, RuntimeError) and any(s in str(e) for s in CPU_OOM):
+        size = re.search(r"allocate (\d+) bytes|allocate ([\d.]+ \w+)", str(e))  # (numpy's: a MemoryError)
+        what = f" (allocating {gib(int(size[1])) if size[1] else size[2]} failed)" if size else ""
+        return f"out of memory on the CPU{what} " + lower
+    return None
 
 
 def check(c: Config, device, world_size: int = 1, local_world_size: int = 1) -> Optional[str]:

@@ -97,6 +97,16 @@ def lexer_hint(arg: str) -> Optional[str]:
             f"characters: write \"{key}={quote(value) if quote(value) != value else repr(value)}\"")
 
 
+def habit_hint(args: list[str]) -> Optional[str]:
+    """The user's own arguments (before train.py adds any): nanoGPT's --key=value and config files, and values the
+    shell split at a space, each refused in one line with the override to write; None: nothing to say."""
+    for i, a in enumerate(args):
+        before = args[i - 1] if i else None
+        if hint := flag_hint(a) if a.startswith("-") else None if before in VALUE_FLAGS else word_hint(a, before):
+            return hint
+    return None
+
+
 def data_path_note(name: str, path: object, overrides: list[str]) -> Optional[str]:
     """One line when data.path is given but the data set is not chosen on the command line: the file is then
     read as that preset's text (a local copy of Tiny Shakespeare), which a user may not mean."""

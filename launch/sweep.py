@@ -10,7 +10,6 @@ import math
 from pathlib import Path
 from typing import Any, Optional
 
-from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 
@@ -19,11 +18,6 @@ from training.metrics import read_metrics
 
 JOBS: list[dict] = []  # this process's sweep, one record per finished job
 OUTCOME = "tinygpt_job"  # the key of main()'s return value that holds a job's outcome
-
-
-def in_sweep() -> bool:
-    """Whether this Hydra job is one of a sweep's (-m)."""
-    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
 
 
 def outcome(status: str, error: Optional[str] = None) -> dict:

@@ -176,7 +176,6 @@ def test_command_line_quotes_for_this_systems_shell(monkeypatch):
     assert platform.command_line(parts) == "python train.py 'hydra.run.dir=C:\\runs\\my run' 'x=it'\"'\"'s'"
     monkeypatch.setattr(platform, "is_windows", lambda: True)
     assert platform.command_line(parts) == 'python train.py "hydra.run.dir=C:\\runs\\my run" x=it\'s'
-    assert not platform.posix_signals()
 
 
 # -- the scan: Windows has none of these modules, and no /proc --
@@ -230,3 +229,23 @@ def test_peak_rss_is_this_process_and_grows_with_it():
         pytest.skip("no peak-memory reading on this OS")
     block = bytearray(64 << 20)  # touched: resident
     assert platform.peak_rss() >= before and platform.peak_rss() >= len(block)
+
+
+# configure_threads: threads sleep instead of spinning only when other processes use the CPUs
+@pytest.mark.parametrize("busy, env, want", [
+    (0.0, {}, None),                                   # quiet: OpenMP's default (spinning is faster there)
+    (None, {}, None),                                  # the load cannot be read here: leave it
+    (1.0, {}, "PASSIVE"),                              # another process holds a core: sleep, don't spin
+    (1.0, {"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE"),    # the user's choice wins
+    (1.0, {"OMP_NUM_THREADS": "1"}, None),             # the user chose the threads: leave the policy alone
+])
+def test_wait_policy_follows_the_load(monkeypatch, busy, env, want):
+    for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS"):  # setenv first: undo then restores the original state
+        monkeypatch.setenv(k, "")
+        monkeypatch.delenv(k)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(platform, "busy_cores", lambda: busy)
+    platform.configure_threads()
+    assert os.environ.get("OMP_WAIT_POLICY") == want
+

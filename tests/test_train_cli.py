@@ -1,6 +1,7 @@
 """`python train.py ...` as a user runs it: overrides, run directories, one-line errors, signals, sweeps."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shlex
@@ -170,10 +171,10 @@ def test_sweep_gets_one_run_dir_per_job(tmp_path, tiny_corpus):
 
 @pytest.mark.slow
 def test_threads_are_configured_before_torch_is_imported():
-    """train.py sets OMP_WAIT_POLICY (common/threads.py) before anything imports torch; the user's value wins.
+    """train.py sets OMP_WAIT_POLICY (common/platform.py) before anything imports torch; the user's value wins.
     The machine is made to look busy (busy_cores patched) so the policy is PASSIVE whatever the real load."""
     spy = ("import os, sys\nseen = []\n"
-           "import common.threads\ncommon.threads.busy_cores = lambda: 1.0\n"
+           "import common.platform\ncommon.platform.busy_cores = lambda: 1.0\n"
            "class Spy:\n"
            "    def find_spec(self, name, path=None, target=None):\n"
            "        if name == 'torch' and not seen:\n"
@@ -345,3 +346,82 @@ def test_a_closed_stdout_stops_the_run_quietly_with_a_checkpoint(tmp_path, tiny_
     assert ck.load_checkpoint(tmp_path / "outputs" / "r" / "last.pt")["step"] >= 0  # (the pipe may close in setup)
     assert "stopped by a closed output pipe" in (tmp_path / "outputs" / "r" / "train.log").read_text()
     assert (tmp_path / "outputs" / "latest").resolve() == (tmp_path / "outputs" / "r").resolve()
+
+
+@functools.lru_cache(maxsize=1)
+def _python_start() -> float:
+    """Seconds the interpreter takes to start (site-packages' .pth files: no project code can run before them)."""
+    t = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.perf_counter() - t
+
+
+def _signal_at(args: list[str], cwd, delay: float, signum=signal.SIGINT):
+    """Start `python args...`, send `signum` `delay` seconds after the interpreter started: (returncode, stdout,
+    stderr)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    start = _python_start()
+    proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        time.sleep(start + delay)
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=120)  # a swallowed Ctrl-C would train on: the timeout fails it
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc.returncode, out, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.3, 0.9, 1.6, 2.5])
+def test_ctrl_c_at_any_moment_of_start_up_stops_quietly(tmp_path, tiny_corpus, delay):
+    """Issue 29: a Ctrl-C during imports and setup printed a KeyboardInterrupt traceback, or was swallowed."""
+    args = [str(REPO / "train.py"), *TINY, "data=text", f"data.path={tiny_corpus}", "train.max_iters=100000",
+            "train.eval_interval=100000", "hydra.run.dir=run"]
+    code, out, err = _signal_at(args, tmp_path, delay)
+    assert code in (130, -signal.SIGINT), err
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("args", [["sample.py", "--run", "run"], ["eval.py", "--file", "x.txt", "--run", "run"],
+                                  ["export.py", "--hf", "out", "--run", "run"], ["bench.py", "--quick"],
+                                  ["-m", "data.prepare", "--help"], ["-m", "data.bpe", "--help"]])
+def test_ctrl_c_during_any_entry_points_imports_stops_quietly(tmp_path, args):
+    code, out, err = _signal_at([str(REPO / args[0]) if args[0].endswith(".py") else args[0], *args[1:]], tmp_path,
+                                0.1)
+    assert code in (2, 130, -signal.SIGINT), err  # (2: it had already found its mistake)
+    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err, err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("delay", [0.5, 2.0])
+def test_sigterm_before_step_1_says_nothing_was_saved(tmp_path, tiny_corpus, delay):
+    args = [str(REPO / "train.py"), *TINY, "data=text", f"data.path={tiny_corpus}", "hydra.run.dir=run"]
+    code, out, err = _signal_at(args, tmp_path, delay, signal.SIGTERM)
+    last = err.strip().splitlines()[-1]
+    assert code == 143 and "nothing was saved" in last and "nothing needs resuming" in last, err
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the note is for machines without CUDA")
+def test_no_cuda_note_is_not_printed_ahead_of_a_mistake(tmp_path):
+    """Issue 29: "no CUDA GPU found" came before almost every error; now only when the run starts on the CPU preset."""
+    (tmp_path / "empty.txt").write_text("")
+    proc = run_cli(["train.py", "data=text", "data.path=empty.txt", "hydra.run.dir=run"], cwd=tmp_path, timeout=180)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "no CUDA GPU found" not in proc.stderr + proc.stdout
+
+
+@pytest.mark.slow
+def test_a_sweep_over_tokenizers_is_told_a_command_that_works(tmp_path, tiny_corpus):
+    """Issue 29: `-m data.tokenizer=char,bpe` advised data.vocab_size=4096, which the char job then refused."""
+    args = ["-m", *TINY, "data=text", f"data.path={tiny_corpus}", "data.tokenizer=char,bpe", "train.max_iters=1",
+            "train.eval_interval=1", "hydra.sweep.dir=sw"]
+    proc = run_cli(["train.py", *args], cwd=tmp_path, timeout=180)
+    assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    advice = proc.stderr.split("on its own: python train.py ")[1].split(" with the setting above")[0]
+    ok = run_cli(["train.py", *shlex.split(advice), "data.vocab_size=300"], cwd=tmp_path)
+    assert ok.returncode == 0 and "1 of 1 jobs completed" in ok.stdout, ok.stderr

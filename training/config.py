@@ -124,11 +124,8 @@ def register_configs(sweep: bool = False) -> None:
     from hydra.core.config_store import ConfigStore
     cs = ConfigStore.instance()
     cs.store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
-    # train.py's Checks callback, registered in code so that no YAML preset ever names code for Hydra to import
-    # (and, for a sweep (-m), its report: launch/sweep.py)
-    callbacks = {"checks": {"_target_": "__main__.Checks"}}
-    if sweep:
-        callbacks["sweep"] = {"_target_": "launch.sweep.SweepReport"}
+    # a sweep's (-m) report (launch/sweep.py), registered in code so that no YAML preset names code for Hydra to run
+    callbacks = {"sweep": {"_target_": "launch.sweep.SweepReport"}} if sweep else {}
     cs.store(name="train_checks", node={"hydra": {"callbacks": callbacks}})
 
 
