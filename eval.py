@@ -158,12 +158,11 @@ def run(argv: list[str] | None = None) -> int:
         return run_hellaswag(args)
     if args.encoding_errors not in ("strict", "replace"):
         raise ValueError(f"--encoding-errors {args.encoding_errors} is not supported: use strict or replace")
-    from data import sources
-    from data.config import DataConfig
+    from data.config import DataConfig, resolve
     if os.path.isfile(args.file) and not os.path.getsize(args.file):
         raise ValueError(f"--file {args.file} is empty: give a text file with something to score")
     with in_keys(KEYS):  # the file(s) exist and hold something: checked before torch is imported
-        src = sources.resolve(DataConfig(path=args.file, text_key=args.text_key))
+        src = resolve(DataConfig(path=args.file, text_key=args.text_key))
     import torch
     from data.tokenizer import token_bytes
     model, tokenizer, device = load_model(args)

@@ -75,6 +75,7 @@ class Run:
 
     def __init__(self, auto_cpu: bool):
         self.auto_cpu, self.rt, self.clean, self.held, self.accepted = auto_cpu, None, False, [], False
+        self.claimed = None
 
     def check(self, cfg: DictConfig) -> None:
         self.cfg = cfg
@@ -101,6 +102,7 @@ class Run:
                                          overwrite_refusal if c.train.resume is False else None)
         if problem := ranks.broadcast_object(problem, rt):
             raise Failed(problem)
+        self.claimed = rt.is_main and str(cfg.hydra.run.dir)  # refused before it starts: the lock file as it was
         if rt.is_main and c.data.path and c.data.name != "text":  # data.path alone: read as the preset's
             from launch.overrides import data_path_note
             if note := data_path_note(c.data.name, c.data.path, list(cfg.hydra.overrides.task)):
@@ -157,6 +159,9 @@ class Run:
             mh.buffer.clear()
             fh.close()
         self.held = []
+        if self.claimed and not self.accepted:
+            run_lock.release(self.claimed, undo=True)
+            self.claimed = None
 
     def train(self) -> int:
         from training.loop import train

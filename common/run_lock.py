@@ -30,6 +30,7 @@ LOCK_NAME = ".lock"
 WINDOWS_LOCK_AT = 1 << 30  # the byte msvcrt locks: far past any record, so readers never touch it
 _BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
 _held: dict[str, int] = {}  # resolved directory -> the open, locked file descriptor
+_before: dict[str, bytes | None] = {}  # resolved directory -> its lock file's bytes before acquire (None: none)
 
 
 class DirectoryInUse(Exception):
@@ -75,6 +76,7 @@ def acquire(directory: str | os.PathLike) -> bool:
     key = os.path.realpath(d)
     if key in _held:
         return True
+    existed = (d / LOCK_NAME).exists()
     try:  # os.open's descriptors are not inherited by child processes (PEP 446)
         fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT | _BINARY, 0o644)
     except PermissionError:  # someone else's lock file: it can still be locked, not written
@@ -95,6 +97,7 @@ def acquire(directory: str | os.PathLike) -> bool:
                 return False
             raise
     _held[key] = fd
+    _before[key] = _record(fd) if existed else None
     me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
           "command": " ".join([os.path.basename(sys.executable), *sys.argv])}
     try:
@@ -157,8 +160,17 @@ def claim(given: str, key: str, refusal: Optional[Callable[[Path], Optional[str]
     return refusal(path) if refusal is not None else None  # one that ended meanwhile
 
 
-def release(directory: str | os.PathLike) -> None:
-    """Unlock now (tests); exiting the process does the same."""
-    fd = _held.pop(os.path.realpath(directory), None)
-    if fd is not None:
-        _close(fd, locked=True)
+def release(directory: str | os.PathLike, *, undo: bool = False) -> None:
+    """Unlock now (tests); exiting the process does the same. undo: the lock file as it was before acquire (a
+    refused resume leaves its directory byte-identical)."""
+    key = os.path.realpath(directory)
+    fd, before = _held.pop(key, None), _before.pop(key, None)
+    if fd is None:
+        return
+    if undo and before is not None:
+        os.ftruncate(fd, 0)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.write(fd, before)
+    _close(fd, locked=True)
+    if undo and before is None:
+        Path(directory, LOCK_NAME).unlink(missing_ok=True)
