@@ -183,10 +183,7 @@ def configure_threads() -> None:
     PASSIVE only when other processes use the CPUs at start-up; OMP_WAIT_POLICY or OMP_NUM_THREADS set wins."""
     if "OMP_WAIT_POLICY" in os.environ or "OMP_NUM_THREADS" in os.environ:
         return
-    try:  # the 1-minute load average where the OS has one: no wait; elsewhere (Windows) measured CPU time
-        busy = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        busy = busy_cores()
+    busy = busy_cores()
     if busy is not None and busy >= BUSY_CORES:
         os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
