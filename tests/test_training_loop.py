@@ -148,6 +148,15 @@ def test_resume_refusals(tmp_path, tiny_corpus):
     assert (run / "last.pt").read_bytes() == before
 
 
+def test_divergence_before_any_checkpoint_does_not_offer_to_resume(tmp_path, tiny_corpus):
+    """With no checkpoint written yet the message says so and tells only to start again (it offered to resume)."""
+    blowup = ["model=tiny", "optim.lr=1e6", "optim.min_lr=0", "optim.warmup_iters=0", "optim.grad_clip=0"]
+    with pytest.raises(TrainingDiverged) as info:
+        train(make_cfg(tiny_corpus, "train.max_iters=40", "train.eval_interval=40", *blowup), tmp_path / "run")
+    msg = str(info.value)
+    assert "no checkpoint had been written yet" in msg and msg.endswith("then start again") and "resume" not in msg
+
+
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus):
     run = tmp_path / "run"
     gpt2 = "model=tiny"  # GPT-2's decoder blows up at once; the modern one (QK-norm) takes a few more steps

@@ -226,11 +226,12 @@ class Trainer:
         self.ckpt.save(step, best)
 
     def _diverged(self, step: int, value: float) -> None:
-        kept = f"the last good checkpoint {self.ckpt.last} (step {self.ckpt.last_step}) is intact" \
-            if self.ckpt.last is not None else "no checkpoint had been written yet"
+        kept, then = ((f"the last good checkpoint {self.ckpt.last} (step {self.ckpt.last_step}) is intact",
+                       "then start again or resume from that checkpoint") if self.ckpt.last is not None else
+                      ("no checkpoint had been written yet", "then start again"))
         raise TrainingDiverged(f"the loss became {value} at step {step} (lr {self.lr_at(step - 1):.3g}): training "
                                f"stopped and {kept}: lower optim.lr (now {self.c.optim.lr:g}) or keep "
-                               f"optim.grad_clip > 0, then start again or resume from the last good checkpoint")
+                               f"optim.grad_clip > 0, {then}")
 
     def _log_train(self, write: bool = True) -> None:
         """Read the window (NaN check, every rank), time it; a stop's (`write` False) stays unlogged, for last.pt."""
