@@ -179,7 +179,8 @@ metric_list:
 
 
 @pytest.mark.slow
-def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus):
+@pytest.mark.parametrize("kind", ["gpt2", "bpe"])
+def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus, kind):
     """The same file through lm-evaluation-harness (a local task) on the export: the same per-ending
     log-likelihoods (within 1e-4 nats; logits 4x larger than at init, lm-eval sums in float32), acc and acc_norm."""
     pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (pip install lm-eval)")
@@ -187,9 +188,11 @@ def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus):
     import random
 
     import export
+    from data import bpe
     from data.tokenizer import GPT2Tokenizer
-    tok = GPT2Tokenizer()
-    ckpt = str(save_run(tmp_path / "run", peaky(tiny_model(50304, n_embd=8, block_size=24), 4.0), tok))
+    tok = GPT2Tokenizer() if kind == "gpt2" else bpe.train([tiny_corpus.read_text()], 300)  # or an own BPE
+    vocab, T = (50304, 24) if kind == "gpt2" else (tok.vocab_size, 64)  # 300 tokens: longer endings
+    ckpt = str(save_run(tmp_path / "run", peaky(tiny_model(vocab, n_embd=8, block_size=T), 4.0), tok))
     lines = [line for line in tiny_corpus.read_text().splitlines() if line.strip()]
     rng, rows = random.Random(0), []
     for i in range(12):
@@ -215,5 +218,5 @@ def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus):
     for line in open(samples):
         s = json.loads(line)
         ex = hellaswag.parse_row(json.dumps(s["doc"]))
-        total, _ = hellaswag.ending_losses(model, hellaswag.encode(ex, tok.encode, 24), tok.vocab_size)
+        total, _ = hellaswag.ending_losses(model, hellaswag.encode(ex, tok.encode, T), tok.vocab_size)
         assert (-total).tolist() == pytest.approx([float(ll) for ll, _ in s["filtered_resps"]], abs=1e-4)
