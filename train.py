@@ -95,7 +95,7 @@ class Run:
                 cfg.hydra.mode = RunMode.RUN
             # rank 0 checks memory (before any allocation) and claims the directory for all
             problem = memory.check(c, self.device, rt.world_size, rt.local_world_size) if rt.is_main else None
-        except ERRORS as e:
+        except ERRORS + (OSError,) as e:  # OSError: a file a setting names (train.hellaswag=...) is missing
             raise Failed(e) from None
         if rt.is_main and not problem:
             problem = run_lock.claim(str(cfg.hydra.run.dir), "hydra.run.dir",

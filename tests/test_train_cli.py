@@ -53,6 +53,7 @@ def test_run_with_overrides(tmp_path, tiny_corpus):
     (["optim.lr=-0.1"], "optim.lr=-0.1 must be a positive number"),
     (["data=text"], "data=text needs your text"),
     (["-m", "optim.lr=1e-3,-1"], "optim.lr=-1.0 must be a positive number"),  # every sweep job, up front
+    (["train.hellaswag=nope.jsonl"], "train.hellaswag nope.jsonl does not exist: check the path"),
 ])
 def test_config_mistakes_are_one_line_before_any_run_dir(tmp_path, args, expect):
     proc = run_cli(["train.py", "experiment=cpu", *args], cwd=tmp_path, timeout=120)
@@ -61,6 +62,7 @@ def test_config_mistakes_are_one_line_before_any_run_dir(tmp_path, args, expect)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert len(errors) == 1 and expect in errors[0], proc.stderr
     assert not (tmp_path / "outputs").exists() and not (tmp_path / "multirun").exists()  # before any run dir
+    assert "Warning" not in proc.stderr, proc.stderr  # no UserWarning from Hydra either
 
 
 @pytest.mark.slow
