@@ -21,9 +21,8 @@ from pathlib import Path
 from benchmarks import PRESETS, REPO, load_avg
 from common.cli import exit_quietly_on_broken_pipe
 from common.files import write_text_atomic
-from common.platform import cpu_flags, cpu_model, usable_cores
-from common.platform import configure_threads
-from common.text import one_line
+from common.platform import configure_threads, cpu_flags, cpu_model, usable_cores
+from common.cli import one_line
 
 SECTIONS = ("train", "quality", "decode", "prep", "startup", "sample")
 
@@ -174,7 +173,7 @@ def parse_args(argv=None):
 def run(args) -> dict:
     import torch
     from benchmarks import commands, inprocess, prepare
-    from launch.device import setup_device
+    from model.device import setup_device
     from model.device import resolve_device
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -17,8 +17,7 @@ import sys
 
 from checkpoint.file import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
                              resolve_checkpoint)
-from common.cli import ArgumentParser, cli_main
-from common.text import in_keys
+from common.cli import ArgumentParser, cli_main, in_keys
 
 KEYS = {"device": "--device", "path": "--file", "text_key": "--text-key", "encoding_errors": "--encoding-errors"}
 

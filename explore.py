@@ -14,8 +14,7 @@ import sys
 from pathlib import Path
 
 from checkpoint.file import check_hf_dir  # no torch
-from common.cli import ArgumentParser, cli_main
-from common.text import in_keys
+from common.cli import ArgumentParser, cli_main, in_keys
 from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): see common/platform.py

@@ -16,8 +16,7 @@ import time
 from pathlib import Path
 
 from checkpoint.file import add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference, resolve_checkpoint
-from common.cli import ArgumentParser, cli_main, read_text_file
-from common.text import in_keys
+from common.cli import ArgumentParser, cli_main, in_keys, read_text_file
 from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md

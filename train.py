@@ -29,39 +29,20 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.utils import configure_log
 from hydra.errors import HydraException, OverrideParseException
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from checkpoint.manager import overwrite_refusal
 from common import run_lock
 from common.cli import INTERRUPTED
-from common.text import one_line
 from launch import console, memory, ranks
+from launch.console import Failed, failure, to_files
 from model.device import resolve_device
 from training.config import check_override, register_configs, to_dataclass, train_keys
 
-RANK = os.environ.get("RANK", "0").strip() or "0"
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
 ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
-
-
-class Failed(Exception):
-    """The one `error: ...` line a run ends with (of a Hydra/OmegaConf error: its first line), its exit code and
-    the status a sweep's table gives it."""
-
-    def __init__(self, message: object, code: int = 2, status: str = "failed", where: str = ""):
-        if isinstance(message, (HydraException, OmegaConfBaseException)):
-            message = next((ln for ln in str(message).splitlines() if ln.strip()), type(message).__name__)
-        self.line = f"error: {'' if RANK == '0' else f'[rank {RANK}] '}{one_line(message)}{where}"
-        self.code, self.status = code, status
-        super().__init__(self.line)
-
-
-def to_files(message: str, level: int = logging.ERROR) -> None:
-    """A line for train.log only (not the console)."""
-    for h in [h for h in logging.getLogger().handlers if isinstance(h, (logging.FileHandler, MemoryHandler))]:
-        h.handle(logging.LogRecord("train", level, __file__, 0, message, None, None))
 
 
 def compose(args: list[str], return_hydra_config: bool = False) -> DictConfig:
@@ -180,40 +161,11 @@ class Run:
         return result.exit_code
 
 
-def failure(e: Exception, config) -> Exception:
-    """What train() raised, as the run's Failed line (out of memory: what to lower); a bug: itself."""
-    from training.loop import TrainingDiverged
-    if oom := memory.out_of_memory(e, config):
-        return Failed(oom)
-    if isinstance(e, TrainingDiverged):
-        return Failed(str(e), status="diverged")
-    return Failed(str(e) or type(e).__name__) if isinstance(e, (ValueError, OSError)) else e
-
-
 def hydra_job(cfg: DictConfig) -> object:
-    """A job hydra.main runs (a sweep's, or a run with Hydra's flags): a sweep's job returns its outcome instead of
-    raising its error, so that the sweep goes on (launch/sweep.py)."""
+    """A job hydra.main runs (a sweep's, or a run with Hydra's flags; defined here: Hydra names the job after
+    this file): launch.sweep.hydra_job."""
     from launch import sweep
-    from training.loop import train
-    console.setup()
-    sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
-    try:
-        result = train(cfg, Path(HydraConfig.get().runtime.output_dir),
-                       cli_overrides=list(HydraConfig.get().overrides.task))
-    except Exception as e:  # noqa: BLE001
-        f = failure(e, to_dataclass(cfg))
-        if not sweeping:
-            raise f from None
-        if isinstance(f, Failed):
-            to_files(f.line)
-            print(f.line, file=sys.stderr, flush=True)
-            return sweep.outcome(f.status, f.line)
-        # a bug in one job: its traceback in its train.log, the sweep goes on
-        logging.getLogger(__name__).exception(f"sweep job failed: {type(e).__name__}: {one_line(e)}")
-        return sweep.outcome("failed", f"error: {type(e).__name__}: {one_line(e)}")
-    if result.exit_code:  # stopped by a signal: so is the sweep
-        sys.exit(result.exit_code)
-    return sweep.outcome("completed")
+    return sweep.hydra_job(cfg)
 
 
 def with_override(args: list[str], override: str) -> list[str]:
@@ -277,7 +229,7 @@ def preflight(args: list[str], multirun: bool) -> list[str]:
 
 
 def main(args: list[str]) -> int:
-    from data import cache_dir
+    from common.files import cache_dir
     # matplotlib (loss.png) keeps its font cache in tinygpt's cache, not in ~/.cache or ~/.config
     os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
     # no CUDA GPU and no experiment chosen: experiment=cpu, so a laptop never starts a multi-hour run

@@ -50,7 +50,7 @@ def report(label: str, files: dict[str, int], detail: bool) -> None:
 def nanogpt(root: Path, work: Path) -> tuple[dict, dict]:
     prepared = root / "data" / "shakespeare_char"
     if not (prepared / "train.bin").is_file():  # its prepare.py downloads input.txt only when it is missing
-        from data.sources import cache_dir
+        from common.files import cache_dir
         shutil.copyfile(cache_dir() / "tinyshakespeare" / "input.txt", prepared / "input.txt")
         subprocess.run([sys.executable, "prepare.py"], cwd=prepared, check=True, capture_output=True)
     return executed(root, NANO_TRAIN, root, work), executed(root, NANO_SAMPLE, root, work)

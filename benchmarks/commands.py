@@ -130,7 +130,7 @@ def section_sample(args, dev) -> dict:
     import torch
     from checkpoint.file import FORMAT, VERSION, save_checkpoint
     from data.tokenizer import CharTokenizer, GPT2Tokenizer
-    from model import GPT
+    from model.gpt import GPT
     shape = args.decode_preset or "baby"
     cfg = gpt_config(shape)
     tok = GPT2Tokenizer() if shape == "gpt2" else CharTokenizer(SHAKESPEARE_CHARS)

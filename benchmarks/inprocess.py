@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from benchmarks import PRESETS, REPO, VOCAB, gpt_config, load_avg, say
-from common.text import failure_reason
+from common.cli import failure_reason
 
 
 def sync(device) -> None:
@@ -51,7 +51,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
     import numpy as np
     import torch
     from data.loader import BatchLoader, write_token_file
-    from model import GPT
+    from model.gpt import GPT
     from training.metrics import flops_per_token, mfu
     from training.optim import build_optimizer
     from training.step import train_step
@@ -126,7 +126,7 @@ def section_train(args, dev) -> dict:
 def section_decode(args, dev) -> dict:
     import torch
     from model.generate import generate
-    from model import GPT
+    from model.gpt import GPT
     from model.device import cuda_bf16_native
     device, n = dev.device, args.decode_tokens
     shape = args.decode_preset or ("gpt2" if device.type == "cuda" else "baby")

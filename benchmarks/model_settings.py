@@ -89,7 +89,7 @@ def decode_rate(name: str, tokens: int = 500, reps: int = 3) -> float:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from model import GPT
+    from model.gpt import GPT
     from model.generate import generate
     from training.config import gpt_config, register_configs, to_dataclass
     register_configs()

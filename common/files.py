@@ -1,4 +1,5 @@
-"""Durable writes: a file is replaced whole or not at all, so a kill or a full disk never leaves half of one.
+"""Where tinygpt keeps files (`cache_dir()`: downloads, prepared data, tokenizers) and how it writes them: durably,
+a file is replaced whole or not at all, so a kill or a full disk never leaves half of one.
 
 The pattern (temp file beside the target, fsync, os.replace, fsync the directory) lives here once; the
 checkpoint, data-cache, metrics, plot and download code all call it. `replace_dir` is the same for a
@@ -17,6 +18,19 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from common.platform import is_windows
+
+SHAKESPEARE_FILE = "tinyshakespeare/input.txt"  # in the cache: data/sources.py downloads it there
+
+
+def cache_dir(check: bool = False) -> Path:
+    """`$TINYGPT_CACHE` if set (and non-empty), else `~/.cache/tinygpt`: where every download and prepared data set
+    is kept. Not created here; `check`: a one-line ValueError when it is a file."""
+    d = Path(os.environ.get("TINYGPT_CACHE") or "~/.cache/tinygpt").expanduser()
+    if check and d.exists() and not d.is_dir():
+        raise ValueError(f"the tinygpt cache {d} is a file, not a directory: set TINYGPT_CACHE to a directory "
+                         f"(or move the file away)")
+    return d
+
 
 REPLACE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0)  # seconds between tries: ~4.5 s in all
 

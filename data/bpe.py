@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from common.files import write_text_atomic
-from common.cli import ArgumentParser, cli_main
-from common.text import in_keys, setting_error
-from data import cache_dir, corpus
+from common.cli import ArgumentParser, cli_main, in_keys, setting_error
+from common.files import cache_dir, write_text_atomic
+from data import corpus
 from data.config import DataConfig, resolve
 from data.hf_tokenizer import read_tokenizer_json
 from data.tokenizer import BPE_EOT, BPETokenizer, import_tokenizers

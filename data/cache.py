@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from common.files import fsync_dir, write_text_atomic
 from common.platform import pid_alive
-from common.text import setting_error
+from common.cli import setting_error
 from data import bpe, corpus, sources
 from data.config import Corpus, DataConfig
 from data.encode import encode_bpe, encode_char

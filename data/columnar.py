@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterator
 
-from common.text import one_line, setting_error
+from common.cli import one_line, setting_error
 
 PARQUET = ".parquet"  # the other kind: .arrow (data/config.py names both)
 BATCH_ROWS = 1024  # rows converted to Python strings at a time

@@ -14,8 +14,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Optional, Sequence
 
-from common.text import setting_error
-from data import SHAKESPEARE_FILE, cache_dir
+from common.cli import setting_error
+from common.files import SHAKESPEARE_FILE, cache_dir
 
 NAMES = ("shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2", "bpe")
@@ -25,8 +25,6 @@ COLUMNAR = (".parquet", ".arrow")  # parquet files and `datasets` save_to_disk A
 SUFFIXES = (".txt", ".jsonl", *COLUMNAR)  # what a directory contributes
 KEYED = (".jsonl", ".json", ".csv", *COLUMNAR)  # files whose text is under `text_key`
 BLOCK = 1 << 20  # bytes read at a time to hash
-
-
 @dataclass
 class DataConfig:
     name: str = "shakespeare_char"

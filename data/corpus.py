@@ -12,7 +12,7 @@ from typing import Iterator
 
 import numpy as np
 
-from common.text import setting_error
+from common.cli import setting_error
 from data.config import BLOCK, COLUMNAR, Corpus
 
 CHUNK_BYTES = 4 << 20  # bytes read and decoded at a time

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from common.rng import seed_for
-from common.text import setting_error
+from common.cli import setting_error
 from data.tokenizer import Tokenizer
 
 # 32-byte little-endian header, then `count` ids of `itemsize` bytes each:

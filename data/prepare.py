@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 from typing import Callable
 
-from common.cli import ArgumentParser, exit_quietly_on_broken_pipe
-from common.text import error_line, in_keys
-from data import cache_dir
+from common.cli import ArgumentParser, error_line, exit_quietly_on_broken_pipe, in_keys
+from common.files import cache_dir
 from data.config import DataConfig, resolve
 from data.loader import Prepared
 from data.tokenizer import BPE_EOT, tokenizer_from_dict

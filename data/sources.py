@@ -15,9 +15,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from common.files import atomic_write
-from common.text import one_line, setting_error
-from data import SHAKESPEARE_FILE, cache_dir
+from common.cli import one_line, setting_error
+from common.files import SHAKESPEARE_FILE, atomic_write, cache_dir
 
 SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
 SHAKESPEARE_SIZE = 1_115_394

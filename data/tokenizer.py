@@ -11,7 +11,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from common.text import one_line
+from common.cli import one_line
 
 _MAX_LISTED = 20
 BPE_EOT = "<|endoftext|>"  # the own BPE's end-of-text token: GPT-2's text, so exports read like GPT-2's

@@ -86,6 +86,14 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Opti
     return command_line([*launch, "train.py", *keep, override("hydra.run.dir", run_dir), "train.resume=true"])
 
 
+def closing_line(stop: str, step: int, run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str,
+                 aborted: bool) -> str:
+    """The closing line of a run a signal (named `stop`) stopped, or that a second Ctrl-C `aborted`."""
+    if aborted:
+        return interrupted_line(run_dir, last, last_step, resume)
+    return f"stopped by {stop} after step {step}: saved {last}; resume with: {resume}"
+
+
 def interrupted_line(run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str) -> str:
     """The closing line of a run a second Ctrl-C aborted; `last`: the last good checkpoint it knows of."""
     if last is not None and last_step is not None and Path(last).parent == run_dir:

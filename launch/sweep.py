@@ -6,14 +6,22 @@ in training.config.register_configs); train.py's main() hands it each job's outc
 from __future__ import annotations
 
 import json
+import logging
 import math
+import sys
 from pathlib import Path
 from typing import Any, Optional
 
+from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
+from omegaconf import DictConfig
 
+from common.cli import one_line
 from common.files import atomic_write
+from launch import console
+from launch.console import Failed, failure, to_files
+from training.config import to_dataclass
 from training.metrics import read_metrics
 
 JOBS: list[dict] = []  # this process's sweep, one record per finished job
@@ -92,3 +100,28 @@ class SweepReport(Callback):
         print(f"\nsweep: {len(JOBS) - n} of {len(JOBS)} jobs completed"
               f"{f', {n} did not' if n else ''} (also in {Path(config.hydra.sweep.dir) / 'summary.md'})\n{text}",
               flush=True)
+
+
+def hydra_job(cfg: DictConfig) -> object:
+    """A job hydra.main runs (a sweep's, or a run with Hydra's flags): a sweep's job returns its outcome instead of
+    raising its error, so that the sweep goes on."""
+    from training.loop import train
+    console.setup()
+    sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
+    try:
+        result = train(cfg, Path(HydraConfig.get().runtime.output_dir),
+                       cli_overrides=list(HydraConfig.get().overrides.task))
+    except Exception as e:  # noqa: BLE001
+        f = failure(e, to_dataclass(cfg))
+        if not sweeping:
+            raise f from None
+        if isinstance(f, Failed):
+            to_files(f.line)
+            print(f.line, file=sys.stderr, flush=True)
+            return outcome(f.status, f.line)
+        # a bug in one job: its traceback in its train.log, the sweep goes on
+        logging.getLogger(__name__).exception(f"sweep job failed: {type(e).__name__}: {one_line(e)}")
+        return outcome("failed", f"error: {type(e).__name__}: {one_line(e)}")
+    if result.exit_code:  # stopped by a signal: so is the sweep
+        sys.exit(result.exit_code)
+    return outcome("completed")

@@ -1,7 +1,7 @@
 """GPTConfig, the model's shape, and `pad_vocab`, the one home of vocabulary padding.
 
 A plain dataclass (no Hydra, no OmegaConf): checkpoints store it as a dict and the model code stays
-framework-free. Construction validates every field with one-line errors naming the field (common.text).
+framework-free. Construction validates every field with one-line errors naming the field (common.cli).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from common.text import setting_error
+from common.cli import setting_error
 
 ATTENTION_IMPLS = ("sdpa", "manual")
 POSITIONS = ("learned", "rope")  # learned: GPT-2's wpe table; rope: rotary q and k, no table

@@ -11,7 +11,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from common.text import failure_reason
+from common.cli import failure_reason
 
 
 class KVCache:

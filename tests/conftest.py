@@ -208,5 +208,5 @@ def tiny_corpus(tmp_path) -> Path:
 
 @pytest.fixture
 def tiny_gpt_config():
-    from model import GPTConfig
+    from model.config import GPTConfig
     return GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32)

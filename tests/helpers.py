@@ -36,7 +36,8 @@ def tiny_model_and_opt(seed=0):
     """A 2-layer GPT (vocab 32, context 16) and its AdamW, seeded: for state round-trip tests."""
     import torch
 
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     from training.optim import build_optimizer
     torch.manual_seed(seed)
     m = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
@@ -84,7 +85,7 @@ def model_variants(exhaustive: bool = False) -> list:
     settings (norm, mlp, logit_softcap, bias, tie_weights) so that all of theirs occur; exhaustive: the product."""
     import itertools
 
-    from model import GPTConfig
+    from model.config import GPTConfig
     attention = list(itertools.product(("learned", "rope"), (None, 2, 1), (False, True), (None, 16)))
     per_position = list(itertools.product(("layernorm", "rmsnorm"), ("gelu", "swiglu", "relu2"), (None, 10.0),
                                           (True, False), (True, False)))

@@ -117,13 +117,14 @@ def test_module_imports_cheaply():
     assert proc.returncode == 0 and proc.stdout.strip() == "False"
 
 
+@pytest.mark.slow  # over ~1 s
 def test_a_failing_preset_is_an_error_row_not_an_abort(tmp_path, monkeypatch):
     """e.g. inductor failing on the GPU image: that preset's row says why, the bench goes on."""
     import io
 
     import torch
 
-    from launch.device import setup_device
+    from model.device import setup_device
 
     class Broken(torch.nn.Module):
         def forward(self, *a, **kw):
@@ -194,7 +195,7 @@ def test_quality_budget_stops_the_run(tmp_path, monkeypatch, cache_with_shakespe
 
 def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
     import training.step
-    from launch.device import setup_device
+    from model.device import setup_device
     calls = []
     real = training.step.train_step
 

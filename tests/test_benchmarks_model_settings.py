@@ -23,6 +23,7 @@ def test_timed_stamps_each_evaluation_once(tmp_path):
         ms.timed(["sh", "-c", "exit 3"], tmp_path, ms.nanogpt_evals)
 
 
+@pytest.mark.slow  # over ~1 s in all
 @pytest.mark.parametrize("name", list(ms.VARIANTS))
 def test_every_variant_composes_and_decodes(name):
     assert ms.decode_rate(name, tokens=3, reps=1) > 0

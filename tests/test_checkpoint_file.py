@@ -19,7 +19,7 @@ from tests.helpers import find_non_plain
 
 
 def _ckpt(tiny_gpt_config, **extra):
-    from model import GPT
+    from model.gpt import GPT
     torch.manual_seed(0)
     model = GPT(tiny_gpt_config)
     d = {"format": "tinygpt", "version": 1, "step": 3, "best_val_loss": 1.5,

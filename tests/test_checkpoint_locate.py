@@ -32,7 +32,8 @@ def randomize(model, seed: int = 0):
 
 
 def tiny_model(vocab_size: int, seed: int = 0, **kw):
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     cfg = dict(vocab_size=vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16)
     return randomize(GPT(GPTConfig(**{**cfg, **kw})), seed)
 

@@ -52,6 +52,7 @@ class _Killed(BaseException):
     pass
 
 
+@pytest.mark.slow  # over ~1 s
 def test_a_checkpoint_in_the_old_layout_resumes_exactly(tmp_path, tiny_corpus, monkeypatch):
     straight = tmp_path / "straight"
     train(_cfg(tiny_corpus, "train.max_iters=8"), straight)
@@ -91,6 +92,7 @@ def test_a_checkpoint_in_the_old_layout_resumes_exactly(tmp_path, tiny_corpus, m
     assert _records(straight)[:-1] == _records(old)[:-1]  # every train/eval record (the summaries' times differ)
 
 
+@pytest.mark.slow  # over ~1 s
 def test_a_format_1_file_without_the_later_fields_resumes(tmp_path, tiny_corpus):
     """The first format-1 files had no best_step, tokens, loss_window or eval_pending: they still resume."""
     run = tmp_path / "run"
@@ -104,7 +106,8 @@ def test_a_format_1_file_without_the_later_fields_resumes(tmp_path, tiny_corpus)
 
 
 def _model(seed):
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     torch.manual_seed(seed)
     return GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
 

@@ -35,7 +35,8 @@ def test_eval_reads_the_old_checkpoint_with_the_same_loss(capsys, tmp_path):
 
 
 def test_the_old_checkpoint_resumes(tmp_path):
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     from training.optim import build_optimizer
     run = tmp_path / "run"
     shutil.copytree(FIXTURE.parent, run)

@@ -2,7 +2,8 @@
 exit 141 (128 + SIGPIPE, as the shell reports for `seq 1000000 | head -1`): no traceback, no "Exception
 ignored" at exit. The subprocess test gives each command a stdout pipe whose reader has already gone, so
 the first write or the final flush always fails (no race with a real `head`). (With PYTHONUNBUFFERED set,
-argparse's --help swallows the error itself and exits 0, as quietly.)"""
+argparse's --help swallows the error itself and exits 0, as quietly.) A setting error says its settings in the
+raiser's names until an edge renames them."""
 from __future__ import annotations
 
 import os
@@ -11,7 +12,7 @@ import sys
 
 import pytest
 
-from common.cli import EXIT_BROKEN_PIPE, cli_main, exit_quietly_on_broken_pipe
+from common.cli import EXIT_BROKEN_PIPE, cli_main, exit_quietly_on_broken_pipe, in_keys, setting_error
 from tests.helpers import REPO
 
 
@@ -69,3 +70,28 @@ def test_every_cli_ends_quietly_when_the_reader_leaves(tmp_path):
         assert proc.returncode == 141, (argv, proc.returncode, proc.stderr)
         assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr, (argv, proc.stderr)
         assert "error" not in proc.stderr, (argv, proc.stderr)
+
+
+def test_setting_error_names_its_settings_and_keeps_its_type():
+    e = setting_error("{path=}{0} does not exist: point {path} at a file ({1!r})", "a{b}.txt", 1,
+                      cls=FileNotFoundError)
+    assert type(e) is FileNotFoundError and str(e) == "path=a{b}.txt does not exist: point path at a file (1)"
+    for keys, said in (({"path": "data.path"}, "data.path=a{b}.txt does not exist: point data.path at a file (1)"),
+                       ({"path": "--path"}, "--path a{b}.txt does not exist: point --path at a file (1)")):
+        with pytest.raises(FileNotFoundError) as info, in_keys(keys):
+            raise e
+        assert str(info.value) == said
+
+
+def test_in_keys_passes_other_errors_through_and_decorates():
+    plain = ValueError("path=x is wrong")
+    with pytest.raises(ValueError) as info, in_keys({"path": "data.path"}):
+        raise plain
+    assert info.value is plain
+
+    @in_keys({"n": "model.n"})
+    def build(n):
+        raise setting_error("{n=}{0} must be positive", n)
+
+    with pytest.raises(ValueError, match="^model.n=0 must be positive$"):
+        build(0)

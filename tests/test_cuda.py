@@ -50,7 +50,8 @@ def test_compiled_bf16_training_uses_fused_adamw(tmp_path, cache_with_shakespear
     assert "torch.compile failed" not in log  # really compiled, no silent fallback
     _learned(run)
     from training.optim import build_optimizer
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=64)).cuda()
     opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cuda")
     assert all(g.get("fused") for g in opt.param_groups)
@@ -126,7 +127,7 @@ def test_bench_quick_on_cuda(tmp_path, cache_with_shakespeare, cache_with_gpt2):
     assert r["hardware"]["device"].startswith("cuda") and r["hardware"]["gpu"]["name"]
     (row,) = r["sections"]["train"]["rows"]
     assert row["tokens_per_s"] > 0 and not r["errors"]
-    from launch.device import peak_flops
+    from model.device import peak_flops
     if peak_flops(torch.cuda.get_device_name()) is not None:  # a GPU in the peak-FLOP/s table has an MFU
         assert row["mfu"] is not None and 0 < row["mfu"] < 1
     modes = {d["mode"]: d["tokens_per_s"] for d in r["sections"]["decode"]["rows"]}

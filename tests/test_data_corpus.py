@@ -204,6 +204,7 @@ def test_jsonl_bad_lines_are_named(tmp_path):
     assert "\ufffd" in p.tokenizer.chars
 
 
+@pytest.mark.slow  # over ~1 s
 def test_jsonl_is_streamed(tmp_path):
     """1.5 MB then 4.5 MB of lines: the traced peak does not grow with the file (a line at a time)."""
     import tracemalloc

@@ -21,6 +21,7 @@ TEXTS = [
 ]
 
 
+@pytest.mark.slow  # over ~1 s
 def test_gpt2_files_encode_like_tinygpt(cache_with_gpt2, shared_data_dir, tmp_path):
     out = tmp_path / "hf"
     paths = write_hf_tokenizer(out, model_max_length=1024)

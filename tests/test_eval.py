@@ -49,6 +49,7 @@ def test_windows_score_every_target_once():
                            for b, length, first in spans for p in range(b + first, b + length))
 
 
+@pytest.mark.slow  # over ~1 s
 def test_one_window_equals_direct_loss(tmp_path, capsys, char_run):
     path, model, tok = char_run
     text = "KING:\nGood café"  # 15 tokens: 14 inputs, within the context of 16
@@ -77,6 +78,7 @@ def brute_force(model, ids, T, stride, vocab):
     return torch.tensor(out, dtype=torch.float64)
 
 
+@pytest.mark.slow  # over ~1 s
 def test_sliding_windows_match_brute_force(tmp_path, capsys, char_run, tiny_corpus):
     path, _, tok = char_run
     model = tiny_model(tok.vocab_size + 3, seed=1, block_size=8)

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from model import GPT
+from model.gpt import GPT
 
 import explore
 from tests.helpers import run_cli
@@ -118,6 +118,7 @@ def test_scores_are_the_ones_softmaxed(one):
 
 @pytest.mark.parametrize("kw", [{}, {"bias": False}, {"tie_weights": False}, {"attention": "manual"},
                                 {"n_head": 4}], ids=["default", "bias_free", "untied", "manual", "4_heads"])
+@pytest.mark.slow  # over ~1 s
 def test_weights_equal_transformers_output_attentions(tmp_path, char_tok, kw):
     transformers = pytest.importorskip("transformers")
     import export
@@ -240,6 +241,7 @@ BAD = [({"text": ""}, 400, "the text is empty"),
        (b"x" * (MAX_BODY + 1), 413, "over the 64 KB limit")]
 
 
+@pytest.mark.slow  # over ~1 s in all
 @pytest.mark.parametrize("body,status,words", BAD, ids=[w.split(":")[0][:30] for _, _, w in BAD])
 def test_bad_input_is_one_4xx_json_line_and_the_server_keeps_serving(one, body, status, words):
     url, _ = one
@@ -262,6 +264,7 @@ def test_a_model_failure_is_a_500_line_and_the_server_goes_on(one, monkeypatch, 
 
 @pytest.mark.parametrize("path", ["/../explore.py", "/%2e%2e/explore.py", "//etc/passwd", "/static/../../README.md",
                                   "/viz/explorer/server.py", "/explorer.js/..", "/api/nothing"])
+@pytest.mark.slow  # over ~1 s in all
 def test_no_request_reads_a_file(one, path):
     url, _ = one
     conn = http.client.HTTPConnection(*url.removeprefix("http://").split(":"))

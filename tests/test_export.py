@@ -48,6 +48,7 @@ def test_export_char_run(tmp_path, capsys, char_tok, kind):
     assert not list(tmp_path.glob(".hf.*"))  # the temp dir became hf
 
 
+@pytest.mark.slow  # over ~1 s
 def test_export_bpe_run_with_padded_vocab(tmp_path, capsys, cache_with_gpt2):
     from data.tokenizer import GPT2Tokenizer
     from model.config import pad_vocab

@@ -167,6 +167,7 @@ def _char_run(tmp_path, corpus, name="src", *extra):
     return run
 
 
+@pytest.mark.slow  # over ~1 s
 def test_from_a_tinygpt_run_directory(tmp_path, tiny_corpus):
     src = _char_run(tmp_path, tiny_corpus)
     source_eval = records(src, "eval")[-1]
@@ -195,6 +196,7 @@ def _one_line(excinfo, *words):
     assert "\n" not in msg and all(w in msg for w in words), msg
 
 
+@pytest.mark.slow  # over ~1 s
 def test_every_bad_source_is_one_line(tmp_path, tiny_corpus, tiny_hf, cache_with_gpt2):
     hf_dir = tiny_hf[0]
     (tmp_path / "bert").mkdir()

@@ -151,6 +151,7 @@ def one_rank_group(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # over ~1 s
 def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_group):
     import copy
     info = one_rank_group
@@ -374,3 +375,19 @@ def _environ(pid: int) -> dict:
     except OSError:
         return {}
     return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def test_torchrun_on_mps_is_refused_before_any_process_group(monkeypatch):
+    """A Mac as torch reports it (MPS, no CUDA; mocked: no Mac here)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    for k, v in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "MASTER_ADDR": "localhost",
+                 "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(D.dist, "init_process_group", lambda *a, **k: pytest.fail("a process group was started"))
+    with pytest.raises(ValueError, match="^multi-process training does not support Apple's MPS device: use "
+                                         r"train.device=cpu \(gloo\)"):
+        D.init(R.DistInfo(), "auto", "none")
+    for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(k)
+    assert not D.init(R.DistInfo(), "mps", "none").distributed  # one process on MPS: no process group needed

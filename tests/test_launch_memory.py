@@ -32,8 +32,9 @@ def _config(**model) -> Config:
 @pytest.mark.parametrize("tokenizer, tie, bias, pad", [("char", True, False, 1), ("char", False, True, 1),
                                                        ("gpt2", True, True, 64), ("gpt2", False, False, 1)])
 def test_parameter_counts_match_the_model(tokenizer, tie, bias, pad):
-    from model import GPT, GPTConfig
-    from training.muon import muon_param_groups
+    from model.config import GPTConfig
+    from model.gpt import GPT
+    from training.optim import muon_param_groups
     c = _config(n_layer=2, n_head=2, n_embd=16, block_size=8, tie_weights=tie, bias=bias, pad_vocab_to=pad)
     c.data.tokenizer = tokenizer
     V = memory.vocab_size(c)
@@ -48,7 +49,8 @@ def test_parameter_counts_match_the_model(tokenizer, tie, bias, pad):
 
 MEASURE = r"""
 import json, sys, torch
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from launch import memory
 from training.config import Config
 from training.optim import build_optimizer

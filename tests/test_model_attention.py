@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model import GPT
+from model.gpt import GPT
 from model.attention import CausalSelfAttention, apply_rope, rope_cos_sin
 from model.generate import KVCache
 from tests.helpers import model_variants

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from model import GPTConfig
+from model.config import GPTConfig
 
 GOOD = dict(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64)
 

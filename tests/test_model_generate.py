@@ -6,7 +6,7 @@ import warnings
 import pytest
 import torch
 
-from model import GPT
+from model.gpt import GPT
 from model.generate import generate, generate_tokens, logits_to_probs, sample
 
 
@@ -212,6 +212,7 @@ def test_rotary_positions_advance_once_per_step_not_per_layer(tiny_gpt_config, m
     assert sum(c[0] == 0 for c in calls) >= 3  # the prompt's prefill and two slides
 
 
+@pytest.mark.slow  # over ~1 s in all
 def test_sampling_with_same_generator_is_identical_cached_and_uncached(decoder_config):
     model = spiky_model(decoder_config)
     idx = torch.zeros(2, 3, dtype=torch.long)
@@ -422,7 +423,7 @@ def inductor():
 
 
 def test_failure_reason_finds_the_line_that_says_something():
-    from common.text import failure_reason
+    from common.cli import failure_reason
 
     wrapped = BackendCompilerFailed(inductor, InductorError("RuntimeError: Failed to find C++ compiler.\nmore"))
     assert failure_reason(wrapped) == "InductorError: RuntimeError: Failed to find C++ compiler."  # not "raised:"
@@ -490,8 +491,7 @@ def test_capture_and_replay_protocol_on_a_stand_in_gpu(decoder_config, monkeypat
     decoding's: each output is copied out before the next replay, and re-prefills keep the graph valid."""
     import contextlib
 
-    from model import cuda_graph
-    from model import generate as gen
+    from model import cuda_graph, generate as gen
 
     steps, events, init = [], [], cuda_graph.GraphedStep.__init__
 
@@ -603,8 +603,8 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
     """The real thing: the baby shape in bf16 on a GPU, 400 tokens (the window slides at 256)."""
     import time
 
-    from model import GPTConfig
     from model import generate as gen
+    from model.config import GPTConfig
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)).cuda().bfloat16().eval()
@@ -635,8 +635,8 @@ def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
     3 x block_size (the window slides twice), greedy and sampled."""
     from omegaconf import OmegaConf
 
-    from model import GPTConfig
     from model import generate as gen
+    from model.config import GPTConfig
     from tests.helpers import REPO
 
     preset = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "modern.yaml"))

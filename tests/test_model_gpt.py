@@ -9,7 +9,8 @@ import time
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from model.gpt import check_weights, clean_state_dict, model_with_weights
 from tests.helpers import REPO
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from model import GPT
+from model.gpt import GPT
 from model.generate import generate
 from model.hf import from_pretrained
 
@@ -43,6 +43,7 @@ def assert_parity(hf, ours):
     assert (logits - hf_logits(hf, idx)).abs().max() <= 1e-5
 
 
+@pytest.mark.slow  # over ~1 s
 def test_safetensors_parity(hf_model, tmp_path):
     hf_model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
@@ -154,7 +155,7 @@ def test_hf_round_trip(hf_model, tmp_path):
 
 @pytest.mark.parametrize("bias,tie", [(False, True), (True, False), (False, False)])
 def test_export_bias_free_padded_untied(tmp_path, bias, tie):
-    from model import GPTConfig
+    from model.config import GPTConfig
     from model.hf import write_pretrained
     torch.manual_seed(2)
     ours = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=bias, tie_weights=tie))
@@ -183,7 +184,7 @@ def test_char_export_example_in_docs_runs_past_the_context(tmp_path, tiny_corpus
 
     from data.hf_tokenizer import write_char_vocab
     from data.tokenizer import CharTokenizer
-    from model import GPTConfig
+    from model.config import GPTConfig
     from model.hf import write_pretrained
     tok = CharTokenizer(tiny_corpus.read_text())
     torch.manual_seed(3)

@@ -14,7 +14,8 @@ import logging
 import pytest
 import torch
 
-from model import GPT, GPTConfig
+from model.config import GPTConfig
+from model.gpt import GPT
 from model import hf_llama
 from model.generate import generate
 from model.hf import from_pretrained

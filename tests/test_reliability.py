@@ -328,6 +328,7 @@ def _assert_same_run(a: Path, b: Path, what: str) -> None:
     assert _comparable(_records(a)) == _comparable(_records(b)), f"{what}: metrics.jsonl differs"
 
 
+@pytest.mark.slow  # over ~1 s
 @pytest.mark.parametrize("where", ["signal-mid-log-window", "signal-during-eval", "kill-after-checkpoint"])
 def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight_run, monkeypatch, where):
     """SIGTERM between two log lines, SIGTERM in the middle of an evaluation, and a kill right after a

@@ -45,7 +45,8 @@ class FancyDict(collections.OrderedDict):
 
 
 def _evil_checkpoints(tmp_path: Path, marker: Path) -> dict[str, Path]:
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     cfg = GPTConfig(vocab_size=8, block_size=8, n_layer=1, n_head=1, n_embd=8)
     base = {"format": "tinygpt", "version": 1, "step": 1, "model": GPT(cfg).state_dict(),
             "model_config": cfg.to_dict(), "tokenizer": {"type": "char", "chars": "abcdefgh"}}

@@ -42,7 +42,8 @@ def _corpus() -> str:
 def _train_tiny(steps: int = 200):
     """A 2-layer, 32-wide char GPT (context 32) trained for a few hundred steps with plain torch."""
     from data.tokenizer import CharTokenizer
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
 
     text = _corpus()
     tok = CharTokenizer(text)
@@ -110,6 +111,7 @@ def report_of(stderr: str) -> tuple[int, str]:
 
 
 # ------------------------------------------------------------------------------------- CLI: happy path
+@pytest.mark.slow  # over ~1 s
 def test_tiny_model_learned_something(trained):
     assert trained[3] < 1.3  # a model that learned the corpus makes the other tests meaningful
 
@@ -211,7 +213,8 @@ def test_prompt_file_and_default_prompt(trained, capsys, tmp_path):
 
 def test_padded_vocabulary_ids_are_never_sampled(trained, capsys, tmp_path):
     """A model trained with model.pad_vocab_to has more logits than the tokenizer has ids."""
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     from checkpoint.file import save_checkpoint
     tok = trained[2]
     cfg = torch.load(trained[1], weights_only=True)["model_config"]
@@ -257,6 +260,7 @@ def assert_png(path: Path, min_side: int = 100) -> None:
     assert img.ndim == 3 and min(img.shape[:2]) >= min_side
 
 
+@pytest.mark.slow  # over ~1 s
 def test_attention_map_is_a_png_and_sampling_follows(trained, capsys, tmp_path):
     png = tmp_path / "att.png"
     code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", "JULIET:\nGood night",
@@ -376,6 +380,7 @@ def test_argument_mistakes_are_found_before_importing_torch(tmp_path):
 
 @pytest.mark.parametrize("kind,needle", [("text", "text.pt"), ("truncated", "truncated.pt"),
                                          ("pickled", "pickled.pt"), ("mismatch", "mismatch.pt")])
+@pytest.mark.slow  # over ~1 s
 def test_bad_checkpoints_are_one_line_errors(trained, capsys, tmp_path, kind, needle):
     path = _bad_checkpoints(trained, tmp_path)[kind]
     code, out, err = sample_main(capsys, "--checkpoint", path, "--max-new-tokens", 1)

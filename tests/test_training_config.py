@@ -131,6 +131,7 @@ def test_unknown_preset():
     ("model.n_kv_head=4", "model.n_kv_head=4 does not divide model.n_head=6"),
     ("model.mlp=geglu", "model.mlp='geglu' is not known: use one of gelu, swiglu, relu2"),
 ])
+@pytest.mark.slow  # over ~1 s
 def test_invalid_values_are_one_line_value_errors(override, match):
     with pytest.raises(ValueError, match=match.replace("(", r"\(").replace("[", r"\[")) as info:
         to_dataclass(_compose(override))
@@ -149,6 +150,7 @@ def test_every_seed_the_loop_can_use_is_accepted():
         np.random.RandomState(4294967296)
 
 
+@pytest.mark.slow  # over ~1 s
 def test_multi_type_keys_are_normalised():
     assert to_dataclass(_compose("train.resume=true")).train.resume is True
     assert to_dataclass(_compose("train.resume=runs/a/last.pt")).train.resume == "runs/a/last.pt"
@@ -220,6 +222,6 @@ def test_cpu_gpt2_experiment_is_the_cpu_run_with_gpt2s_decoder_at_the_same_size(
                                                                                   False, None, True)
     assert (gpt2.train.max_iters, gpt2.train.eval_interval) == (350, 350)
     assert (gpt2.optim, gpt2.data, gpt2.train.batch_size) == (cpu.optim, cpu.data, cpu.train.batch_size)
-    from model import GPT
+    from model.gpt import GPT
     sizes = [GPT(gpt_config(c.model, 65)).num_params(non_embedding=False) for c in (cpu, gpt2)]
     assert abs(sizes[1] / sizes[0] - 1) < 0.01, sizes  # the same parameter count

@@ -17,7 +17,8 @@ from checkpoint import file as ck
 from checkpoint.file import model_from_checkpoint
 from training import loop as loop_mod
 from training.config import register_configs
-from training.loop import TrainingDiverged, train
+from training.loop import train
+from training.step import TrainingDiverged
 
 register_configs()
 
@@ -99,6 +100,7 @@ def test_resume_is_bitwise_exact(tmp_path, tiny_corpus):
     assert strip(records(straight)) == strip(records(split))
 
 
+@pytest.mark.slow  # over ~1 s
 def test_resume_from_path_into_a_new_run_dir(tmp_path, tiny_corpus):
     first = tmp_path / "first"
     train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=2", "optim.decay_iters=6"), first)
@@ -110,6 +112,7 @@ def test_resume_from_path_into_a_new_run_dir(tmp_path, tiny_corpus):
     assert [r["step"] for r in records(second) if r["type"] == "eval"] == [2, 4, 6]
 
 
+@pytest.mark.slow  # over ~1 s
 def test_tokens_count_across_a_resume_with_another_batch(tmp_path, tiny_corpus):
     """4 steps at batch 4, then 2 more at batch 2: 4*4*16 + 2*2*16 tokens, not 6 x the new batch. A checkpoint
     from before the `tokens` field counts its steps at its own config's batch."""
@@ -131,6 +134,7 @@ def test_tokens_count_across_a_resume_with_another_batch(tmp_path, tiny_corpus):
         assert ck.load_checkpoint(run / "last.pt")["tokens"] == expected
 
 
+@pytest.mark.slow  # over ~1 s
 def test_resume_refusals(tmp_path, tiny_corpus):
     run = tmp_path / "run"
     train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), run)
@@ -157,6 +161,7 @@ def test_divergence_before_any_checkpoint_does_not_offer_to_resume(tmp_path, tin
     assert "no checkpoint had been written yet" in msg and msg.endswith("then start again") and "resume" not in msg
 
 
+@pytest.mark.slow  # over ~1 s
 def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus):
     run = tmp_path / "run"
     gpt2 = "model=tiny"  # GPT-2's decoder blows up at once; the modern one (QK-norm) takes a few more steps
@@ -218,6 +223,7 @@ def test_ctrl_c_during_a_long_eval_stops_promptly(tmp_path, tiny_corpus, monkeyp
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.slow  # over ~1 s
 def test_compile_failure_falls_back_to_eager(tmp_path, tiny_corpus, monkeypatch, caplog):
     """A compiled module that fails on first use: one warning, then the same result as eager."""
     class Broken(torch.nn.Module):
@@ -283,6 +289,7 @@ def test_real_compile_trains_like_eager_and_resumes(tmp_path, tiny_corpus, caplo
     assert [r["val_loss"] for r in eb] == pytest.approx([r["val_loss"] for r in ea], rel=1e-4)
 
 
+@pytest.mark.slow  # over ~1 s
 def test_grad_accumulation_matches_a_bigger_batch(tmp_path, tiny_corpus):
     """batch 2 x accum 2 sees the same windows as batch 4 x accum 1: same loss, near-same weights."""
     a = train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2", "train.batch_size=4"),
@@ -296,6 +303,7 @@ def test_grad_accumulation_matches_a_bigger_batch(tmp_path, tiny_corpus):
         assert torch.allclose(ca["model"][k], cb["model"][k], atol=1e-5), k
 
 
+@pytest.mark.slow  # over ~1 s
 def test_wandb_online_without_key_is_one_line(tmp_path, tiny_corpus, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.delenv("WANDB_MODE", raising=False)
@@ -360,6 +368,7 @@ def _scripted_val_losses(monkeypatch, losses):
     monkeypatch.setattr(loop_mod.Trainer, "_evaluate", scripted)
 
 
+@pytest.mark.slow  # over ~1 s
 def test_patience_stops_early_and_ends_normally(tmp_path, tiny_corpus, monkeypatch, caplog):
     """train.patience=2: best at step 4, no better at 6 and 8 -> stop after step 8's evaluation, exit 0."""
     _scripted_val_losses(monkeypatch, [3.0, 2.0, 2.5, 2.1, 1.0])
@@ -441,6 +450,7 @@ def test_an_unscorable_hellaswag_file_is_refused_before_step_1(tmp_path, tiny_co
     assert not (tmp_path / "run").exists()
 
 
+@pytest.mark.slow  # over ~1 s
 def test_a_failing_evaluation_keeps_the_checkpoint_and_no_best_without_its_file(tmp_path, tiny_corpus, monkeypatch):
     """Issue 29: the step's checkpoint is written before HellaSwag scores; a save that fails records no best."""
     from training import eval_hellaswag

@@ -10,7 +10,7 @@ import torch
 
 from training import metrics as mt
 from training.config import Config
-from launch.device import setup_device
+from model.device import setup_device
 from launch.ranks import DistInfo
 from training.state import TrainState
 

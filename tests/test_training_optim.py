@@ -1,18 +1,21 @@
-"""training/optim.py (AdamW groups, LR schedule), plus the small pure helpers of device.py."""
+"""training/optim.py (AdamW groups, LR schedule; Muon: Newton-Schulz, the AdamW half, parameter split, state round
+trip), plus the small pure helpers of device.py."""
 from __future__ import annotations
 
+import copy
 import math
 
 import pytest
 import torch
 
-from launch import device as dv
+from model import device as dv
 from model.device import resolve_device
-from training.optim import build_optimizer, lr_at, param_groups
+from model.gpt import GPT
+from training.optim import MuonAdamW, build_optimizer, lr_at, muon_param_groups, newton_schulz, param_groups, set_lr
 
 
 def test_weight_decay_only_on_matrices(tiny_gpt_config):
-    from model import GPT
+    from model.gpt import GPT
     model = GPT(tiny_gpt_config)
     decay, no_decay = param_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
@@ -23,7 +26,7 @@ def test_weight_decay_only_on_matrices(tiny_gpt_config):
 
 
 def test_optimizer_implementation_per_device(tiny_gpt_config):
-    from model import GPT
+    from model.gpt import GPT
     opt = build_optimizer(GPT(tiny_gpt_config), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     assert isinstance(opt, torch.optim.AdamW)
     assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0].get("fused")
@@ -103,7 +106,7 @@ def test_cpu_device_and_dtype():
 def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):
     """A CPU run's AdamW state (foreach) resumed where AdamW is fused (CUDA): every `step` must follow the
     parameters to their device, which torch decides from the flags in the saved groups."""
-    from model import GPT
+    from model.gpt import GPT
     from training.optim import keep_impl_flags
     torch.manual_seed(0)
     src_model = GPT(tiny_gpt_config)
@@ -151,3 +154,76 @@ def test_schedule_is_the_gpt2_124m_recipes():
     for step in (0, 350, 699, 700, 701, 5000, 10000, 19072):
         ours = lr_at(step, lr=max_lr, min_lr=min_lr, warmup_iters=warmup, decay_iters=steps)
         assert ours == pytest.approx(get_lr(step), rel=1 / 700 if step < warmup else 1e-12)
+
+
+@pytest.mark.parametrize("shape", [(32, 96), (96, 32), (3, 48, 16)])
+def test_newton_schulz_is_nearly_orthogonal(shape):
+    torch.manual_seed(0)
+    G = torch.randn(*shape)
+    U = newton_schulz(G, steps=5)
+    assert U.shape == G.shape
+    s = torch.linalg.svdvals(U)
+    assert s.min() > 0.5 and s.max() < 1.3  # Muon's quintic: singular values squeezed towards 1, not exactly 1
+
+
+def test_param_split(tiny_gpt_config):
+    model = GPT(tiny_gpt_config)
+    groups = muon_param_groups(model, 0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = [names[id(p)] for p in groups[0]["params"]]
+    assert groups[0]["muon"] and all(n.startswith("transformer.h.") and n.endswith(".weight") for n in muon)
+    assert not any("ln_" in n for n in muon) and len(muon) == 4 * tiny_gpt_config.n_layer
+    adam = [names[id(p)] for g in groups[1:] for p in g["params"]]
+    assert "transformer.wte.weight" in adam and "transformer.wpe.weight" in adam  # tied head counted once
+    assert len(muon) + len(adam) == len(list(model.parameters()))
+
+
+def test_adamw_half_matches_torch_adamw():
+    torch.manual_seed(1)
+    p1 = [torch.randn(10, 7, requires_grad=True), torch.randn(7, requires_grad=True)]
+    p2 = [p.detach().clone().requires_grad_() for p in p1]
+    ref = torch.optim.AdamW([{"params": [p1[0]], "weight_decay": 0.1}, {"params": [p1[1]], "weight_decay": 0.0}],
+                            lr=1e-2, betas=(0.9, 0.95), foreach=True)
+    ours = MuonAdamW([{"params": [p2[0]], "weight_decay": 0.1}, {"params": [p2[1]], "weight_decay": 0.0}],
+                     lr=1e-2, betas=(0.9, 0.95))
+    for _ in range(10):
+        grads = [torch.randn_like(p) for p in p1]
+        for ps, opt in ((p1, ref), (p2, ours)):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            opt.step()
+    for a, b in zip(p1, p2):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_training_steps_lr_scale_and_exact_resume(tiny_gpt_config, tmp_path):
+    torch.manual_seed(0)
+    model = GPT(tiny_gpt_config)
+    opt = build_optimizer(model, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", name="muon",
+                          muon_lr=0.02)
+    assert isinstance(opt, MuonAdamW) and opt.param_groups[0]["lr_scale"] == pytest.approx(0.02 / 3e-3)
+    x = torch.randint(0, tiny_gpt_config.vocab_size, (4, tiny_gpt_config.block_size))
+
+    def step(m, o, lr):
+        set_lr(o, lr)
+        m(x, x)[1].backward()
+        o.step()
+        o.zero_grad(set_to_none=True)
+
+    losses = []
+    for i in range(3):
+        step(model, opt, 3e-3)
+        losses.append(model(x, x)[1].item())
+    assert losses[-1] < losses[0]
+    # a checkpoint of (weights, optimizer state) continues bitwise like the uninterrupted run
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, tmp_path / "c.pt")
+    twin = copy.deepcopy(model)
+    ck = torch.load(tmp_path / "c.pt", weights_only=True)
+    twin.load_state_dict(ck["model"])
+    twin_opt = build_optimizer(twin, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", name="muon",
+                               muon_lr=0.02)
+    twin_opt.load_state_dict(ck["opt"])
+    for m, o in ((model, opt), (twin, twin_opt)):
+        step(m, o, 1e-3)
+    for a, b in zip(model.parameters(), twin.parameters()):
+        assert torch.equal(a, b)

@@ -13,7 +13,8 @@ from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
 
 
 def _model_and_opt(seed=0):
-    from model import GPT, GPTConfig
+    from model.config import GPTConfig
+    from model.gpt import GPT
     from training.optim import build_optimizer
     torch.manual_seed(seed)
     m = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))

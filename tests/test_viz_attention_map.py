@@ -29,9 +29,10 @@ def test_labels_show_whitespace_and_split_characters(gpt2_tok):
     assert token_labels(gpt2_tok, gpt2_tok.encode("世"), glyphs=set())[0].startswith("\\u4e16")
 
 
+@pytest.mark.slow  # over ~1 s
 def test_draws_a_grid_png_of_the_last_tokens_and_leaves_the_model_alone(tiny_gpt_config, tmp_path):
     from data.tokenizer import CharTokenizer
-    from model import GPT
+    from model.gpt import GPT
 
     tok = CharTokenizer("abcdefghijklmnopqrstuvwxyz \n")
     model = GPT(dataclasses.replace(tiny_gpt_config, vocab_size=tok.vocab_size, block_size=128, dropout=0.1))
@@ -52,7 +53,7 @@ def test_draws_a_grid_png_of_the_last_tokens_and_leaves_the_model_alone(tiny_gpt
 def test_label_glyphs_come_from_a_familys_widest_file_not_its_last(monkeypatch):
     """With fonts-dejavu-extra, DejaVu Sans is many files, and one registered last (ExtraLight) lacks ⏎:
     the newline label must still be drawn as ⏎, not escaped to \\u23ce."""
-    from matplotlib import font_manager
+    from matplotlib import font_manager, ft2font
     from matplotlib.font_manager import FontEntry
 
     from data.tokenizer import CharTokenizer
@@ -72,7 +73,7 @@ def test_label_glyphs_come_from_a_familys_widest_file_not_its_last(monkeypatch):
             return {c: i for i, c in enumerate(sorted(charmaps[self.path]))}
     fonts = [FontEntry(fname=f, name="DejaVu Sans") for f in ("broken.ttf", "DejaVuSans.ttf", "DejaVuSans-ExtraLight.ttf")]
     monkeypatch.setattr(font_manager.fontManager, "ttflist", fonts)
-    monkeypatch.setattr(attention_map, "FT2Font", FakeFT2Font)
+    monkeypatch.setattr(ft2font, "FT2Font", FakeFT2Font)
     families, glyphs = attention_map.label_fonts()
     assert families == ["DejaVu Sans"] and 0x23CE in glyphs
     tok = CharTokenizer("ROMEO:\n")

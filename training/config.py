@@ -16,7 +16,7 @@ from typing import Any, Iterable, Iterator, Optional
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from common.text import in_keys
+from common.cli import in_keys
 from data.config import DataConfig
 from model.config import GPTConfig, pad_vocab
 

@@ -20,32 +20,17 @@ from checkpoint.manager import CheckpointManager
 from launch import ranks
 from training.config import Config, gpt_config, to_dataclass, train_keys
 from launch.console import progress_bar
-from launch.device import resolve_compile, setup_device
+from model.device import resolve_compile, resolve_device, setup_device
 from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
-from launch.signals import EXIT_CODES, StopRequest, interrupted_line, resume_command
-from training.state import LossWindow, RNGState, TrainState, seed_all
-from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
+from launch.signals import EXIT_CODES, StopRequest, closing_line, resume_command
+from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
+from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
 
 if TYPE_CHECKING:
     from training.init_from import Source
 
 log = logging.getLogger(__name__)
-
-
-class TrainingDiverged(ValueError):
-    """The loss became NaN/inf; the message names the step and the last good checkpoint."""
-
-
-@dataclasses.dataclass
-class TrainResult:
-    status: str  # "completed" | "interrupted"
-    step: int
-    best_val_loss: float
-    run_dir: Path
-    exit_code: int = 0  # 0, or 130 (SIGINT) / 143 (SIGTERM)
-    early_stopped: bool = False  # completed because val loss stopped improving (train.patience)
-    clean: bool = False  # ran to its end or to a stop every rank agreed on: under torchrun, ranks leave together
 
 
 class Trainer:
@@ -68,7 +53,7 @@ class Trainer:
         from data.loader import BatchLoader
         from data.prepare import prepare
         from data.tokenizer import describe_tokenizer, token_bytes
-        from model import GPT
+        from model.gpt import GPT
         c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
         self.dev = setup_device(self.device, t.dtype)
         device = self.dev.device
@@ -130,10 +115,7 @@ class Trainer:
         st.started = self.t_mark = time.perf_counter()
         if (st.step >= t.max_iters or self._out_of_patience()) and not st.eval_pending:
             if self.rt.is_main:
-                log.info(f"the checkpoint is at step {st.step} >= train.max_iters={t.max_iters}: nothing to train "
-                         f"(raise train.max_iters to continue)" if st.step >= t.max_iters else f"the checkpoint's val "
-                         f"loss has not improved since step {st.best_step}, for train.patience={t.patience} "
-                         f"evaluations: nothing to train (raise train.patience to continue)")
+                self.report.nothing_to_train(st, t)
             return self._result()
         show_bar = self.rt.is_main and sys.stderr.isatty()
         self.stop.install()
@@ -255,15 +237,12 @@ class Trainer:
         """The last line of a run a signal stopped (`result`), or that a second Ctrl-C aborted (None: exit 130)."""
         if result is not None and not (result.exit_code and self.rt.is_main):
             return result  # (ran to its end: nothing to say)
-        ckpt, resume = getattr(self, "ckpt", None), resume_command(self.run_dir, self.cli_overrides, self.rt)
-        last, last_step = (ckpt.last, ckpt.last_step) if ckpt is not None else (None, None)
-        line = f"stopped by {self.stop.name} after step {self.state.step}: saved {last}; resume with: {resume}"
-        if result is None:
-            result = TrainResult("interrupted", self.state.step, self.state.best_val_loss, self.run_dir, 130)
-            line = interrupted_line(self.run_dir, last, last_step, resume)
+        ckpt = getattr(self, "ckpt", None)
         if self.rt.is_main:
-            log.info(line)
-        return result
+            log.info(closing_line(self.stop.name, self.state.step, self.run_dir, ckpt and ckpt.last,
+                                  ckpt and ckpt.last_step, resume_command(self.run_dir, self.cli_overrides, self.rt),
+                                  aborted=result is None))
+        return result or TrainResult("interrupted", self.state.step, self.state.best_val_loss, self.run_dir, 130)
 
     def finish(self, status: str) -> None:
         """Rank 0's summary record, loss.png, wandb.finish: also after errors (best effort)."""
@@ -292,7 +271,6 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
         if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
             run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
         if device is None:
-            from model.device import resolve_device
             device = resolve_device(cfg.train.device, rt.local_rank)
         trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source, device)
         trainer.setup()

@@ -17,7 +17,7 @@ from common.platform import command_line
 if TYPE_CHECKING:
     from data.cache import Prepared
     from training.config import Config
-    from launch.device import DeviceSetup
+    from model.device import DeviceSetup
     from launch.ranks import DistInfo
     from training.init_from import Source
     from training.state import TrainState
@@ -142,6 +142,13 @@ class RunLog:
         if self.bar is not None and not self.bar.disable:
             self.bar.set_postfix_str(line, refresh=False)
         log.info(f"step {step}/{self.max_iters}: {line}", extra={"progress": True})  # train.log only, under a bar
+
+    def nothing_to_train(self, st: "TrainState", t) -> None:
+        """A resumed run with no step left: why, and which setting continues it."""
+        log.info(f"the checkpoint is at step {st.step} >= train.max_iters={t.max_iters}: nothing to train (raise "
+                 f"train.max_iters to continue)" if st.step >= t.max_iters else f"the checkpoint's val loss has not "
+                 f"improved since step {st.best_step}, for train.patience={t.patience} evaluations: nothing to train "
+                 f"(raise train.patience to continue)")
 
     def eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
         """`stats`: {"train"|"val": {"loss": nats per token, "bpb": bits per byte or None}}."""

@@ -1,7 +1,10 @@
-"""The optimizer and the learning-rate schedule.
+"""The optimizers and the learning-rate schedule.
 
 AdamW as in GPT-2/nanoGPT (decay on >= 2-D weights only), in the fastest correct implementation for the
-device; the schedule is a pure function of the step, so a resumed run gets the same learning rates.
+device; or Muon (Keller Jordan et al., modded-nanogpt), which orthogonalises each block matrix's
+Nesterov-momentum update, with AdamW for everything else in ONE torch.optim.Optimizer (`optim=muon`: one
+state_dict, GradScaler works, `set_lr` drives both rates). The schedule is a pure function of the step, so a
+resumed run gets the same learning rates.
 """
 from __future__ import annotations
 
@@ -10,6 +13,7 @@ from functools import partial
 from typing import Callable
 
 import torch
+from torch.optim.adamw import adamw
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -22,9 +26,8 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, b
                     device_type: str, name: str = "adamw", muon_lr: float = 0.02, muon_momentum: float = 0.95,
                     muon_ns_steps: int = 5) -> torch.optim.Optimizer:
     """AdamW over `param_groups` (fused on CUDA, foreach elsewhere), or with name="muon" Muon for the blocks'
-    matrices and AdamW for the rest (training/muon.py)."""
+    matrices and AdamW for the rest (MuonAdamW below)."""
     if name == "muon":
-        from training.muon import MuonAdamW, muon_param_groups
         opt = MuonAdamW(muon_param_groups(model, weight_decay), lr=lr, muon_lr=muon_lr, betas=betas,
                         weight_decay=weight_decay, momentum=muon_momentum, ns_steps=muon_ns_steps)
     else:
@@ -83,3 +86,90 @@ def keep_impl_flags(optimizer: torch.optim.Optimizer, state: dict) -> dict:
 def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] = lr
+
+
+NS_COEFFS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """Approximately orthogonalise the last two dims of G (..., m, n): U V^T of its SVD, by a quintic iteration."""
+    a, b, c = NS_COEFFS
+    X = G / (G.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm <= Frobenius norm <= 1
+    tall = X.size(-2) > X.size(-1)
+    if tall:
+        X = X.mT  # iterate on the smaller Gram matrix
+    X = X.contiguous().reshape(-1, *X.shape[-2:])  # one batch dimension for bmm
+    for _ in range(steps):  # X <- a X + (b A + c A^2) X, A = X X^T; baddbmm fuses the scalings (~20% faster on CPU)
+        A = torch.bmm(X, X.mT)
+        B = torch.baddbmm(A, A, A, beta=b, alpha=c)
+        X = torch.baddbmm(X, B, X, beta=a, alpha=1.0)
+    X = X.reshape(*G.shape[:-2], *X.shape[-2:])
+    return X.mT if tall else X
+
+
+def muon_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """[muon: >=2-D weights inside transformer.h], [adamw decay: other >=2-D], [adamw no decay: <2-D]."""
+    muon, other = [], []
+    for name, p in model.named_parameters():  # a tied Parameter is yielded once
+        if p.requires_grad:
+            (muon if p.dim() >= 2 and name.startswith("transformer.h.") else other).append(p)
+    return [{"params": muon, "muon": True},
+            {"params": [p for p in other if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in other if p.dim() < 2], "weight_decay": 0.0}]
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    def __init__(self, params, *, lr: float, muon_lr: float = 0.02, betas=(0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0, momentum: float = 0.95, ns_steps: int = 5):
+        # foreach/fused: unused, but torch's state-dict helpers add them on load (a resumed run's groups must match)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, muon=False, lr_scale=1.0,
+                        momentum=momentum, ns_steps=ns_steps, foreach=None, fused=None)
+        super().__init__(params, defaults)
+        for g in self.param_groups:
+            if g["muon"]:
+                g["lr_scale"] = muon_lr / lr
+                g["weight_decay"] = 0.0  # no decay on the Muon matrices
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for g in self.param_groups:
+            params = [p for p in g["params"] if p.grad is not None]
+            if params:
+                (self._muon if g["muon"] else self._adamw)(g, params)
+        return loss
+
+    def _muon(self, g: dict, params: list[torch.Tensor]) -> None:
+        lr, mom, wd = g["lr"] * g["lr_scale"], g["momentum"], g["weight_decay"]
+        grads = [p.grad for p in params]
+        bufs = []
+        for p in params:
+            st = self.state[p]
+            if "momentum_buffer" not in st:
+                st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            bufs.append(st["momentum_buffer"])
+        torch._foreach_lerp_(bufs, grads, 1 - mom)           # buf = mom * buf + (1 - mom) * g
+        nesterov = torch._foreach_lerp(grads, bufs, mom)     # g' = (1 - mom) * g + mom * buf
+        by_shape: dict[tuple, list[int]] = {}
+        for i, p in enumerate(params):
+            by_shape.setdefault(tuple(p.shape), []).append(i)
+        if wd:
+            torch._foreach_mul_(params, 1 - lr * wd)
+        for shape, idx in by_shape.items():
+            U = newton_schulz(torch.stack([nesterov[i] for i in idx]), g["ns_steps"])
+            scale = -lr * math.sqrt(max(1.0, shape[0] / shape[1]))
+            for j, i in enumerate(idx):
+                params[i].add_(U[j].to(params[i].dtype), alpha=scale)
+
+    def _adamw(self, g: dict, params: list[torch.Tensor]) -> None:  # torch's own AdamW step, on this group
+        states = [self.state[p] for p in params]
+        for p, st in zip(params, states):
+            if "exp_avg" not in st:
+                st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+        adamw([p for p in params], [p.grad for p in params], [st["exp_avg"] for st in states],
+              [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states], foreach=True, amsgrad=False,
+              beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"],
+              maximize=False)

@@ -8,6 +8,7 @@ import math
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable, Optional
 
 import numpy as np
@@ -17,6 +18,17 @@ import torch.distributed as dist
 from checkpoint.file import tokens_per_step
 from common.rng import seed_for
 from launch.ranks import DistInfo, all_reduce_mean
+
+
+@dataclass
+class TrainResult:
+    status: str  # "completed" | "interrupted"
+    step: int
+    best_val_loss: float
+    run_dir: Path
+    exit_code: int = 0  # 0, or 130 (SIGINT) / 143 (SIGTERM)
+    early_stopped: bool = False  # completed because val loss stopped improving (train.patience)
+    clean: bool = False  # ran to its end or to a stop every rank agreed on: under torchrun, ranks leave together
 
 
 def seed_all(seed: int) -> None:

@@ -11,11 +11,16 @@ from typing import Any, Callable, ContextManager, Iterable, Optional
 import torch
 
 from training.state import capture_rng_state, restore_rng_state
-from common.text import failure_reason
+from common.cli import failure_reason
 
 log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainingDiverged(ValueError):
+    """The loss became NaN/inf; the message names the step and the last good checkpoint."""
+    status = "diverged"  # (a sweep's table)
 
 
 class EvalInterrupted(BaseException):

@@ -11,22 +11,27 @@ import warnings
 import numpy as np
 import torch
 
-from data import cache_dir
-
-os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))  # matplotlib's font cache: not in ~
-from matplotlib import font_manager  # noqa: E402
-from matplotlib.colors import PowerNorm
-from matplotlib.figure import Figure  # no pyplot: no global backend state, renders with Agg
-from matplotlib.ft2font import FT2Font
+from common.files import cache_dir
 
 MAX_TOKENS = 64  # the prompt's last 64 tokens: more labels would not be readable
 LABEL_FONTS = ("DejaVu Sans", "Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans CJK TC", "Noto Sans CJK KR",
                "WenQuanYi Zen Hei", "Droid Sans Fallback", "Noto Sans", "Noto Emoji", "Symbola", "Arial Unicode MS")
 
 
+def _matplotlib():
+    """matplotlib, imported when a map is drawn (about a second), its font cache in tinygpt's cache, not in ~."""
+    os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))
+    import matplotlib.colors
+    import matplotlib.figure  # no pyplot: no global backend state, renders with Agg
+    import matplotlib.font_manager
+    import matplotlib.ft2font
+    return matplotlib
+
+
 def label_fonts() -> tuple[list[str], set[int]]:
     """The installed LABEL_FONTS (matplotlib falls back along the list) and the code points they draw. A family
     of many files (DejaVu Sans ExtraLight, Condensed, ...) counts with its widest-coverage file, its regular face."""
+    font_manager = _matplotlib().font_manager
     files: dict[str, list[str]] = {}
     for f in font_manager.fontManager.ttflist:
         files.setdefault(f.name, []).append(f.fname)
@@ -39,7 +44,7 @@ def label_fonts() -> tuple[list[str], set[int]]:
 
 def _charmap(path: str) -> set[int]:
     try:
-        return set(FT2Font(path).get_charmap())
+        return set(_matplotlib().ft2font.FT2Font(path).get_charmap())
     except (OSError, RuntimeError):  # an unreadable or unsupported font file draws nothing
         return set()
 
@@ -83,9 +88,10 @@ def draw_attention_map(model, tokenizer, ids: list[int], path, title: str = "") 
     cell = min(max(2.4, 0.15 * T + 1.0), 9.0)           # inches per heatmap: room for T labels
     cell = min(cell, 50 / max(n_layer, n_head))         # but keep the whole picture <= ~50 inches
     font = min(10.0, max(3.0, 0.9 * cell * 72 / T))     # a label per row/column of the heatmap
-    fig = Figure(figsize=(n_head * cell + 2.0, n_layer * cell + 1.5), dpi=100, layout="constrained")
+    mpl = _matplotlib()
+    fig = mpl.figure.Figure(figsize=(n_head * cell + 2.0, n_layer * cell + 1.5), dpi=100, layout="constrained")
     axes = fig.subplots(n_layer, n_head, squeeze=False)
-    norm = PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)     # sqrt scale: small weights stay visible
+    norm = mpl.colors.PowerNorm(gamma=0.5, vmin=0.0, vmax=1.0)     # sqrt scale: small weights stay visible
     for l in range(n_layer):
         for h in range(n_head):
             ax = axes[l][h]

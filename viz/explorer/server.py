@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from common.text import failure_reason
+from common.cli import failure_reason
 from viz.explorer.model_view import ModelView, next_tokens, token_text
 
 MAX_BODY = 64 * 1024
