@@ -51,8 +51,9 @@ def test_cpu_experiment_is_nanogpts_readme_cpu_run():
     assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.dropout) == (4, 4, 128, 64, 0.0)
     assert (m.position, m.norm, m.mlp, m.qk_norm, m.n_kv_head, m.tie_weights) == ("rope", "rmsnorm", "swiglu", True,
                                                                                   2, False)  # model=modern
-    assert (t.batch_size, t.max_iters, t.eval_interval, t.eval_iters) == (24, 250, 250, 50)  # fewer, better steps
-    assert (o.name, o.schedule, o.lr, o.muon_lr, o.warmup_iters) == ("muon", "linear", 4e-3, 0.03, 15)
+    assert (t.batch_size, t.max_iters, t.eval_interval, t.eval_iters) == (24, 180, 180, 20)  # fewer, better steps
+    assert (o.name, o.schedule, o.lr, o.muon_lr, o.muon_momentum, o.warmup_iters) == ("muon", "linear", 6e-3, 0.03,
+                                                                                      0.8, 0)
     assert to_dataclass(_compose("experiment=shakespeare_char")).model.n_layer == 6
 
 
