@@ -29,7 +29,7 @@ VARIANTS = {  # name -> train.py overrides (the model keys: docs/configuration.m
     "modern": ["experiment=cpu_gpt2", "model=modern"],
     "modern_relu2": ["experiment=cpu_gpt2", "model=modern", "model.mlp=relu2", "model.mlp_hidden=576"],  # 0.80M
     "modern_softcap": ["experiment=cpu_gpt2", "model=modern", "model.logit_softcap=15"],
-    "cpu": ["experiment=cpu"],  # the CPU preset: the modern decoder, 250 steps
+    "cpu": ["experiment=cpu"],  # the CPU preset: the modern decoder, 180 steps
 }
 NANOGPT = ["train.py", "config/train_shakespeare_char.py", "--device=cpu", "--compile=False", "--eval_iters=20",
            "--log_interval=1", "--block_size=64", "--batch_size=12", "--n_layer=4", "--n_head=4", "--n_embd=128",

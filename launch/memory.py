@@ -38,13 +38,16 @@ def vocab_size(c: Config, kind: Optional[str] = None) -> int:
 
 
 def num_params(c: Config, vocab: int) -> tuple[int, int]:
-    """(all parameters, those Muon updates: the blocks' matrices) of the GPT `c.model` describes."""
-    m = c.model
-    C, b = m.n_embd, int(m.bias)
-    matrices = m.n_layer * 12 * C * C  # c_attn 3C^2, attn c_proj C^2, c_fc 4C^2, mlp c_proj 4C^2
-    vectors = m.n_layer * (2 + 2 * b + 9 * b) * C + (1 + b) * C  # LayerNorms (+ biases), ln_f
-    embeddings = (1 if m.tie_weights else 2) * vocab * C + m.block_size * C
-    return matrices + vectors + embeddings, matrices
+    """(all parameters, those Muon updates: the blocks' matrices) of the GPT `c.model` describes, every setting
+    (SwiGLU, GQA, head_dim, rope) included: the model built on the meta device, which allocates nothing."""
+    import torch
+
+    from model.gpt import GPT
+    from training.config import gpt_config
+    from training.optim import muon_param_groups
+    with torch.device("meta"):
+        model = GPT(gpt_config(c.model, vocab))
+    return model.num_params(non_embedding=False), sum(p.numel() for p in muon_param_groups(model, 0.0)[0]["params"])
 
 
 def estimate(c: Config, device_type: str = "cpu", half: bool = False, world_size: int = 1,

@@ -189,7 +189,9 @@ class DecodeEngine:
         untried = decode is not decode_one_token  # a compiled/graphed decode's first call compiles/captures
         # static (fixed-shape) off the CPU too, so eager runs the graph's kernels; a CPU cache reads only its prefix
         static = untried or idx.device.type != "cpu"
-        cache = KVCache.for_model(model, B, device=idx.device, static=static) if use_kv_cache else None
+        # as many slots as this generation can fill: a 40,960-token context (Qwen3) would otherwise be allocated whole
+        max_len = min(block_size, T0 + max_new_tokens)
+        cache = KVCache.for_model(model, B, max_len=max_len, device=idx.device, static=static) if use_kv_cache else None
         if cache is not None and untried and decode is self.compiled:  # fixed addresses let inductor's CUDA
             for t in (*cache.k, *cache.v):  # graphs write the cache in place; guard=False: a new cache re-records
                 torch._dynamo.mark_static_address(t, guard=False)

@@ -29,19 +29,23 @@ def _config(**model) -> Config:
     return c
 
 
-@pytest.mark.parametrize("tokenizer, tie, bias, pad", [("char", True, False, 1), ("char", False, True, 1),
-                                                       ("gpt2", True, True, 64), ("gpt2", False, False, 1)])
-def test_parameter_counts_match_the_model(tokenizer, tie, bias, pad):
+MODERN = dict(position="rope", norm="rmsnorm", mlp="swiglu", mlp_hidden=40, n_kv_head=1, head_dim=12, qk_norm=True)
+
+
+@pytest.mark.parametrize("tokenizer, tie, bias, pad, more", [("char", True, False, 1, {}), ("char", False, True, 1, {}),
+                                                             ("gpt2", True, True, 64, {}), ("gpt2", False, False, 1, {}),
+                                                             ("char", False, False, 1, MODERN)])
+def test_parameter_counts_match_the_model(tokenizer, tie, bias, pad, more):
     from model.config import GPTConfig
     from model.gpt import GPT
     from training.optim import muon_param_groups
-    c = _config(n_layer=2, n_head=2, n_embd=16, block_size=8, tie_weights=tie, bias=bias, pad_vocab_to=pad)
+    c = _config(n_layer=2, n_head=2, n_embd=16, block_size=8, tie_weights=tie, bias=bias, pad_vocab_to=pad, **more)
     c.data.tokenizer = tokenizer
     V = memory.vocab_size(c)
     assert V == {"char": 256, "gpt2": 50304 if pad == 64 else 50257}[tokenizer]
     m = c.model
     model = GPT(GPTConfig(vocab_size=V, block_size=m.block_size, n_layer=m.n_layer, n_head=m.n_head,
-                          n_embd=m.n_embd, bias=bias, tie_weights=tie))
+                          n_embd=m.n_embd, bias=bias, tie_weights=tie, **more))
     total, muon = memory.num_params(c, V)
     assert total == sum(p.numel() for p in model.parameters())  # a tied matrix once
     assert muon == sum(p.numel() for p in muon_param_groups(model, 0.1)[0]["params"])

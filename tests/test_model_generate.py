@@ -655,3 +655,26 @@ def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
         for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95)):
             assert torch.equal(run(True, **kw), run(False, **kw)), kw
     assert gen.ENGINE.cuda_graphs_work
+
+
+def test_the_cache_holds_only_the_slots_a_generation_can_fill(monkeypatch):
+    """A 40,960-token context (Qwen3's) must not be allocated whole for a short sample: the cache gets the
+    prompt plus the new tokens (at most block_size), and its tokens are the uncached ones."""
+    from model import generate as gen
+    from model.config import GPTConfig
+    sizes, init = [], gen.KVCache.__init__
+
+    def spy(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        sizes.append(self.max_len)
+    monkeypatch.setattr(gen.KVCache, "__init__", spy)
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=40960, n_layer=2, n_head=2, n_embd=16, position="rope",
+                          n_kv_head=1)).eval()
+    idx = torch.tensor([[1, 2, 3]])
+    cached = generate(model, idx, 5, temperature=0)
+    assert sizes == [8]
+    assert torch.equal(cached, generate(model, idx, 5, temperature=0, use_kv_cache=False))
+    small = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=2, n_embd=16, position="rope")).eval()
+    generate(small, idx, 9, temperature=0)  # longer than the context: block_size slots, the window slides
+    assert sizes[-1] == 4

@@ -78,7 +78,8 @@ class Trainer:
             torch.manual_seed(t.seed + rt.rank)  # different dropout masks per process
         self.wrapped = ranks.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
         self.num_params = self.model.num_params()
-        self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, m.n_embd // m.n_head, m.block_size)
+        self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, self.gpt_config.head_size,
+                                               m.block_size)  # (model.head_dim: not always n_embd / n_head)
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                          device_type=device.type, name=o.name, muon_lr=o.muon_lr,
                                          muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
