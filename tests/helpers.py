@@ -99,3 +99,44 @@ def model_variants(exhaustive: bool = False) -> list:
         out.append((f"{position}-kv{n_kv_head}-qk{int(qk_norm)}-hd{head_dim}-{norm}-{mlp}-cap{softcap}-"
                     f"b{int(bias)}-t{int(tie)}", config))
     return out
+
+
+# A checkpoint in the real format, as train.py writes it (tests of sample, eval, export, explore, the CLIs)
+def randomize(model, seed: int = 0):
+    """Weights far from GPT-2's init (std 0.2, LayerNorm gains ~1), so a wrong mapping or GELU shows in logits."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            mean = 1.0 if name.endswith(("ln_1.weight", "ln_2.weight", "ln_f.weight")) else 0.0
+            p.copy_(mean + 0.2 * torch.randn(p.shape, generator=g))
+    return model.eval()
+
+
+def tiny_model(vocab_size: int, seed: int = 0, **kw):
+    from model.config import GPTConfig
+    from model.gpt import GPT
+    cfg = dict(vocab_size=vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16)
+    return randomize(GPT(GPTConfig(**{**cfg, **kw})), seed)
+
+
+def save_run(run_dir, model, tokenizer, *, name: str = "best.pt", fsdp: bool = False) -> Path:
+    """A checkpoint as train.py writes it; fsdp: the weights-only export beside last_dcp/ (optimizer None)."""
+    run_dir = Path(run_dir)
+    ckpt = {"format": "tinygpt", "version": 1, "model": model.state_dict(), "model_config": model.config.to_dict(),
+            "tokenizer": tokenizer.to_dict(), "optimizer": None if fsdp else {}, "scaler": None, "step": 10,
+            "best_val_loss": 2.0, "config": {}, "rng": {}, "loader": {}, "wandb_run_id": None}
+    if fsdp:
+        ckpt["sharded"] = True
+        (run_dir / "last_dcp").mkdir(parents=True, exist_ok=True)
+    from checkpoint.file import save_checkpoint
+    return save_checkpoint(ckpt, run_dir / name)
+
+
+def assert_one_error(proc, *words) -> str:
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert all(w in lines[0] for w in words), lines[0]
+    return lines[0]

@@ -1,4 +1,5 @@
-"""checkpoint/file.py: atomic saves and safe loads with one-line errors (format 1 round trip)."""
+"""checkpoint/file.py: atomic saves and safe loads with one-line errors (format 1 round trip); which checkpoint a
+path, a run directory or the newest run means, reading it, and loading it for inference."""
 from __future__ import annotations
 
 import errno
@@ -8,14 +9,17 @@ import pickle
 import re
 import shutil
 import subprocess
+import time
+from pathlib import Path
 
 import pytest
 import torch
 
 from checkpoint import file as ck
-from checkpoint.file import model_from_checkpoint
+from checkpoint.file import (CheckpointError, check_vocab, save_checkpoint, checkpoint_in_run, find_newest_checkpoint,
+                             load_for_inference, model_from_checkpoint, read_checkpoint, resolve_checkpoint)
 from training.state import capture_rng_state
-from tests.helpers import find_non_plain
+from tests.helpers import find_non_plain, save_run, tiny_model
 
 
 def _ckpt(tiny_gpt_config, **extra):
@@ -215,3 +219,103 @@ def test_stale_temp_files_are_removed(rd):
     (rd / "last.pt").write_bytes(b"keep")
     assert ck.remove_stale_temp_files(rd) == 1
     assert [f.name for f in rd.iterdir()] == ["last.pt"]
+
+
+def _touch(path: Path, mtime: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"x")
+    os.utime(path, (mtime, mtime))
+
+
+def test_checkpoint_in_run_prefers_best(tmp_path):
+    _touch(tmp_path / "run" / "last.pt", time.time())
+    assert checkpoint_in_run(tmp_path / "run") == tmp_path / "run" / "last.pt"
+    _touch(tmp_path / "run" / "best.pt", time.time() - 100)
+    assert checkpoint_in_run(tmp_path / "run") == tmp_path / "run" / "best.pt"
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no best.pt or last.pt: has its training saved a checkpoint yet"):
+        checkpoint_in_run(tmp_path / "empty")
+    with pytest.raises(FileNotFoundError, match="run directory .*nope does not exist"):
+        checkpoint_in_run(tmp_path / "nope")
+
+
+def test_find_newest_checkpoint_prefers_newest_run_then_best(tmp_path):
+    t = time.time()
+    _touch(tmp_path / "outputs/2026-01-01/10-00-00/best.pt", t - 500)
+    _touch(tmp_path / "outputs/2026-01-02/10-00-00/best.pt", t - 300)
+    _touch(tmp_path / "outputs/2026-01-02/10-00-00/last.pt", t - 100)  # newer, but best.pt is preferred
+    _touch(tmp_path / "multirun/2026-01-01/09-00-00/0/last.pt", t - 200)
+    assert find_newest_checkpoint() == Path("outputs/2026-01-02/10-00-00/best.pt")
+    _touch(tmp_path / "multirun/2026-01-01/09-00-00/1/last.pt", t - 10)
+    assert find_newest_checkpoint() == Path("multirun/2026-01-01/09-00-00/1/last.pt")
+    assert find_newest_checkpoint(roots=("nowhere",)) is None
+
+
+def test_resolve_checkpoint(tmp_path, capsys):
+    assert resolve_checkpoint(checkpoint="x.pt") == Path("x.pt")
+    with pytest.raises(FileNotFoundError, match=r"no trained model found under \./outputs or \./multirun .* --hf DIR"):
+        resolve_checkpoint(other="--hf DIR")
+    _touch(tmp_path / "outputs/a/last.pt", time.time())
+    assert resolve_checkpoint() == Path("outputs/a/last.pt")
+    assert resolve_checkpoint(run="outputs/a") == Path("outputs/a/last.pt")
+    assert capsys.readouterr().err.splitlines() == ["using outputs/a/last.pt (newest run)", "using outputs/a/last.pt"]
+
+
+@pytest.mark.parametrize("fsdp", [False, True])
+def test_load_for_inference(tmp_path, fsdp):
+    from data.tokenizer import CharTokenizer
+    tok = CharTokenizer("abcdefgh")
+    model = tiny_model(10, bias=False, tie_weights=False)
+    path = save_run(tmp_path, model, tok, name="last.pt", fsdp=fsdp)
+    loaded, tok_dict, ckpt = load_for_inference(path, "cpu")
+    assert tok_dict == tok.to_dict() and ckpt["step"] == 10 and not loaded.training
+    assert next(loaded.parameters()).dtype == torch.float32
+    idx = torch.tensor([[1, 2, 3, 9]])
+    assert torch.equal(loaded(idx)[0], model(idx)[0])
+    check_vocab(8, loaded)
+    with pytest.raises(ValueError, match="the tokenizer has 11 tokens but the model only 10"):
+        check_vocab(11, loaded)
+
+
+def test_load_for_inference_errors(tmp_path):
+    from data.tokenizer import CharTokenizer
+    model = tiny_model(8)
+    path = save_run(tmp_path, model, CharTokenizer("abcdefgh"))
+    ckpt = torch.load(path, weights_only=True)
+    for change, message in ((dict(tokenizer=None), "has no tokenizer: it was not written by train.py"),
+                            (dict(model=None), "holds no model weights"),
+                            (dict(model_config={**ckpt["model_config"], "n_layer": 3}), "do not match the model")):
+        bad = {**ckpt, **change}
+        if change.get("tokenizer", 0) is None:
+            del bad["tokenizer"]
+        save_checkpoint(bad, tmp_path / "bad.pt")
+        with pytest.raises(ValueError, match=message):
+            load_for_inference(tmp_path / "bad.pt")
+    with pytest.raises(ValueError, match="does not exist"):
+        load_for_inference(tmp_path / "missing.pt")
+
+
+def test_model_from_checkpoint_fits_or_says_why_in_one_line():
+    model = tiny_model(8)
+    ckpt = {"model": {f"_orig_mod.{k}": v for k, v in model.state_dict().items()},  # torch.compile's prefixes
+            "model_config": model.config.to_dict()}
+    rebuilt = model_from_checkpoint(ckpt)
+    assert not rebuilt.training and torch.equal(rebuilt.lm_head.weight, model.lm_head.weight)
+    ckpt["model_config"]["n_embd"] = 32
+    with pytest.raises(ValueError, match="the weights in the checkpoint do not match the model") as info:
+        model_from_checkpoint(ckpt)
+    assert "\n" not in str(info.value)
+
+
+def test_read_checkpoint_run_dir_rule_and_model(tmp_path):
+    from data.tokenizer import CharTokenizer
+    model, tok = tiny_model(8), CharTokenizer("abcdefgh")
+    last = save_run(tmp_path, model, tok, name="last.pt")
+    assert read_checkpoint(tmp_path, run_dir=True, model=True)[0] == last
+    best = save_run(tmp_path, model, tok, name="best.pt")
+    assert read_checkpoint(tmp_path, run_dir=True, model=True)[0] == best
+    with pytest.raises(CheckpointError, match="is a directory, not a checkpoint file"):
+        read_checkpoint(tmp_path, model=True)
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(FileNotFoundError, match="has no best.pt or last.pt"):
+        read_checkpoint(tmp_path / "sub", run_dir=True, model=True)

@@ -15,9 +15,10 @@ from hydra import compose, initialize_config_dir
 
 from checkpoint import file as ck
 from checkpoint import sharded as S
-from checkpoint.manager import CheckpointManager
+from checkpoint.file import CheckpointError, save_checkpoint
+from checkpoint.manager import CheckpointManager, overwrite_refusal, resume_checkpoint
 from data.tokenizer import describe_tokenizer as describe
-from tests.helpers import REPO, find_non_plain, train_steps
+from tests.helpers import REPO, find_non_plain, tiny_model_and_opt, train_steps
 from launch import distributed as D
 from launch import ranks as R
 from training import loop as loop_mod
@@ -219,3 +220,39 @@ def test_a_save_that_fails_leaves_the_previous_checkpoint_the_last(tmp_path, mon
         mgr.save(2)
     assert (mgr.last, mgr.last_step) == (tmp_path / "last.pt", 1)
     assert ck.load_checkpoint(tmp_path / "last.pt")["step"] == 1
+
+
+def test_resume_checkpoint_picks_the_freshest_resumable_one(tmp_path):
+    """true: last.pt with optimizer state vs last_dcp/, by step (an FSDP export, no optimizer, loses)."""
+    m, opt = tiny_model_and_opt()
+    train_steps(m, opt, 2, seed=1)
+    meta = {"format": "tinygpt", "version": 1, "model": None, "optimizer": None, "step": 2,
+            "model_config": m.config.to_dict(), "config": {}, "sharded": True}
+    run = tmp_path / "run"
+    S.save_sharded(run / S.LAST_DCP, m, opt, meta)
+    assert resume_checkpoint(True, run) == (run / S.LAST_DCP, meta)
+    save_checkpoint({**meta, "model": m.state_dict(), "optimizer": None}, run / "last.pt")
+    assert resume_checkpoint(True, run)[0] == run / S.LAST_DCP
+    with pytest.raises(ValueError, match=r"last.pt is the weights-only export of an FSDP run: resume from its "
+                                         r"sharded checkpoint with train.resume=.*last_dcp$"):
+        resume_checkpoint(str(run / "last.pt"), tmp_path)
+    (run / "last.pt").write_bytes(b"torn")  # unreadable: the sharded one is the way on
+    assert resume_checkpoint(True, run)[0] == run / S.LAST_DCP
+    save_checkpoint({**meta, "model": m.state_dict(), "optimizer": opt.state_dict(), "step": 4}, run / "last.pt")
+    assert resume_checkpoint(True, run)[0] == run / "last.pt"  # a later, complete single file wins
+    assert resume_checkpoint(str(run), tmp_path)[0] == run / "last.pt"
+    assert resume_checkpoint(str(run / S.LAST_DCP), tmp_path)[0] == run / S.LAST_DCP
+    assert resume_checkpoint(False, run) is None and resume_checkpoint(None, run) is None
+    with pytest.raises(ValueError, match=r"train.resume=true but .*empty has no last.pt"):
+        resume_checkpoint(True, tmp_path / "empty")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="is a directory without last.pt or last_dcp/"):
+        resume_checkpoint(str(tmp_path / "empty"), run)
+
+
+def test_overwrite_refusal(tmp_path):
+    assert overwrite_refusal(tmp_path) is None
+    (tmp_path / "last.pt").write_bytes(b"x")
+    assert overwrite_refusal(tmp_path) == (f"{tmp_path} already holds last.pt from an earlier run: continue it with "
+                                           f"train.resume=true, or choose another hydra.run.dir (nothing was "
+                                           f"overwritten)")

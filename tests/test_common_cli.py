@@ -47,7 +47,7 @@ def test_mistakes_and_exit_codes_pass_through(capsys):
 @pytest.mark.slow
 def test_every_cli_ends_quietly_when_the_reader_leaves(tmp_path):
     from data.tokenizer import CharTokenizer
-    from tests.test_checkpoint_locate import save_run, tiny_model
+    from tests.helpers import save_run, tiny_model
     text = "KING:\nGood night, sweet prince, and flights of angels sing thee to thy rest.\n" * 20
     (tmp_path / "t.txt").write_text(text)
     tok = CharTokenizer(text)

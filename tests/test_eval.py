@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import eval as eval_cli
 from tests.helpers import run_cli
-from tests.test_checkpoint_locate import assert_one_error, save_run, tiny_model
+from tests.helpers import assert_one_error, save_run, tiny_model
 
 KEYS = {"loss", "perplexity", "bits_per_byte", "tokens", "bytes", "windows"}
 

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 import eval as eval_cli
 from evals import hellaswag
 from tests.helpers import run_cli
-from tests.test_checkpoint_locate import save_run, tiny_model
+from tests.helpers import save_run, tiny_model
 
 ROWS = [{"ctx": "The man opens the door and", "endings": ["walks in.", "eats a cloud", "sings", "x"], "label": 0},
         {"ctx_a": "A cat sits.", "ctx_b": "It", "endings": ["purrs.", "flies away", "is a dog", "sleeps"],

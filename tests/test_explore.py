@@ -25,7 +25,7 @@ from model.gpt import GPT
 import explore
 from tests.helpers import run_cli
 from tests.helpers import model_variants
-from tests.test_checkpoint_locate import save_run, tiny_model
+from tests.helpers import save_run, tiny_model
 from viz.explorer.server import MAX_BODY, make_server
 
 PROMPT = "ROMEO:\nThe king is good"

@@ -9,7 +9,7 @@ import torch
 
 import export
 from tests.helpers import run_cli
-from tests.test_checkpoint_locate import assert_one_error, save_run, tiny_model
+from tests.helpers import assert_one_error, save_run, tiny_model
 from tests.test_model_hf import load_hf, transformers
 
 

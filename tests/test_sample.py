@@ -278,7 +278,7 @@ def _touch(path: Path, mtime: float) -> None:
     os.utime(path, (mtime, mtime))
 
 
-# (the newest-run rule itself is tested with its code, in tests/test_checkpoint_locate.py)
+# (the newest-run rule itself is tested with its code, in tests/test_checkpoint_file.py)
 
 
 def test_cli_uses_newest_run(trained, capsys, monkeypatch, tmp_path):
