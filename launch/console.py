@@ -120,6 +120,6 @@ def failure(e: Exception, config) -> Exception:
     from launch import memory
     if oom := memory.out_of_memory(e, config):
         return Failed(oom)
-    if isinstance(e, (ValueError, OSError)):  # a user's mistake; training.loop.TrainingDiverged: status "diverged"
+    if isinstance(e, (ValueError, OSError)):  # a user's mistake; training.step.TrainingDiverged: status "diverged"
         return Failed(str(e) or type(e).__name__, status=getattr(e, "status", "failed"))
     return e
