@@ -9,6 +9,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
+def approx_record(record: dict, rel: float = 1e-6) -> dict:
+    """`record` with its numbers as pytest.approx and its other values (strings, bools) compared exactly:
+    pytest.approx itself refuses a dict holding a string since pytest 9."""
+    import pytest
+    return {k: pytest.approx(v, rel=rel) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+            for k, v in record.items()}
+
+
 def run_cli(args: list[str], cwd: Path | str | None = None, timeout: float = 300,
             env: dict | None = None, check: bool = False) -> subprocess.CompletedProcess:
     """Run `python <args>` from the repo in a subprocess and capture text output.

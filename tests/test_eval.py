@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import eval as eval_cli
 from tests.helpers import run_cli
-from tests.helpers import assert_one_error, save_run, tiny_model
+from tests.helpers import approx_record, assert_one_error, save_run, tiny_model
 
 KEYS = {"loss", "perplexity", "bits_per_byte", "tokens", "bytes", "windows"}
 
@@ -109,7 +109,7 @@ def test_bpe_bytes_and_hf_round_trip(tmp_path, capsys, cache_with_gpt2):
     assert r["bytes"] == len(text.encode())
     assert r["bits_per_byte"] == pytest.approx(r["loss"] * r["tokens"] / math.log(2) / r["bytes"])
     write_pretrained(model, tok.vocab_size, tmp_path / "hf")
-    assert eval_json(capsys, tmp_path, text, "--hf", tmp_path / "hf") == pytest.approx(r, rel=1e-6)
+    assert eval_json(capsys, tmp_path, text, "--hf", tmp_path / "hf") == approx_record(r)
 
 
 def test_char_export_round_trip(tmp_path, capsys, char_run, tiny_corpus):
@@ -119,7 +119,7 @@ def test_char_export_round_trip(tmp_path, capsys, char_run, tiny_corpus):
     capsys.readouterr()
     text = tiny_corpus.read_text()[:100]
     r = eval_json(capsys, tmp_path, text, "--checkpoint", path)
-    assert eval_json(capsys, tmp_path, text, "--hf", tmp_path / "hf") == pytest.approx(r, rel=1e-6)
+    assert eval_json(capsys, tmp_path, text, "--hf", tmp_path / "hf") == approx_record(r)
 
 
 def test_bad_options(tmp_path, capsys, char_run):
@@ -266,7 +266,7 @@ def test_file_is_read_as_train_py_reads_it(tmp_path, capsys, char_run):
     for name in ("d.jsonl", "d.parquet"):
         assert eval_cli.main(["--file", str(tmp_path / name), "--text-key", "body", "--checkpoint", str(path),
                               "--json"]) == 0
-        assert json.loads(capsys.readouterr().out) == pytest.approx(plain)
+        assert json.loads(capsys.readouterr().out) == approx_record(plain)
     assert eval_cli.main(["--file", str(tmp_path / "d.jsonl"), "--checkpoint", str(path)]) == 2
     assert "has no text under 'text' (it has: body): set --text-key <the field" in capsys.readouterr().err
 

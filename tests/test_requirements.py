@@ -125,3 +125,18 @@ def test_ci_tests_on_linux_windows_and_macos(workflow):
     floor, ceiling = re.search(r"torch>=([\d.]+),<([\d.]+)", (REPO / "requirements.txt").read_text()).groups()
     version = [tuple(map(int, v.split("."))) for v in (*pins, floor, ceiling)]
     assert len(pins) == 1 and version[1] <= version[0] < version[2]  # one torch, inside requirements' range
+
+
+def test_ci_installs_into_a_fresh_venv_as_the_readme_says():
+    """A machine-wide older pytest once hid three failures: .ci/run makes a new venv, installs torch's CPU build
+    first, then runs the README's own commands in it."""
+    script = (REPO / ".ci" / "run").read_text()
+    readme = (REPO / "README.md").read_text()
+    assert "python -m venv .venv && . .venv/bin/activate" in readme
+    steps = [line.strip() for line in script.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    venv = next(i for i, s in enumerate(steps) if s.startswith("python -m venv --clear"))
+    activate = next(i for i, s in enumerate(steps) if s.startswith('. "$venv/bin/activate"'))
+    torch = next(i for i, s in enumerate(steps) if "pip install" in s and "torch==" in s)
+    test = steps.index("pip install -r requirements-dev.txt && python -m pytest")
+    assert venv < activate < torch < test and test == len(steps) - 1
+    assert "pip install -r requirements-dev.txt && python -m pytest" in readme
