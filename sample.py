@@ -60,8 +60,8 @@ def unescape(text: str) -> str:
 
 def check_args(a):
     """Cheap checks (no torch) so that mistakes are reported before anything heavy is loaded."""
-    mistakes = [(not a.temperature >= 0, f"--temperature {a.temperature} is invalid: use 0 (greedy) or a positive "
-                 "number like 0.8"),  # (also nan)
+    mistakes = [(not 0 <= a.temperature < float("inf"), f"--temperature {a.temperature} is invalid: use 0 (greedy) or "
+                 "a positive number like 0.8"),  # (also nan)
                 (a.top_p is not None and not 0 < a.top_p <= 1, f"--top-p {a.top_p} is outside (0, 1]: use e.g. "
                  "--top-p 0.9 (1 keeps every token)"),
                 (a.top_k is not None and a.top_k < 1, f"--top-k {a.top_k} is invalid: use a whole number >= 1 (e.g. "

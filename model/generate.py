@@ -53,7 +53,7 @@ class KVCache:
 def _check_sampling(temperature, top_k, top_p, vocab_limit=None) -> None:
     def number(x, whole=False):  # bool is an int, but True is a typo, not 1
         return not isinstance(x, bool) and isinstance(x, int if whole else (int, float))
-    if not (number(temperature) and temperature >= 0):  # also rejects NaN
+    if not (number(temperature) and 0 <= temperature < float("inf")):  # also rejects NaN
         raise ValueError(f"temperature={temperature!r} is invalid: use 0 (greedy) or a positive number such as 0.8")
     if top_k is not None and not (number(top_k, whole=True) and top_k >= 1):
         raise ValueError(f"top_k={top_k!r} is invalid: use a positive integer (e.g. top_k=50) or None")
@@ -70,17 +70,31 @@ def limit_vocab(logits, vocab_limit=None) -> torch.Tensor:
     return logits.masked_fill(torch.arange(logits.size(-1), device=logits.device) >= vocab_limit, float("-inf"))
 
 
+# Sampling computes in float32. A temperature below its smallest normal number cannot be divided by (a GPU flushes
+# it to 0; 5e-324 is 0 in float32): it samples as temperature 0 does. Any other is exact: see logits_to_probs.
+GREEDY_BELOW = torch.finfo(torch.float32).tiny  # 1.18e-38
+
+
+def greedy(temperature) -> bool:
+    """Does `temperature` (checked) sample greedily: argmax, no random draw? 0, or positive but below GREEDY_BELOW.
+    The one rule every decode path (eager, CUDA graph, compiled) and the explorer follow."""
+    return temperature < GREEDY_BELOW
+
+
 def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None, vocab_limit=None) -> torch.Tensor:
     """logits (..., V) -> probabilities (..., V) after the vocab limit, temperature, top-k (clamped to V, ties
-    kept) and top-p (the smallest set of most probable tokens with mass >= top_p; the top one always stays)."""
+    kept) and top-p (the smallest set of most probable tokens with mass >= top_p; the top one always stays).
+    Finite for every temperature: the logits are shifted so the largest is 0 before dividing (the same softmax),
+    so a tiny temperature gives the argmax all the mass (exact ties share it) instead of inf - inf = NaN."""
     _check_sampling(temperature, top_k, top_p, vocab_limit)
     logits = limit_vocab(logits.float(), vocab_limit)
-    if temperature == 0:
+    if greedy(temperature):
         return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
-    logits = logits / temperature
-    if top_k is not None:
+    if top_k is not None:  # before the temperature, which is monotonic: no two logits can merge into one first
         kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    # a temperature past float32's largest number would be inf there, and -inf / inf is NaN
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / min(temperature, torch.finfo(torch.float32).max)
     probs = F.softmax(logits, dim=-1)
     if top_p is not None and top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
@@ -93,9 +107,9 @@ def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None, vocab_limit
 
 
 def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None, vocab_limit=None) -> torch.Tensor:
-    """logits (B, V) -> next tokens (B, 1); temperature=0 is argmax and draws no random numbers."""
-    if temperature == 0:
-        _check_sampling(temperature, top_k, top_p, vocab_limit)
+    """logits (B, V) -> next tokens (B, 1); a greedy temperature (0, see `greedy`) is argmax, with no random draw."""
+    _check_sampling(temperature, top_k, top_p, vocab_limit)
+    if greedy(temperature):
         return limit_vocab(logits, vocab_limit).argmax(dim=-1, keepdim=True)
     return draw(logits_to_probs(logits, temperature, top_k, top_p, vocab_limit), generator)
 
@@ -127,9 +141,9 @@ def decode_one_token(model, tok, pos, cache, **kw) -> torch.Tensor:
 
 
 def _step_before_draw(model, tok, pos, cache, temperature, top_k, top_p, vocab_limit) -> torch.Tensor:
-    """decode_one_token up to its random draw: the next token (B, 1) at temperature 0, else probs (B, V)."""
+    """decode_one_token up to its random draw: the next token (B, 1) if greedy(temperature), else probs (B, V)."""
     logits, _ = model(tok, cache=cache, input_pos=pos)
-    if temperature == 0:
+    if greedy(temperature):
         return sample(logits[:, -1], 0, vocab_limit=vocab_limit)
     return logits_to_probs(logits[:, -1], temperature, top_k, top_p, vocab_limit)
 
@@ -151,7 +165,7 @@ class GraphedDecode:
             self.step, self.cache = GraphedStep(fn, tok, pos, capture=self.capture), cache
         assert cache is self.cache, "one GraphedDecode per generation"
         out = self.step(tok, pos)
-        return out if temperature == 0 else draw(out, generator)
+        return out if greedy(temperature) else draw(out, generator)
 
 
 class DecodeEngine:

@@ -82,9 +82,45 @@ def test_top_k_then_top_p_compose():
     assert (probs > 0).tolist() == [[True, True, True, False]]
 
 
+TINY_TEMPERATURES = [1e-45, 5e-324, 1e-39, 1e-38, 1e-30, 1e-10]  # below float32's smallest normal number, and above
+FILTERS = [dict(), dict(top_k=3), dict(top_p=0.5), dict(top_k=3, top_p=0.9), dict(vocab_limit=5),
+           dict(top_k=2, top_p=0.99, vocab_limit=5)]
+
+
+@pytest.mark.parametrize("kw", FILTERS, ids=lambda kw: ",".join(kw) or "plain")
+def test_a_tiny_positive_temperature_samples_as_greedy(kw):
+    """Was NaN probabilities (logits / 1e-45 overflow, inf - inf in the softmax) and garbage tokens: the argmax's
+    one-hot now, with no random draw below float32's smallest normal number (the generator is left as it was)."""
+    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0, 0.5, 9.0], [-2.0, 0.0, 2.5, 2.0, 1.0, 9.0]])
+    greedy = logits_to_probs(logits, 0, **kw)
+    for t in TINY_TEMPERATURES:
+        assert torch.equal(logits_to_probs(logits, t, **kw), greedy), t
+        g = torch.Generator().manual_seed(0)
+        state = g.get_state()
+        assert torch.equal(sample(logits, t, generator=g, **kw), sample(logits, 0, **kw)), t
+        assert torch.equal(g.get_state(), state) == (t < torch.finfo(torch.float32).tiny), t
+
+
+@pytest.mark.parametrize("kw", FILTERS, ids=lambda kw: ",".join(kw) or "plain")
+def test_no_temperature_gives_nan_even_with_huge_logits(kw):
+    """Any accepted temperature, with logits far apart and a huge one (a diverging model), gives probabilities:
+    finite, summing to 1, zero where the filters and the vocabulary limit say so."""
+    logits = torch.tensor([[3e38, -3e38, 1.0, 2.0, 0.0, 5.0], [1e30, 1e30, -1e30, 0.0, 1.0, 2.0]])
+    for t in [*TINY_TEMPERATURES, 1e-5, 0.8, 1.0, 1e30, 3.4e38, 1e39, 1e300, 10**400]:
+        probs = logits_to_probs(logits, t, **kw)
+        assert probs.isfinite().all() and (probs >= 0).all(), (t, probs)
+        assert torch.allclose(probs.sum(-1), torch.ones(2)), (t, probs)
+        if "vocab_limit" in kw:
+            assert (probs[:, 5:] == 0).all(), t
+    assert logits_to_probs(logits[1:], 1e-30)[0].tolist() == [0.5, 0.5, 0, 0, 0, 0]  # exact ties share the mass
+    hot = logits_to_probs(torch.tensor([1.0, 2.0, 3.0, float("-inf")]), 1e300)  # the -inf stays 0, the rest even
+    assert torch.allclose(hot, torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0]))
+
+
 @pytest.mark.parametrize("kwargs, field", [
     (dict(temperature=-0.5), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
+    (dict(temperature=float("inf")), "temperature"),
     (dict(top_k=0), "top_k"),
     (dict(top_k=2.5), "top_k"),
     (dict(top_p=0.0), "top_p"),
@@ -584,6 +620,22 @@ def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_
     assert engine.cuda_graphs_work is False  # later generations decode eagerly, without a second warning
     assert engine.pick(torch.device("cuda"), False, True, True) is gen.decode_one_token
     assert engine.compiled is None  # the compiler's state is its own
+
+
+@pytest.mark.parametrize("kw", [dict(top_k=None, top_p=None), dict(top_k=5, top_p=0.9)], ids=["plain", "filtered"])
+def test_every_decode_path_gives_the_greedy_tokens_at_a_tiny_temperature(decoder_config, kw):
+    """Cached, uncached and the CUDA graph's step (run uncaptured) follow the one rule: a temperature too small to
+    divide by decodes greedily, past the context too (was: NaN probabilities, a token per NaN)."""
+    from model import generate as gen
+
+    model = spiky_model(decoder_config)
+    idx, n = torch.tensor([[1, 2, 3], [4, 5, 6]]), 2 * decoder_config.block_size
+    want = generate(model, idx, n, temperature=0)
+    for t in (1e-45, 5e-324):
+        tiny = dict(kw, temperature=t)
+        assert torch.equal(generate(model, idx, n, **tiny), want), t
+        assert torch.equal(generate(model, idx, n, **tiny, use_kv_cache=False), want), t
+        assert torch.equal(_run(model, idx, n, gen.GraphedDecode(capture=False), tiny, seed=1), want), t
 
 
 def test_cuda_graphs_are_off_the_cpu_and_optional(tiny_gpt_config):

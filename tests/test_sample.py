@@ -141,6 +141,16 @@ def test_greedy_is_deterministic_and_cache_matches_no_cache(trained, capsys):
     assert report_of(uncached[2]) == (80, "off")
 
 
+@pytest.mark.parametrize("t", ["1e-45", "5e-324", "1e-30"])
+def test_a_tiny_temperature_prints_the_greedy_text(trained, capsys, t):
+    """Was the prompt and a newline per token (NaN probabilities), exit 0: too small to divide by is greedy."""
+    args = ["--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 60]
+    greedy = sample_main(capsys, *args, "--temperature", 0)[1]
+    for more in ([], ["--top-k", 5, "--top-p", 0.9, "--seed", 3], ["--no-kv-cache"]):
+        code, out, err = sample_main(capsys, *args, "--temperature", t, *more)
+        assert code == 0 and out == greedy, (more, err)
+
+
 def test_stop_string_ends_the_sample(trained, capsys):
     code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 200,
                                  "--seed", 3, "--stop", r"\n")  # typed as backslash-n, as in a shell
@@ -324,6 +334,7 @@ def assert_one_line_error(code: int, err: str, *needles: str) -> None:
 ARG_MISTAKES = [  # rejected before torch is imported: cheap even as subprocesses
     (["--temperature", "-1"], "--temperature"),
     (["--temperature", "nan"], "--temperature"),
+    (["--temperature", "inf"], "--temperature"),
     (["--temperature", "hot"], "invalid float"),
     (["--top-p", "0"], "--top-p"),
     (["--top-p", "1.5"], "--top-p"),
