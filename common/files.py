@@ -5,12 +5,15 @@ The pattern (temp file beside the target, fsync, os.replace, fsync the directory
 checkpoint, data-cache, metrics, plot and download code all call it. `replace_dir` is the same for a
 directory (an HF export, a sharded checkpoint). On Windows a rename fails while another program has the
 target open (sample.py reading last.pt): `replace` waits a few seconds for it, then says so in one line.
+Permissions are what open(path, "w") would leave: a new file follows the umask, a replaced one keeps its own
+(`open_mode`), also for files a library writes itself (safetensors' 0600 temp files: `with_open_mode`).
 """
 from __future__ import annotations
 
 import errno
 import os
 import shutil
+import stat
 import time
 import uuid
 from contextlib import contextmanager, suppress
@@ -78,10 +81,45 @@ def replace(src: str | os.PathLike, dst: str | os.PathLike) -> None:
                               f"(a viewer, an editor, a virus scanner?): close it and run again") from None
 
 
+def _own_mode(path: str | os.PathLike) -> int | None:
+    """The permission bits of the file at `path` (rwx for user, group, others), or None if there is none."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode) & 0o777
+    except OSError:
+        return None
+
+
+def open_mode(path: str | os.PathLike) -> int:
+    """The permission bits open(path, "w") would leave `path` with: an existing file keeps its own; a new one gets
+    what a file created in its directory gets (0o666 less the umask, or the directory's default ACL), found by
+    creating one: reading the umask would mean changing it, for every thread of the process."""
+    if (own := _own_mode(path)) is not None:
+        return own
+    probe = temp_path(path)
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        return stat.S_IMODE(os.fstat(fd).st_mode) & 0o777
+    finally:
+        os.close(fd)
+        remove_quietly(probe)
+
+
+@contextmanager
+def with_open_mode(path: str | os.PathLike) -> Iterator[None]:
+    """`with with_open_mode(p): library_writes(p)`: `p` ends with the permissions open() would have given it,
+    whatever the library chose (safetensors' save_file writes 0600 through a temp file). POSIX only: Windows
+    has no such bits."""
+    mode = None if is_windows() else open_mode(path)
+    yield
+    if mode is not None:
+        os.chmod(path, mode)
+
+
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kw) -> Iterator[IO]:
     """`with atomic_write(p) as f: f.write(...)`: `p` appears whole when the block ends, or not at all; on any
-    error (KeyboardInterrupt too) the temp file is removed and the error propagates unchanged."""
+    error (KeyboardInterrupt too) the temp file is removed and the error propagates unchanged. A new `p` follows
+    the umask (the temp file is made by open()); a replaced one keeps its permission bits, as open(p, "w") does."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
@@ -90,6 +128,8 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kw) -> Iterat
             yield f
             f.flush()
             os.fsync(f.fileno())
+        if (own := _own_mode(path)) is not None and not is_windows():
+            os.chmod(tmp, own)
         replace(tmp, path)
     except BaseException:
         remove_quietly(tmp)

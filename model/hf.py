@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from common.files import with_open_mode
 from model import hf_llama
 from model.config import GPTConfig
 from model.gpt import GPT, model_with_weights
@@ -154,5 +155,6 @@ def write_pretrained(model, vocab_size: int, out_dir) -> list[Path]:
     config, sd = ((hf_config, to_hf_state_dict) if gpt2 else (hf_llama.hf_config, hf_llama.to_hf_state_dict))
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config(model.config, vocab_size), indent=2) + "\n")
-    save_file(sd(model, vocab_size), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    with with_open_mode(out_dir / "model.safetensors"):  # safetensors writes it 0600, unlike the other files
+        save_file(sd(model, vocab_size), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     return [out_dir / "config.json", out_dir / "model.safetensors"]

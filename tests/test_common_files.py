@@ -1,11 +1,15 @@
 """common.files: a file or directory is replaced whole or not at all; on Windows also while another program
-briefly has the target open (simulated: os.replace raising PermissionError, as Windows does then)."""
+briefly has the target open (simulated: os.replace raising PermissionError, as Windows does then); a written file
+has the permissions open() would give it."""
+import contextlib
 import os
+import stat
+import sys
 
 import pytest
 
 from common import files
-from common.files import atomic_write, replace_dir
+from common.files import atomic_write, open_mode, replace_dir, with_open_mode
 
 
 def test_atomic_write_leaves_the_old_file_when_the_block_fails(tmp_path):
@@ -41,6 +45,64 @@ def test_replace_dir_swaps_in_whole_and_puts_the_old_one_back_on_failure(tmp_pat
     with pytest.raises(OSError, match="disk full"):
         replace_dir(_dir(tmp, "c"), out)
     assert [p.name for p in out.iterdir()] == ["b"]  # the old directory is back in place
+
+
+@contextlib.contextmanager
+def umask(mask):
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def write_0600(path):
+    """A library's writer (safetensors' save_file): a 0600 temp file renamed over `path`."""
+    tmp = f"{path}.lib-tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, b"data")
+    os.close(fd)
+    os.replace(tmp, path)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
+@pytest.mark.parametrize("mask", [0o022, 0o077, 0o002])
+def test_a_new_file_follows_the_umask_and_a_replaced_one_keeps_its_mode(tmp_path, mask):
+    """As open(p, "w") would: new -> 0o666 less the umask; replaced -> its own bits, whatever the umask (was: the
+    temp file's, so a chmod 0640 last.pt became 0644 at the next save)."""
+    d = tmp_path / "d"
+    d.mkdir()
+    with umask(mask):
+        with atomic_write(d / "new.txt", "w") as f:
+            f.write("x")
+        assert mode(d / "new.txt") == 0o666 & ~mask
+        for kept in (0o640, 0o600, 0o664, 0o444):
+            (d / "old.txt").write_text("old")
+            os.chmod(d / "old.txt", kept)
+            with atomic_write(d / "old.txt", "w") as f:
+                f.write("new")
+            assert (d / "old.txt").read_text() == "new" and mode(d / "old.txt") == kept, oct(kept)
+        assert open_mode(d / "another.txt") == 0o666 & ~mask and open_mode(d / "old.txt") == 0o444
+    assert sorted(p.name for p in d.iterdir()) == ["new.txt", "old.txt"]  # the probe left nothing
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
+def test_a_file_a_library_writes_0600_gets_what_open_would_give(tmp_path):
+    """safetensors' save_file wrote model.safetensors 0600 beside 0644 tokenizer files: with_open_mode undoes it."""
+    with umask(0o022):
+        write_0600(tmp_path / "plain")
+        assert mode(tmp_path / "plain") == 0o600  # (what the library does on its own)
+        with with_open_mode(tmp_path / "new"):
+            write_0600(tmp_path / "new")
+        assert mode(tmp_path / "new") == 0o644
+        os.chmod(tmp_path / "plain", 0o640)
+        with with_open_mode(tmp_path / "plain"):  # replaced: keeps its bits
+            write_0600(tmp_path / "plain")
+        assert mode(tmp_path / "plain") == 0o640
 
 
 @pytest.fixture

@@ -3,6 +3,7 @@ unexpected weights and the same logits; bad input is one error line and leaves n
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -41,6 +42,10 @@ def test_export_char_run(tmp_path, capsys, char_tok, kind):
     out = export_ok(capsys, "--hf", tmp_path / "hf", "--run", tmp_path / "run")
     assert f"wrote {tmp_path / 'hf'}: config.json, model.safetensors, vocab.json" in out and "3 padded" in out
     assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    modes = {p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert os.name == "nt" or modes == {0o666 & ~umask}  # model.safetensors was 0600: unreadable when shared
     assert json.loads((tmp_path / "hf" / "vocab.json").read_text(encoding="utf-8")) == char_tok.stoi
     hf = load_hf(tmp_path / "hf")
     assert hf.config.vocab_size == char_tok.vocab_size and hf.config.n_positions == 16

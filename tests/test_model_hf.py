@@ -176,6 +176,28 @@ def test_export_bias_free_padded_untied(tmp_path, bias, tie):
         assert (ours(idx)[0][..., :60] - hf(idx).logits).abs().max() <= 1e-5
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
+def test_write_pretrained_files_follow_the_umask(tmp_path):
+    """model.safetensors was 0600 (safetensors' own temp file) beside a 0644 config.json: a shared export must be
+    readable as the rest; an earlier export's file, replaced in place, keeps its bits."""
+    import os
+    import stat
+
+    from model.config import GPTConfig
+    from model.hf import write_pretrained
+    ours = GPT(GPTConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, n_embd=8)).eval()
+    old = os.umask(0o027)
+    try:
+        names = write_pretrained(ours, 16, tmp_path / "a")
+        assert {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in names} == {
+            "config.json": "0o640", "model.safetensors": "0o640"}
+        os.chmod(tmp_path / "a" / "model.safetensors", 0o604)
+        write_pretrained(ours, 16, tmp_path / "a")
+        assert stat.S_IMODE((tmp_path / "a" / "model.safetensors").stat().st_mode) == 0o604
+    finally:
+        os.umask(old)
+
+
 def test_char_export_example_in_docs_runs_past_the_context(tmp_path, tiny_corpus, capsys):
     """docs/export_eval.md's char example, run as written on an export with a 16-token context: it generates
     200 tokens, so it must keep to the model's n_positions (transformers' GPT-2 has no sliding window)."""
