@@ -2,14 +2,18 @@
 unexpected weights and the same logits; bad input is one error line and leaves nothing half-written."""
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import re
+import shlex
 
 import pytest
 import torch
 
 import export
-from tests.helpers import run_cli
+import sample
+from tests.helpers import REPO, run_cli
 from tests.helpers import assert_one_error, save_run, tiny_model
 from tests.test_model_hf import load_hf, transformers
 
@@ -212,3 +216,61 @@ def test_read_only_filesystem_names_the_target(tmp_path, capsys, char_tok, monke
     assert err.splitlines()[-1] == (f"error: cannot write into {tmp_path / 'ro'} (read-only file system): choose a "
                                     "writable directory for --hf, or fix its permissions")
     assert ".tmp" not in err
+
+
+# ---- docs/export_eval.md's snippets: what they print is what sample.py prints ---------------------------------
+
+SAME_AS = "# = python sample.py "  # a snippet's last comment: the sample.py command that prints the same
+
+
+def doc_snippets(page: str, mentioning: str) -> list[str]:
+    """The python code blocks of docs/`page` that mention `mentioning` (with those before them that they continue,
+    back to the one that loads the export)."""
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / page).read_text(encoding="utf-8"), re.S)
+    first = next(i for i, b in enumerate(blocks) if mentioning in b)
+    return [blocks[first], *itertools.takewhile(lambda b: "from_pretrained" not in b, blocks[first + 1:])]
+
+
+def run_snippets(capsys, blocks: list[str], page: str) -> list[str]:
+    """Run `blocks` in order in one namespace (a later one continues an earlier one); what each printed, each
+    checked against its sample.py command."""
+    namespace, printed = {}, []
+    for block in blocks:
+        exec(compile(block, page, "exec"), namespace)
+        out = capsys.readouterr().out
+        [command] = [line[len(SAME_AS):] for line in block.splitlines() if line.startswith(SAME_AS)]
+        code = sample.main(shlex.split(command))
+        want, err = capsys.readouterr()
+        assert code == 0, err
+        assert out in (want, want + "\n"), (command, out, want)  # print() ends with a newline; sample.py adds one
+        printed.append(out)  # only when the text does not end with one already
+    return printed
+
+
+def test_the_char_snippets_in_the_docs_print_what_sample_py_prints(capsys, char_tok):
+    """docs/export_eval.md gave `generate(..., pad_token_id=0)`: on a char export id 0 is a character (\\n), which
+    transformers then hides from the model, printing other text than sample.py, silently. Every snippet is run as
+    written on a char export with a context of 64: 200 characters slide the window 3 times."""
+    save_run("run", tiny_model(char_tok.vocab_size, block_size=64), char_tok)  # greedy text that varies
+    export_ok(capsys, "--hf", "exported/shakespeare", "--run", "run")
+    assert char_tok.stoi["\n"] == 0  # the id the old snippet's pad_token_id hid
+    blocks = doc_snippets("export_eval.md", '"exported/shakespeare"')
+    assert len(blocks) == 2
+    printed = run_snippets(capsys, blocks, "export_eval.md")
+    assert [len(p.rstrip("\n")) for p in printed] == [len("ROMEO:\n") + 200, len("ROMEO:\n") + 50]
+    assert len(set(printed[0][7:])) >= 4  # (a text of one character would hide a wrong window or mask)
+    sampled = blocks[0].replace("temperature = 0 ", "temperature = 0.8 ")  # the sampling branch runs too
+    assert sampled != blocks[0]
+    exec(compile(sampled, "export_eval.md", "exec"), {})
+    assert len(capsys.readouterr().out) == len("ROMEO:\n") + 200 + 1
+
+
+@pytest.mark.slow  # over ~1 s
+def test_the_bpe_snippet_in_the_docs_prints_what_sample_py_prints(capsys, cache_with_gpt2):
+    from data.tokenizer import GPT2Tokenizer
+    save_run("run", tiny_model(50257, n_embd=8, block_size=64), GPT2Tokenizer())
+    export_ok(capsys, "--hf", "exported/gpt2-ft", "--run", "run")
+    blocks = doc_snippets("export_eval.md", '"exported/gpt2-ft"')
+    assert len(blocks) == 1 and "tok.decode" in blocks[0]
+    [printed] = run_snippets(capsys, blocks[:1], "export_eval.md")
+    assert printed.startswith("ROMEO:") and "<|endoftext|>" not in printed  # (where transformers would stop)

@@ -198,24 +198,14 @@ def test_write_pretrained_files_follow_the_umask(tmp_path):
         os.umask(old)
 
 
-def test_char_export_example_in_docs_runs_past_the_context(tmp_path, tiny_corpus, capsys):
-    """docs/export_eval.md's char example, run as written on an export with a 16-token context: it generates
-    200 tokens, so it must keep to the model's n_positions (transformers' GPT-2 has no sliding window)."""
+@pytest.mark.slow  # over ~1 s: a 50257-token model written and read back
+def test_the_snippet_in_model_md_runs_as_written(capsys):
+    """docs/model.md's from_pretrained snippet (the one that makes a demo directory with transformers), run as
+    written: it prints the shape its comment says (export_eval.md's snippets: tests/test_export.py)."""
     import re
     from pathlib import Path
-
-    from data.hf_tokenizer import write_char_vocab
-    from data.tokenizer import CharTokenizer
-    from model.config import GPTConfig
-    from model.hf import write_pretrained
-    tok = CharTokenizer(tiny_corpus.read_text())
-    torch.manual_seed(3)
-    ours = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)).eval()
-    write_pretrained(ours, tok.vocab_size, tmp_path / "exported" / "shakespeare")
-    write_char_vocab(tok, tmp_path / "exported" / "shakespeare")
-    doc = (Path(__file__).parents[1] / "docs" / "export_eval.md").read_text(encoding="utf-8")
-    [example] = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "vocab.json" in b]
-    assert 'd = "exported/shakespeare"' in example and "200" in example
-    exec(compile(example.replace('"exported/', f'"{tmp_path.as_posix()}/exported/'), "export_eval.md", "exec"), {})
+    doc = (Path(__file__).parents[1] / "docs" / "model.md").read_text(encoding="utf-8")
+    [snippet] = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "from transformers" in b]
+    exec(compile(snippet, "model.md", "exec"), {})
     out = capsys.readouterr().out
-    assert out.startswith("ROMEO:\n") and len(out) == len("ROMEO:\n") + 200 + 1  # + print's newline
+    assert "GPTConfig(" in out and out.endswith("torch.Size([1, 11])\n") and "# torch.Size([1, 11])" in snippet
