@@ -87,7 +87,7 @@ class Run:
         if rt.is_main and c.data.path and c.data.name != "text":  # data.path alone: read as the preset's
             from launch.overrides import data_path_note
             if note := data_path_note(c.data.name, c.data.path, list(cfg.hydra.overrides.task)):
-                print(note, file=sys.stderr, flush=True)
+                console.to_stderr(note)
 
     def open(self) -> None:
         """What Hydra's run_job does for a job: its config, run directory and train.log (held for a resume)."""
@@ -112,7 +112,7 @@ class Run:
             raise KeyboardInterrupt
         self.accept()
         if self.auto_cpu and self.rt.is_main:  # said only when the run starts on it, not ahead of a mistake
-            print(CPU_NOTE, file=sys.stderr, flush=True)
+            console.to_stderr(CPU_NOTE)  # (`2>&1 | head` closed: the run stops before step 1, as for stdout)
             to_files(CPU_NOTE, logging.INFO)
 
     def accept(self) -> None:
@@ -249,7 +249,7 @@ def main(args: list[str]) -> int:
             run.check(compose(args, return_hydra_config=True))
             return run.train()
         if auto_cpu and multirun:
-            print(CPU_NOTE, file=sys.stderr, flush=True)
+            console.to_stderr(CPU_NOTE)
         sys.argv[1:] = args
         os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra's own errors raised to the except below
         hydra.main(version_base=None, config_path="conf", config_name="config")(hydra_job)()
@@ -259,13 +259,12 @@ def main(args: list[str]) -> int:
         f = e if isinstance(e, Failed) else Failed(e)
         run.refuse()
         to_files(f.line)
-        sys.stderr.write(f.line + "\n")  # one write: under torchrun, ranks' lines never run together
-        sys.stderr.flush()
+        console.to_stderr(f.line)
         return f.code
     except KeyboardInterrupt:
         run.refuse()
-        sys.stderr.write("error: interrupted: stopped at once without saving (checkpoints already written are "
-                         "intact)\n")
+        console.to_stderr("error: interrupted: stopped at once without saving (checkpoints already written are "
+                          "intact)")
         return 130
     finally:
         run.refuse()  # a resume that crashed before it started: nothing of it written

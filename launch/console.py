@@ -2,8 +2,9 @@
 While a progress bar is drawn it writes above it through tqdm.write and leaves the per-interval train lines
 (`extra={"progress": True}`) to the bar's postfix. When stdout's reader leaves (`train.py | head`) it goes quiet
 (stdout then writes to the null device) and `reader_gone()` tells the loop to stop as on Ctrl-C (docs/faults.md),
-even before the next line would have failed: a pipe whose reader closed is seen between two steps. A run that
-fails ends with one `error: ...` line (`Failed`), on the console and in train.log.
+even before the next line would have failed: a pipe whose reader closed is seen between two steps. train.py's
+own stderr lines go through `to_stderr`, the same way (`train.py 2>&1 | head`). A run that fails ends with one
+`error: ...` line (`Failed`), on the console and in train.log.
 """
 from __future__ import annotations
 
@@ -63,6 +64,16 @@ def _left(stream) -> None:
     except (OSError, ValueError, AttributeError):
         pass
     _gone.set()
+
+
+def to_stderr(line: str) -> None:
+    """`line` on stderr, at once (one write: under torchrun ranks' lines never run together); if its reader has left
+    (`train.py 2>&1 | head`), quietly nothing, and the run stops as when stdout's reader leaves."""
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (BrokenPipeError, ConnectionResetError):
+        _left(sys.stderr)
 
 
 def reader_gone() -> bool:

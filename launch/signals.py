@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 SIGPIPE = 13  # POSIX's SIGPIPE number (Windows has no such signal, but a pipe's reader still leaves)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, SIGPIPE: 128 + SIGPIPE}  # 141: what shells report
+PIPE = "a closed output pipe (the output's reader went away)"  # what stopped the run, in words
 
 
 class StopRequest:
@@ -67,8 +68,19 @@ class StopRequest:
 
     @property
     def name(self) -> str:
-        return "a closed output pipe" if self.signum == SIGPIPE else \
-            signal.Signals(self.signum).name if self.signum else ""
+        return PIPE if self.signum == SIGPIPE else signal.Signals(self.signum).name if self.signum else ""
+
+    @property
+    def status(self) -> str:
+        """The run's status in metrics.jsonl once this stopped it: a closed pipe "stopped" it (nobody reads it any
+        more; nothing failed), a signal "interrupted" it."""
+        return "stopped" if self.signum == SIGPIPE else "interrupted"
+
+    def exit_code(self, aborted: bool = False) -> int:
+        """141 for a closed pipe, else the signal's (130 Ctrl-C, 143 SIGTERM); 130 for a run a Ctrl-C `aborted`."""
+        if self.signum == SIGPIPE or (self.signum and not aborted):
+            return EXIT_CODES.get(self.signum, 128 + int(self.signum))
+        return EXIT_CODES[signal.SIGINT]
 
 
 def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Optional[DistInfo] = None) -> str:
@@ -87,17 +99,27 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Opti
 
 
 def closing_line(stop: str, step: int, run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str,
-                 aborted: bool) -> str:
-    """The closing line of a run a signal (named `stop`) stopped, or that a second Ctrl-C `aborted`."""
+                 aborted: bool, stepped: bool = True) -> str:
+    """The closing line of a run that `stop` (a signal's name, or PIPE) stopped after a step (saved), before this
+    session's first step (`stepped` False: nothing new to save), or that a second Ctrl-C or a write to the closed
+    pipe `aborted` mid-step."""
     if aborted:
-        return interrupted_line(run_dir, last, last_step, resume)
-    return f"stopped by {stop} after step {step}: saved {last}; resume with: {resume}"
+        return interrupted_line(run_dir, last, last_step, resume, f"stopped by {stop} mid-step" if stop == PIPE else
+                                "interrupted")
+    if stepped:
+        return f"stopped by {stop} after step {step}: saved {last}; resume with: {resume}"
+    if last is not None and last_step is not None:  # a resumed run
+        return f"stopped by {stop} before step {step + 1}: nothing new to save ({last} is from step {last_step}); " \
+               f"resume with: {resume}"
+    return f"stopped by {stop} before step {step + 1}: nothing to save and nothing needs resuming"
 
 
-def interrupted_line(run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str) -> str:
-    """The closing line of a run a second Ctrl-C aborted; `last`: the last good checkpoint it knows of."""
+def interrupted_line(run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str,
+                     head: str = "interrupted") -> str:
+    """The closing line of a run a second Ctrl-C aborted (`head` says what else did); `last`: the last good
+    checkpoint it knows of."""
     if last is not None and last_step is not None and Path(last).parent == run_dir:
-        return f"interrupted; last.pt is from step {last_step}: resume with: {resume}"
+        return f"{head}; last.pt is from step {last_step}: resume with: {resume}"
     if (run_dir / "last.pt").exists():  # stopped before the run had read it
-        return f"interrupted; last.pt is as it was: resume with: {resume}"
-    return "interrupted; no checkpoint was written yet"
+        return f"{head}; last.pt is as it was: resume with: {resume}"
+    return f"{head}; no checkpoint was written yet"

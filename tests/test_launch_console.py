@@ -1,5 +1,5 @@
 """launch/console.py: the one console handler: above the progress bar, quiet once stdout's reader has left
-(`train.py | head` in a terminal ends at once with 141, no `--- Logging error ---`)."""
+(`train.py | head` in a terminal ends at once with 141, no `--- Logging error ---`), and so does its stderr."""
 from __future__ import annotations
 
 import fcntl
@@ -55,10 +55,28 @@ def test_a_closed_pipe_is_quiet_and_stops_the_run(handler, capsys):
         log.warning("and another")
         stop = StopRequest()
         assert stop.agreed() and stop.signum == SIGPIPE and EXIT_CODES[stop.signum] == 141
-        assert stop.name == "a closed output pipe"
+        assert stop.name == "a closed output pipe (the output's reader went away)" and stop.status == "stopped"
     finally:
         h.stream.close()
     assert "Logging error" not in capsys.readouterr().err
+
+
+def test_a_closed_stderr_is_quiet_and_stops_the_run_too(handler, monkeypatch):
+    """`train.py 2>&1 | head -2`: the auto-CPU note on stderr raised BrokenPipeError before step 1, and the run was
+    recorded as failed with `error: [Errno 32] Broken pipe`. train.py's stderr lines go through to_stderr."""
+    r, w = os.pipe()
+    os.close(r)
+    stream = os.fdopen(w, "w")
+    monkeypatch.setattr(sys, "stderr", stream)
+    try:
+        console.to_stderr("no CUDA GPU found: ...")
+        console.to_stderr("and a later line")  # quietly nowhere
+        assert console.reader_gone()
+        stop = StopRequest()
+        assert stop.agreed() and stop.name.endswith("(the output's reader went away)")
+    finally:
+        monkeypatch.undo()
+        stream.close()
 
 
 def test_setup_adds_one_handler(monkeypatch):
@@ -69,11 +87,13 @@ def test_setup_adds_one_handler(monkeypatch):
 
 @pytest.mark.slow
 def test_head_in_a_terminal_stops_at_once_with_a_checkpoint(tmp_path, tiny_corpus):
-    """`python train.py ... | head -n 5` with stderr a terminal (so the progress bar is drawn): the run ends within
-    seconds of the reader leaving, saves last.pt, prints no traceback and exits 141."""
+    """`python train.py ... | head` with stderr a terminal (so the progress bar is drawn, and the per-step lines are
+    left to it), closed after step 2's evaluation line: the run ends within seconds of the reader leaving, saves
+    last.pt, prints no traceback and exits 141."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     args = [sys.executable, str(REPO / "train.py"), "experiment=cpu", "train.device=cpu", "model=tiny", "data=text",
-            f"data.path={tiny_corpus}", "train.max_iters=100000", "train.eval_interval=100000", "hydra.run.dir=r"]
+            f"data.path={tiny_corpus}", "train.max_iters=100000", "train.eval_interval=2", "train.eval_iters=1",
+            "train.eval_at_start=false", "hydra.run.dir=r"]
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 0-column terminal hides the bar
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdin=slave, stdout=subprocess.PIPE, stderr=slave)
@@ -92,8 +112,12 @@ def test_head_in_a_terminal_stops_at_once_with_a_checkpoint(tmp_path, tiny_corpu
     reader = threading.Thread(target=drain, daemon=True)
     reader.start()
     try:
-        head = [proc.stdout.readline() for _ in range(5)]
-        proc.stdout.close()  # as head does after its 5 lines
+        head = []
+        for line in proc.stdout:
+            head.append(line)
+            if line.startswith(b"step 2/"):  # step 2's evaluation
+                break
+        proc.stdout.close()  # as head does after its lines
         left = time.monotonic()
         proc.wait(timeout=120)
         took = time.monotonic() - left
@@ -103,9 +127,10 @@ def test_head_in_a_terminal_stops_at_once_with_a_checkpoint(tmp_path, tiny_corpu
         reader.join(timeout=5)
         os.close(master)
     err = b"".join(terminal).decode(errors="replace")
-    assert all(head) and proc.returncode == 141, err
+    assert head[-1].startswith(b"step 2/") and proc.returncode == 141, err
     assert took < 10, f"{took:.1f} s after the reader left"
     assert "Logging error" not in err and "Traceback" not in err, err
     assert "step/s" in err or "s/step" in err, err  # the progress bar was drawn
-    assert ck.load_checkpoint(tmp_path / "r" / "last.pt")["step"] >= 0
-    assert "stopped by a closed output pipe" in (tmp_path / "r" / "train.log").read_text()
+    assert ck.load_checkpoint(tmp_path / "r" / "last.pt")["step"] >= 2
+    assert "stopped by a closed output pipe (the output's reader went away) after step" in \
+        (tmp_path / "r" / "train.log").read_text()

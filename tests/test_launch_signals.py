@@ -57,3 +57,23 @@ def test_the_resume_command_pastes_back_for_any_run_dir():
         assert parts[:2] == ["python", "train.py"] and parts[-1] == "train.resume=true"
         parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(parts[2:])}
         assert parsed["hydra.run.dir"] == run and parsed["data.path"] == "my book.txt"
+
+
+def test_a_closed_pipe_is_a_stop_in_words_with_its_own_status_and_exit_code(tmp_path):
+    from launch.signals import PIPE, SIGPIPE, closing_line
+    stop = StopRequest()
+    stop.signum = SIGPIPE
+    assert (stop.name, stop.status, stop.exit_code(), stop.exit_code(aborted=True)) == (PIPE, "stopped", 141, 141)
+    stop.signum = signal.SIGTERM
+    assert (stop.status, stop.exit_code(), stop.exit_code(aborted=True)) == ("interrupted", 143, 130)
+    run = tmp_path / "run"
+    line = lambda **kw: closing_line(**{**dict(stop=PIPE, step=0, run_dir=run, last=None, last_step=None,  # noqa: E731
+                                            resume="CMD", aborted=False, stepped=False), **kw})
+    assert line() == f"stopped by {PIPE} before step 1: nothing to save and nothing needs resuming"
+    assert line(step=4, last=run / "last.pt", last_step=4) == \
+        f"stopped by {PIPE} before step 5: nothing new to save ({run / 'last.pt'} is from step 4); resume with: CMD"
+    assert line(step=6, last=run / "last.pt", last_step=6, stepped=True) == \
+        f"stopped by {PIPE} after step 6: saved {run / 'last.pt'}; resume with: CMD"
+    assert line(step=6, last=run / "last.pt", last_step=4, aborted=True) == \
+        f"stopped by {PIPE} mid-step; last.pt is from step 4: resume with: CMD"
+    assert line(stop="SIGINT", aborted=True) == "interrupted; no checkpoint was written yet"

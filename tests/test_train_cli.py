@@ -330,24 +330,57 @@ def test_the_printed_resume_command_works_for_a_run_dir_with_a_space_and_non_asc
 
 @pytest.mark.slow
 def test_a_closed_stdout_stops_the_run_quietly_with_a_checkpoint(tmp_path, tiny_corpus):
-    """`python train.py | head -3`: no `--- Logging error ---`, exit 141, last.pt saved, outputs/latest set."""
+    """`python train.py | head`, closed after step 2's line: no `--- Logging error ---`, exit 141, last.pt saved,
+    outputs/latest set, the run recorded as stopped (not failed) and why, in words."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     args = [sys.executable, str(REPO / "train.py"), "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
             "train.max_iters=100000", "train.eval_interval=100000", "train.log_interval=1", "hydra.run.dir=outputs/r"]
     proc = subprocess.Popen(args, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        head = [proc.stdout.readline() for _ in range(3)]
+        head = []
+        for line in proc.stdout:
+            head.append(line)
+            if line.startswith(b"step 2/"):
+                break
         proc.stdout.close()  # as head does
         err = proc.stderr.read().decode()
         proc.wait(timeout=180)
     finally:
         if proc.poll() is None:
             proc.kill()
-    assert len(head) == 3 and proc.returncode == 141, err
+    assert head[-1].startswith(b"step 2/") and proc.returncode == 141, err
     assert "Logging error" not in err and "Traceback" not in err, err
-    assert ck.load_checkpoint(tmp_path / "outputs" / "r" / "last.pt")["step"] >= 0  # (the pipe may close in setup)
-    assert "stopped by a closed output pipe" in (tmp_path / "outputs" / "r" / "train.log").read_text()
+    assert ck.load_checkpoint(tmp_path / "outputs" / "r" / "last.pt")["step"] >= 2
+    assert "stopped by a closed output pipe (the output's reader went away) after step " in \
+        (tmp_path / "outputs" / "r" / "train.log").read_text()
+    summary = json.loads((tmp_path / "outputs" / "r" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (summary["status"], summary["stopped_by"]) == ("stopped", "a closed output pipe (the output's reader "
+                                                                      "went away)")
     assert (tmp_path / "outputs" / "latest").resolve() == (tmp_path / "outputs" / "r").resolve()
+
+
+@pytest.mark.slow
+def test_a_closed_output_before_step_1_is_a_stop_not_a_failure(tmp_path, tiny_corpus):
+    """`python train.py 2>&1 | head -2`: the auto-CPU note on stderr raised BrokenPipeError, so train.log said
+    `error: [Errno 32] Broken pipe`, metrics.jsonl "failed", exit 1. Now: both streams' reader gone before step 1
+    is a stop, said in words, with nothing to save (no step-0 last.pt to block rerunning the command)."""
+    r, w = os.pipe()
+    os.close(r)  # the reader has gone before the run starts
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    args = [sys.executable, str(REPO / "train.py"), *TINY, "data=text", f"data.path={tiny_corpus}",
+            "train.max_iters=5", "hydra.run.dir=outputs/r"]  # no experiment=: the auto-CPU note on stderr
+    try:
+        code = subprocess.run(args, cwd=tmp_path, env=env, stdout=w, stderr=w, timeout=180).returncode
+    finally:
+        os.close(w)
+    run = tmp_path / "outputs" / "r"
+    log = (run / "train.log").read_text()
+    assert code == 141 and "error" not in log, log
+    assert log.splitlines()[-1].endswith("] stopped by a closed output pipe (the output's reader went away) before "
+                                         "step 1: nothing to save and nothing needs resuming")
+    summary = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    assert (summary["status"], summary["step"]) == ("stopped", 0)
+    assert not (run / "last.pt").exists() and not (tmp_path / "outputs" / "latest").exists()
 
 
 @functools.lru_cache(maxsize=1)

@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import signal
+import threading
 
 import pytest
 import torch
@@ -201,6 +202,90 @@ def test_sigterm_finishes_the_step_and_saves(tmp_path, tiny_corpus, monkeypatch)
     assert ck.load_checkpoint(run / "last.pt")["step"] == 5
     assert signal.getsignal(signal.SIGTERM) is before  # handlers restored
     assert records(run)[-1]["status"] == "interrupted"
+
+
+PIPE = "a closed output pipe (the output's reader went away)"
+
+
+@pytest.fixture
+def reader(monkeypatch):
+    """launch.console's "stdout's reader has left" flag, fresh for the test: set() it to close the pipe."""
+    from launch import console
+    gone = threading.Event()
+    monkeypatch.setattr(console, "_gone", gone)
+    return gone
+
+
+def _reader_leaves_after_step(n, gone):
+    """The loop's train_step, the output's reader leaving once step n (counted from 1) has finished."""
+    real, count = loop_mod.train_step, itertools.count(1)
+
+    def step(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if next(count) == n:
+            gone.set()
+        return out
+    return step
+
+
+def test_a_closed_pipe_before_step_1_is_a_stop_with_nothing_to_save(tmp_path, tiny_corpus, reader, caplog):
+    """Was a step-0 last.pt ("saved ...; resume with") or, from a stderr write, `error: [Errno 32] Broken pipe` and
+    "status": "failed". Now the run is stopped, said in words, and a fresh run has nothing to save."""
+    reader.set()
+    run = tmp_path / "run"
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=5", "train.eval_at_start=true"), run)
+    assert (res.status, res.exit_code, res.step) == ("stopped", 141, 0)
+    assert caplog.records[-1].message == f"stopped by {PIPE} before step 1: nothing to save and nothing needs resuming"
+    assert not (run / "last.pt").exists()
+    assert (records(run)[-1]["status"], records(run)[-1]["stopped_by"]) == ("stopped", PIPE)
+
+
+def test_a_closed_pipe_before_a_resumed_run_s_first_step_saves_nothing_new(tmp_path, tiny_corpus, reader, caplog):
+    run = tmp_path / "run"
+    train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), run)
+    before = (run / "last.pt").read_bytes()
+    reader.set()
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=2", "train.resume=true"), run)
+    assert (res.status, res.exit_code, res.step) == ("stopped", 141, 2) and (run / "last.pt").read_bytes() == before
+    assert caplog.records[-1].message.startswith(f"stopped by {PIPE} before step 3: nothing new to save "
+                                                 f"({run / 'last.pt'} is from step 2); resume with: python train.py ")
+
+
+@pytest.mark.parametrize("after, stopped", [(3, True), (6, False)], ids=["during", "at-the-end"])
+def test_a_closed_pipe_during_the_run_stops_it_and_at_the_end_leaves_it_completed(tmp_path, tiny_corpus, reader,
+                                                                                 monkeypatch, caplog, after, stopped):
+    monkeypatch.setattr(loop_mod, "train_step", _reader_leaves_after_step(after, reader))
+    run = tmp_path / "run"
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=100"), run)
+    summary = records(run)[-1]
+    assert ck.load_checkpoint(run / "last.pt")["step"] == res.step == after
+    if stopped:
+        assert (res.status, res.exit_code, summary["status"], summary["stopped_by"]) == ("stopped", 141, "stopped", PIPE)
+        assert caplog.records[-1].message.startswith(f"stopped by {PIPE} after step 3: saved {run / 'last.pt'}; ")
+    else:  # (its last lines went to train.log only)
+        assert (res.status, res.exit_code, summary["status"]) == ("completed", 0, "completed")
+        assert "stopped_by" not in summary and caplog.records[-1].message.startswith("done: 6 steps")
+
+
+def test_a_library_s_write_to_the_closed_pipe_mid_step_is_a_stop_too(tmp_path, tiny_corpus, monkeypatch, caplog):
+    """A BrokenPipeError past the console (a library printing) ends the step at once, as a second Ctrl-C does:
+    stopped, 141, the last good checkpoint named; not `error: [Errno 32] Broken pipe` and "failed"."""
+    real, count = loop_mod.train_step, itertools.count(1)
+
+    def step(*args, **kwargs):
+        if next(count) == 3:
+            raise BrokenPipeError(32, "Broken pipe")
+        return real(*args, **kwargs)
+    monkeypatch.setattr(loop_mod, "train_step", step)
+    run = tmp_path / "run"
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=2"), run)
+    assert (res.status, res.exit_code, res.step) == ("stopped", 141, 2)
+    assert caplog.records[-1].message.startswith(f"stopped by {PIPE} mid-step; last.pt is from step 2: resume with: ")
+    assert (records(run)[-1]["status"], records(run)[-1]["stopped_by"]) == ("stopped", PIPE)
 
 
 def test_ctrl_c_during_a_long_eval_stops_promptly(tmp_path, tiny_corpus, monkeypatch):

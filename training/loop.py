@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import math
 import secrets
+import signal
 import sys
 import time
 from datetime import datetime
@@ -23,7 +24,7 @@ from launch.console import progress_bar
 from model.device import resolve_compile, resolve_device, setup_device
 from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
-from launch.signals import EXIT_CODES, StopRequest, closing_line, resume_command
+from launch.signals import SIGPIPE, StopRequest, closing_line, resume_command
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
 
@@ -47,6 +48,7 @@ class Trainer:
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)
         self.dev, self.num_params, self.resumed, self.compiled, self.early_stopped = None, 0, False, False, False
+        self.first_step = None  # the step this session's training started from (run())
         self.t_start, self.session_tokens, self.train_seconds, self.t_mark = time.perf_counter(), 0, 0.0, 0.0  # session
 
     def setup(self) -> None:
@@ -114,6 +116,7 @@ class Trainer:
         c, t, st = self.c, self.c.train, self.state
         self.rng.restore()  # last: nothing may draw random numbers after this
         st.started = self.t_mark = time.perf_counter()
+        self.first_step = st.step
         if (st.step >= t.max_iters or self._out_of_patience()) and not st.eval_pending:
             if self.rt.is_main:
                 self.report.nothing_to_train(st, t)
@@ -143,8 +146,8 @@ class Trainer:
                 self.stop.finish()  # the stop all-reduce still in flight (every rank has one)
                 if self.window.n or self.stop.signum is not None:
                     self._log_train(write=self.stop.signum is None)
-                if self.ckpt.last_step != st.step:
-                    self._save(st.step)
+                if self.ckpt.last_step != st.step and st.step > self.first_step:  # stopped before step 1: nothing
+                    self._save(st.step)  # to save (a step-0 last.pt would only block rerunning the command)
         finally:
             self.stop.restore()
         if self.early_stopped and self.rt.is_main:
@@ -229,28 +232,29 @@ class Trainer:
             self.report.train(st.step, sum(vals) / len(vals), self.lr_at(st.step - 1), st.tokens, st.elapsed(),
                               tps, mfu(tps, self.flops_per_token, self.peak_flops))
 
-    def _result(self) -> TrainResult:
-        sig = self.stop.signum
-        return TrainResult("interrupted" if sig else "completed", self.state.step, self.state.best_val_loss,
-                           self.run_dir, EXIT_CODES.get(sig, 128 + int(sig)) if sig else 0, self.early_stopped)
+    def _result(self, aborted: bool = False) -> TrainResult:
+        stopped = aborted or self.stop.signum is not None
+        return TrainResult(self.stop.status if stopped else "completed", self.state.step, self.state.best_val_loss,
+                           self.run_dir, self.stop.exit_code(aborted) if stopped else 0, self.early_stopped)
 
     def closing(self, result: Optional[TrainResult]) -> TrainResult:
-        """The last line of a run a signal stopped (`result`), or that a second Ctrl-C aborted (None: exit 130)."""
+        """The last line of a run a signal or a closed pipe stopped (`result`), or that a second Ctrl-C or a write to
+        the closed pipe aborted mid-step (None: exit 130, or 141)."""
         if result is not None and not (result.exit_code and self.rt.is_main):
             return result  # (ran to its end: nothing to say)
         ckpt = getattr(self, "ckpt", None)
         if self.rt.is_main:
             log.info(closing_line(self.stop.name, self.state.step, self.run_dir, ckpt and ckpt.last,
                                   ckpt and ckpt.last_step, resume_command(self.run_dir, self.cli_overrides, self.rt),
-                                  aborted=result is None))
-        return result or TrainResult("interrupted", self.state.step, self.state.best_val_loss, self.run_dir, 130)
+                                  aborted=result is None, stepped=self.state.step != self.first_step))
+        return result or self._result(aborted=True)
 
     def finish(self, status: str) -> None:
         """Rank 0's summary record, loss.png, wandb.finish: also after errors (best effort)."""
         if self.report.started:  # (rank 0 only)
             self.report.finish(status, self.state, wall=time.perf_counter() - self.t_start, train_s=self.train_seconds,
                                session_tokens=self.session_tokens, compiled=self.compiled,
-                               early_stopped=self.early_stopped)
+                               early_stopped=self.early_stopped, stopped_by=self.stop.name)
 
 
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
@@ -282,10 +286,11 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
     except TrainingDiverged:
         status = "diverged"
         raise
-    except KeyboardInterrupt:  # a second Ctrl-C (or one before the handlers were in): no more saving
-        if trainer is None:
+    except (KeyboardInterrupt, BrokenPipeError) as e:  # a second Ctrl-C (or one before the handlers were in), or a
+        if trainer is None:  # write past the console (a library's) that met the closed pipe: no more saving
             raise
-        status = "interrupted"
+        trainer.stop.signum = SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGINT
+        status = trainer.stop.status
     finally:
         try:
             if trainer is not None:

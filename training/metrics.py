@@ -165,14 +165,16 @@ class RunLog:
                  f"{' (best)' if improved else ''} | {format_count(tokens)} tokens | {format_duration(elapsed)}")
 
     def finish(self, status: str, st: "TrainState", *, wall: float, train_s: float, session_tokens: int,
-               compiled: bool, early_stopped: bool) -> None:
+               compiled: bool, early_stopped: bool, stopped_by: str = "") -> None:
         """The summary record and loss.png (best effort: a full disk is a warning), wandb.finish, the done line;
-        `wall`: the run's seconds, `train_s`/`session_tokens`: this session's training time and tokens."""
+        `wall`: the run's seconds, `train_s`/`session_tokens`: this session's training time and tokens; `stopped_by`:
+        what stopped a run that did not complete, in words (a signal's name, a closed output pipe)."""
         m, best, run_dir = self.model, st.best_val_loss, Path(self.file.name).parent if self.file else None
         try:
             if self.file is not None:
                 self.write({
-                    "type": "summary", "status": status, "step": st.step, "best_step": st.best_step,
+                    "type": "summary", "status": status, **({"stopped_by": stopped_by} if stopped_by else {}),
+                    "step": st.step, "best_step": st.best_step,
                     "best_val_loss": best if math.isfinite(best) else None, "tokens": st.tokens,
                     "wall_s": round(wall, 3), "train_s": round(train_s, 3),
                     "mean_tokens_per_s": round(session_tokens / train_s, 1) if train_s else None,

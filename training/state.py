@@ -22,7 +22,7 @@ from launch.ranks import DistInfo, all_reduce_mean
 
 @dataclass
 class TrainResult:
-    status: str  # "completed" | "interrupted"
+    status: str  # "completed" | "interrupted" (a signal) | "stopped" (a closed output pipe)
     step: int
     best_val_loss: float
     run_dir: Path
