@@ -117,7 +117,7 @@ def hydra_job(cfg: DictConfig) -> object:
             raise f from None
         if isinstance(f, Failed):
             to_files(f.line)
-            print(f.line, file=sys.stderr, flush=True)
+            console.to_stderr(f.line)
             return outcome(f.status, f.line)
         # a bug in one job: its traceback in its train.log, the sweep goes on
         logging.getLogger(__name__).exception(f"sweep job failed: {type(e).__name__}: {one_line(e)}")
