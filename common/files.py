@@ -5,8 +5,8 @@ The pattern (temp file beside the target, fsync, os.replace, fsync the directory
 checkpoint, data-cache, metrics, plot and download code all call it. `replace_dir` is the same for a
 directory (an HF export, a sharded checkpoint). On Windows a rename fails while another program has the
 target open (sample.py reading last.pt): `replace` waits a few seconds for it, then says so in one line.
-Permissions are what open(path, "w") would leave: a new file follows the umask, a replaced one keeps its own
-(`open_mode`), also for files a library writes itself (safetensors' 0600 temp files: `with_open_mode`).
+Permissions are what open(path, "w") would leave: a new file follows the umask, a replaced one (or directory)
+keeps its own (`open_mode`), also for files a library writes itself (safetensors' 0600 temp files: `with_open_mode`).
 """
 from __future__ import annotations
 
@@ -145,11 +145,14 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
 
 def replace_dir(tmp: str | os.PathLike, path: str | os.PathLike, old: str | os.PathLike | None = None) -> None:
     """Swap the finished directory `tmp` in as `path`. An existing `path` is first renamed to `old` (default: a
-    hidden per-process name beside it), put back if the swap fails, and deleted only once `tmp` is in place."""
+    hidden per-process name beside it), put back if the swap fails, and deleted only once `tmp` is in place; its
+    permission bits carry over to `tmp`, as a replaced file's do."""
     tmp, path = Path(tmp), Path(path)
     old = Path(old) if old is not None else path.with_name(f".{path.name}.old-{os.getpid()}")
     if old.exists():
         shutil.rmtree(old)
+    if (own := _own_mode(path)) is not None and not is_windows():
+        os.chmod(tmp, own)
     if path.exists():
         replace(path, old)
     try:

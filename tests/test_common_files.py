@@ -87,7 +87,12 @@ def test_a_new_file_follows_the_umask_and_a_replaced_one_keeps_its_mode(tmp_path
                 f.write("new")
             assert (d / "old.txt").read_text() == "new" and mode(d / "old.txt") == kept, oct(kept)
         assert open_mode(d / "another.txt") == 0o666 & ~mask and open_mode(d / "old.txt") == 0o444
-    assert sorted(p.name for p in d.iterdir()) == ["new.txt", "old.txt"]  # the probe left nothing
+        replace_dir(_dir(tmp_path / ".out.tmp", "a"), d / "out")  # a directory: new, then replaced
+        assert mode(d / "out") == 0o777 & ~mask
+        os.chmod(d / "out", 0o750)
+        replace_dir(_dir(tmp_path / ".out.tmp", "b"), d / "out")
+        assert mode(d / "out") == 0o750 and (d / "out" / "b").is_file()
+    assert sorted(p.name for p in d.iterdir()) == ["new.txt", "old.txt", "out"]  # the probe left nothing
 
 
 @pytest.mark.skipif(sys.platform == "win32", reason="POSIX permission bits")
