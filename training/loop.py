@@ -238,8 +238,7 @@ class Trainer:
                            self.run_dir, self.stop.exit_code(aborted) if stopped else 0, self.early_stopped)
 
     def closing(self, result: Optional[TrainResult]) -> TrainResult:
-        """The last line of a run a signal or a closed pipe stopped (`result`), or that a second Ctrl-C or a write to
-        the closed pipe aborted mid-step (None: exit 130, or 141)."""
+        """The last line of a run a signal or closed pipe stopped (`result`), or aborted mid-step (None: 130, 141)."""
         if result is not None and not (result.exit_code and self.rt.is_main):
             return result  # (ran to its end: nothing to say)
         ckpt = getattr(self, "ckpt", None)
