@@ -1,8 +1,8 @@
 """explore.py and viz/explorer: the /api/attention contract against transformers' output_attentions, the compact
 binary form, the kept results, two-model compare, every bad input as one 4xx JSON line, and the CLI's own lines.
 
-`serve` (an in-process server on a free port) and `tiny_run` (a tiny random checkpoint) are shared with
-test_explore_browser.
+`serve`/`serving` (an in-process server on a free port) and `tiny_run` (a tiny random checkpoint) are shared with
+test_explore_browser and test_viz_explorer_*.
 """
 from __future__ import annotations
 
@@ -45,17 +45,24 @@ def tiny_run(path, tokenizer, seed: int = 0, **kw):
 
 
 @contextlib.contextmanager
-def serve(views, prompt: str = ""):
-    """An in-process explorer on a free port; its base URL."""
+def serving(views, prompt: str = ""):
+    """An in-process explorer on a free port: the server."""
     server = make_server(views, "127.0.0.1", 0, prompt)
     thread = threading.Thread(target=server.serve_forever, args=(0.02,), daemon=True)  # quick shutdown
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
+        yield server
     finally:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+@contextlib.contextmanager
+def serve(views, prompt: str = ""):
+    """An in-process explorer on a free port; its base URL."""
+    with serving(views, prompt) as server:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
 
 
 def post(url: str, body, path: str = "/api/attention"):
@@ -91,9 +98,10 @@ def test_contract(one):
     full = np.array(post(url, {"text": PROMPT})[1]["attention"])  # all layers by default, in order
     assert full.shape == (3, 2, T, T) and np.array_equal(full[[2, 0]], att)
     nxt = out["next"]
-    assert len(nxt) == 20 and set(nxt[0]) == {"token", "id", "prob"}
+    assert len(nxt) == 5 and set(nxt[0]) == {"token", "id", "prob"}  # top_k 5: only the tokens that can be drawn
     probs = [n["prob"] for n in nxt]
-    assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-6 and probs[5:] == [0.0] * 15
+    assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-6 and min(probs) > 0
+    assert len(post(url, {"text": PROMPT})[1]["next"]) == 20
     from model.generate import logits_to_probs
     logits = views[0].last.logits
     assert logits.numel() == views[0].tokenizer.vocab_size  # the padded rows are no tokens
@@ -101,8 +109,9 @@ def test_contract(one):
     assert all(abs(expect[n["id"]] - n["prob"]) < 1e-6 and n["token"] == views[0].tokenizer.decode([n["id"]])
                for n in nxt)
     greedy = post(url, {"text": PROMPT, "temperature": 0})[1]["next"]
-    assert greedy[0] == {"token": views[0].tokenizer.decode([int(logits.argmax())]), "id": int(logits.argmax()),
-                         "prob": 1.0}
+    assert greedy == [{"token": views[0].tokenizer.decode([int(logits.argmax())]), "id": int(logits.argmax()),
+                       "prob": 1.0}]
+    assert out["text"] == PROMPT
 
 
 def test_scores_are_the_ones_softmaxed(one):

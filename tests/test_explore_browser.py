@@ -1,6 +1,8 @@
 """The explorer page in a real browser (headless Chromium via selenium): type a prompt, see the map drawn, hover a
 cell and read the weight the API returned, switch head and layer, append a token, save the view as standalone
-HTML and open it with the server gone; no console error. Skipped, with the reason, without Chromium."""
+HTML and open it with the server gone; no console error. Saved files open whatever markup the prompt holds, the
+box keeps the exact text when GPT-2 tokens split a character, and two models' tokens and maps always agree.
+Skipped, with the reason, without Chromium."""
 from __future__ import annotations
 
 import json
@@ -106,3 +108,107 @@ def test_page_end_to_end(tmp_path, char_tok, driver):
     assert json.loads(driver.execute_script("return JSON.stringify([S.layer, S.head])")) == [2, 0]
     assert "weight" in hover(driver, "map", T, 0)
     assert console_errors(driver) == []
+
+
+def show(driver, text: str) -> None:
+    """Put `text` in the prompt box and run it, as typing does (without the wait, and with any character)."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    WebDriverWait(driver, 30).until(lambda d: d.execute_script("return S.info !== null"))  # the page has started
+    error = driver.execute_async_script(
+        "const done = arguments[1]; $('prompt').value = arguments[0];"
+        "runTokens({text: arguments[0]}).then(() => done(null), e => done(e.message));", text)
+    assert error is None, error
+
+
+def saved_html(driver) -> str:
+    return driver.execute_script("const orig = Draw.download; let out = null; Draw.download = b => { out = b; };"
+                                 "await saveHTML(); Draw.download = orig; return await out.text();")
+
+
+HOSTILE = ["a <!--<script> b", "</script><script>x=1</script>", "<!--", "<script>", "</style><!--",
+           "x\u2028y\u2029z", "--> ]]> <![CDATA[ &amp; &lt;", "${x}`\\u003c\\x3C'\"", "<!-- <script> --> </script>"]
+
+
+def test_saved_html_opens_whatever_the_prompt_holds(tmp_path, tiny_corpus, driver):
+    """Text that changes how the HTML parser reads a script (a comment opener and a script tag) in the prompt, the
+    tokens and the model's name: each saved file opens offline and shows the map."""
+    from data.tokenizer import CharTokenizer
+    tok = CharTokenizer(tiny_corpus.read_text() + "".join(HOSTILE))
+    run = tiny_run(tmp_path / "run <!--<script>", tok)
+    views = explore.load_views([("run", str(run))], torch.device("cpu"))
+    files = []
+    with serve(views) as url:
+        driver.get(url + "/")
+        for i, text in enumerate(HOSTILE):
+            show(driver, text)
+            files.append(tmp_path / f"view{i}.html")
+            files[-1].write_text(saved_html(driver), encoding="utf-8")
+    for text, path in zip(HOSTILE, files):
+        driver.get(path.as_uri())
+        wait_for_map(driver)
+        assert driver.execute_script("return [S.snapshot, S.tokens.join(''), $('prompt').value, "
+                                     "S.info.models[0].name]") == [True, text, text, views[0].name]
+        assert console_errors(driver) == []
+
+
+def test_append_keeps_the_exact_text_when_tokens_split_a_character(tmp_path, cache_with_gpt2, driver):
+    """GPT-2 BPE cuts an emoji or CJK character into byte tokens: the box holds the exact text the ids make (never
+    the chips' escapes such as \\xf0\\x9f), the text before a character still incomplete, and typing on re-tokenizes
+    that exact text."""
+    from data.tokenizer import GPT2Tokenizer
+    tok = GPT2Tokenizer()
+    views = explore.load_views([("run", str(tiny_run(tmp_path / "run", tok)))], torch.device("cpu"))
+    prompt, emoji = "日本 😀", tok.encode("😀")
+    assert len(emoji) > 1  # its 4 bytes in byte tokens: the first ones end inside the character
+    with serve(views) as url:
+        driver.get(url + "/")
+        show(driver, prompt)
+        append = "const done = arguments[1]; append(arguments[0]).then(() => done($('prompt').value));"
+        assert driver.execute_script("return S.ids") == tok.encode(prompt)
+        assert driver.execute_async_script(append, tok.encode("!")[0]) == prompt + "!"
+        for n, i in enumerate(emoji, 1):  # the text before the emoji until its last byte is there
+            assert driver.execute_async_script(append, i) == prompt + ("!😀" if n == len(emoji) else "!")
+        assert driver.execute_script("return S.ids") == tok.encode(prompt) + tok.encode("!") + emoji
+        from selenium.webdriver.common.keys import Keys
+        from selenium.webdriver.support.ui import WebDriverWait
+        driver.find_element("id", "prompt").send_keys(Keys.END, "?")  # typing on: the exact text, re-tokenized
+        text = prompt + "!😀?"
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script("return S.ids") == tok.encode(text))
+        assert console_errors(driver) == []
+
+
+def test_two_models_tokens_and_maps_always_agree(tmp_path, char_tok, driver):
+    """A text that fits A's context but not B's: the error names B, and the page keeps the tokens its maps are for."""
+    from selenium.webdriver.support.ui import Select, WebDriverWait
+    a, b = tiny_run(tmp_path / "a", char_tok, seed=1, block_size=48), tiny_run(tmp_path / "b", char_tok, seed=2)
+    views = explore.load_views([("run", str(a)), ("run", str(b))], torch.device("cpu"))
+    with serve(views) as url:
+        driver.get(url + "/")
+        box = driver.find_element("id", "prompt")
+        box.send_keys(PROMPT)
+        wait_for_map(driver)
+        box.send_keys("e" * 15)  # 38 characters: A's context is 48, B's 32
+        WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "error").is_displayed())
+        assert driver.find_element("id", "error").text == ("error: model B: the text is 38 tokens, longer than the "
+                                                           "model's context of 32: shorten it")
+        Select(driver.find_element("id", "head")).select_by_value("1")  # a redraw: of the tokens the maps are for
+        T = len(PROMPT)
+        assert driver.execute_script("return [S.ids.length, S.tokens.length, "
+                                     "S.models.map(m => m.layers.get(0).att.length), +$('map').dataset.t, "
+                                     "document.querySelectorAll('#chips .chip').length]") == [T, T, [2 * T * T] * 2,
+                                                                                              T, T]
+        assert all("status of 400" in e for e in console_errors(driver))
+        # a layer asked for the old tokens, answered after the new ones were taken: not stored with them
+        T = len("ROMEO")
+        assert driver.execute_async_script("""
+          const done = arguments[0], orig = fetchLayers, late = [];
+          fetchLayers = (i, body) => body.logits ? orig(i, body) : new Promise(r => late.push(() => r(orig(i, body))));
+          S.models.forEach(m => m.layers.delete(1));
+          S.layer = 1;
+          const running = runTokens({text: "ROMEO"}), pending = ensureLayer();  // a layer asked while typing
+          await running;
+          late.forEach(go => go());
+          await pending;
+          fetchLayers = orig;
+          done([S.ids.length, S.models.map(m => [...m.layers.values()].map(l => l.att.length))]);""") == [
+            T, [[2 * T * T] * 3, [2 * T * T] * 3]]

@@ -53,6 +53,22 @@ def forward_with_attention(model, ids: list[int], layers: list[int]) -> Result:
     return Result(list(ids), logits[0, -1].float().cpu(), *cpu)
 
 
+class NonFiniteError(RuntimeError):
+    """The model computed NaN or infinity: no reply can show it (JSON has no such numbers), and no map means much."""
+
+
+def check_finite(result: Result) -> None:
+    """NonFiniteError naming where, when the model's own numbers are not all finite (broken weights, an overflow)."""
+    arrays = {}
+    for l in sorted(result.weights):
+        arrays[f"layer {l}'s scores"], arrays[f"layer {l}'s attention weights"] = result.scores[l], result.weights[l]
+    arrays["the logits"] = result.logits
+    bad = next((name for name, t in arrays.items() if not torch.isfinite(t).all()), None)
+    if bad is not None:
+        raise NonFiniteError(f"the model computed NaN or infinity in {bad}: are its weights finite? (a checkpoint "
+                             "saved by train.py always is)")
+
+
 def token_text(tokenizer, token_id: int) -> str:
     """A token's text; a piece of a multi-byte character shows its bytes (\\xe4) rather than a replacement mark."""
     return tokenizer.decode_bytes([token_id]).decode("utf-8", errors="backslashreplace")
@@ -60,10 +76,13 @@ def token_text(tokenizer, token_id: int) -> str:
 
 def next_tokens(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                 n: int = TOP_N) -> list[tuple[int, float]]:
-    """The n likeliest next tokens as (id, probability) under temperature (0 = greedy) and top-k, as sampled."""
+    """The n likeliest next tokens as (id, probability) under temperature (0 = greedy) and top-k, as sampled: only
+    those that can be drawn (probability > 0), and never a non-finite probability, whatever the division by the
+    temperature made of the logits."""
     from model.generate import logits_to_probs
     probs = logits_to_probs(logits, temperature, top_k)
-    top = torch.topk(probs, min(n, probs.numel()))
+    probs = torch.where(torch.isfinite(probs), probs, 0.0)
+    top = torch.topk(probs, min(n, int((probs > 0).sum())))
     return [(int(i), float(p)) for p, i in zip(top.values, top.indices)]
 
 
@@ -91,10 +110,10 @@ class ModelView:
             ids = self.tokenizer.encode(text)
         except ValueError as e:  # a char model: characters outside its vocabulary (the message names them)
             raise ValueError(f"cannot encode the text: {e}") from None
-        self.check_ids(ids)
-        return ids
+        return self.check_ids(ids)
 
-    def check_ids(self, ids: list[int]) -> None:
+    def check_ids(self, ids: list[int]) -> list[int]:
+        """`ids` when this model can run them; ValueError (one line) when it cannot."""
         if not ids:
             raise ValueError("the text is empty: type a prompt")
         if len(ids) > self.config.block_size:
@@ -104,6 +123,15 @@ class ModelView:
         if bad:
             raise ValueError(f"token id {bad[0]} is outside the vocabulary (0..{self.tokenizer.vocab_size - 1}): "
                              "send ids this model's tokenizer made")
+        return ids
+
+    def text_of(self, ids: list[int]) -> str | None:
+        """The exact text of `ids`; None when their bytes are not whole UTF-8 characters (a character split
+        between tokens, cut at the end), since no text holds them."""
+        try:
+            return self.tokenizer.decode_bytes(ids).decode("utf-8")
+        except UnicodeDecodeError:
+            return None
 
     def run(self, ids: list[int], layers: list[int]) -> Result:
         """The result for `ids` with at least `layers`; the model runs only for tokens or layers not kept."""
@@ -114,6 +142,7 @@ class ModelView:
             self.runs += 1
             new = forward_with_attention(self.model, ids, missing)
             new.logits = new.logits[: self.tokenizer.vocab_size]  # padded vocabulary rows: never a token
+            check_finite(new)
             if self.last is not None:  # same tokens: keep the layers already there
                 new.weights.update(self.last.weights)
                 new.scores.update(self.last.scores)

@@ -2,11 +2,14 @@
 attention API (contract in docs/explore.md). Requests run the model one at a time, under no_grad.
 
 Static files are a fixed table of names, never a path joined from the request, so no URL can read another file.
-Every bad request is a 4xx JSON {"error": "..."} (one line, what to fix) and the server keeps serving.
+Every reply but the pages is strict JSON (no NaN or Infinity), a refusal {"error": "..."} of one line, the standard
+library's own refusals included, and it closes the connection saying so. Who may ask is guard.py's; what a request
+may hold is request.py's. The terminal stays clean: a client gone or idle past IDLE_TIMEOUT is no error.
 """
 from __future__ import annotations
 
 import json
+import re
 import struct
 import sys
 import threading
@@ -16,71 +19,20 @@ from pathlib import Path
 import torch
 
 from common.cli import failure_reason
+from viz.explorer import guard
 from viz.explorer.model_view import ModelView, next_tokens, token_text
+from viz.explorer.request import RequestError, parse_request
 
 MAX_BODY = 64 * 1024
+IDLE_TIMEOUT = 20  # seconds a connection may wait for the client: an idle one holds a thread
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/index.html": ("index.html", "text/html; charset=utf-8"),
           "/explorer.js": ("explorer.js", "text/javascript; charset=utf-8"),
           "/draw.js": ("draw.js", "text/javascript; charset=utf-8"),
           "/snapshot.js": ("snapshot.js", "text/javascript; charset=utf-8"),
+          "/next.js": ("next.js", "text/javascript; charset=utf-8"),
           "/explorer.css": ("explorer.css", "text/css; charset=utf-8")}
-FIELDS = {"text", "ids", "layers", "temperature", "top_k", "model", "scores", "logits"}
-
-
-class RequestError(Exception):
-    def __init__(self, message: str, status: int = 400):
-        super().__init__(message)
-        self.status = status
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def parse_request(body: bytes, views: list[ModelView]) -> dict:
-    """The checked fields of an /api/attention body; RequestError (one line) for anything to fix."""
-    try:
-        req = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise RequestError(f"the request body is not valid JSON ({getattr(e, 'msg', 'not UTF-8')}): send an object "
-                           'like {"text": "ROMEO:"}') from None
-    if not isinstance(req, dict):
-        raise RequestError('the request body must be a JSON object like {"text": "ROMEO:"}')
-    unknown = sorted(set(req) - FIELDS)
-    if unknown:
-        raise RequestError(f"unknown field {unknown[0]!r}: use {', '.join(sorted(FIELDS))}")
-    m = req.get("model", 0)
-    if m not in range(len(views)) or isinstance(m, bool):
-        raise RequestError(f"model {m!r} does not exist: use 0" + (" or 1" if len(views) > 1 else
-                                                                    " (start explore.py with two models to compare)"))
-    view = views[m]
-    try:
-        if "ids" in req:
-            ids = req["ids"]
-            if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-                raise ValueError("ids must be a list of token ids (whole numbers)")
-            view.check_ids(ids)
-        elif isinstance(req.get("text"), str):
-            ids = view.encode(req["text"])
-        else:
-            raise ValueError('give the text to look at: {"text": "ROMEO:"}')
-    except ValueError as e:
-        raise RequestError(str(e)) from None
-    layers = req.get("layers", list(range(view.n_layer)))
-    if not isinstance(layers, list) or not all(isinstance(l, int) and not isinstance(l, bool) for l in layers):
-        raise RequestError(f"layers must be a list of layer numbers, e.g. [0, {view.n_layer - 1}]")
-    bad = [l for l in layers if not 0 <= l < view.n_layer]
-    if bad:
-        raise RequestError(f"layer {bad[0]} does not exist: the model has layers 0..{view.n_layer - 1}")
-    temperature, top_k = req.get("temperature", 1.0), req.get("top_k")
-    if not _number(temperature) or not temperature >= 0 or temperature == float("inf"):
-        raise RequestError(f"temperature {temperature!r} is invalid: use 0 (greedy) or a positive number like 0.8")
-    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
-        raise RequestError(f"top_k {top_k!r} is invalid: use a whole number >= 1, or leave it out")
-    return {"view": view, "ids": ids, "layers": layers, "temperature": float(temperature), "top_k": top_k,
-            "scores": bool(req.get("scores", False)), "logits": bool(req.get("logits", False))}
 
 
 def answer(req: dict):
@@ -89,7 +41,7 @@ def answer(req: dict):
     with torch.no_grad():
         result = view.run(req["ids"], req["layers"])
     tok = view.tokenizer
-    head = {"tokens": [token_text(tok, i) for i in result.ids], "ids": result.ids,
+    head = {"tokens": [token_text(tok, i) for i in result.ids], "ids": result.ids, "text": view.text_of(result.ids),
             "next": [{"token": token_text(tok, i), "id": i, "prob": p}
                      for i, p in next_tokens(result.logits, req["temperature"], req["top_k"])]}
     return result, head
@@ -101,15 +53,20 @@ def _numbers(t: torch.Tensor) -> list:
     return t.double().round(decimals=10).tolist()
 
 
-def attention_json(req: dict) -> dict:
-    """The contract's answer: tokens, ids, attention [layer][head][query][key] in the order asked, next."""
+def to_json(obj) -> bytes:
+    """Strict JSON: a NaN or infinity raises (a 500 line) rather than reaching a parser that rejects it."""
+    return json.dumps(obj, allow_nan=False).encode("utf-8")
+
+
+def attention_json(req: dict) -> bytes:
+    """The contract's answer: tokens, ids, text, attention [layer][head][query][key] in the order asked, next."""
     result, out = answer(req)
     out["attention"] = [_numbers(result.weights[l]) for l in req["layers"]]
     if req["scores"]:
         out["scores"] = [_numbers(result.scores[l]) for l in req["layers"]]
     if req["logits"]:
         out["logits"] = _numbers(result.logits)
-    return out
+    return to_json(out)
 
 
 def attention_binary(req: dict) -> bytes:
@@ -125,75 +82,115 @@ def attention_binary(req: dict) -> bytes:
         header["arrays"].append({"name": name, "layer": layer, "shape": list(t.shape), "offset": offset})
         blobs.append(blob)
         offset += len(blob)
-    text = json.dumps(header).encode("utf-8")
+    text = to_json(header)
     text += b" " * (-len(text) % 4)  # the arrays start 4-byte aligned: Float32Array views need it
     return struct.pack("<I", len(text)) + text + b"".join(blobs)
+
+
+ROUTES = {"/api/attention": (attention_json, "application/json"),
+          "/api/attention.bin": (attention_binary, "application/octet-stream")}
 
 
 class Handler(BaseHTTPRequestHandler):
     server_version = "tinygpt-explore"
     protocol_version = "HTTP/1.1"
+    timeout = IDLE_TIMEOUT
 
     def log_message(self, format, *args):  # quiet: the terminal shows the URL line and nothing per request
         pass
 
-    def send_body(self, status: int, body: bytes, content_type: str) -> None:
+    def send_body(self, status: int, body: bytes, content_type: str, *headers: tuple[str, str]) -> None:
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         self.send_header("Cache-Control", "no-store")
+        for name, value in headers:
+            self.send_header(name, value)
+        if status >= 400 or self.body_unread():  # a body left unread must not be taken for the next request
+            self.send_header("Connection", "close")  # (sets close_connection)
         self.end_headers()
         if self.command != "HEAD":
             self.wfile.write(body)
 
-    def send_json(self, status: int, obj) -> None:
-        self.send_body(status, json.dumps(obj).encode("utf-8"), "application/json")
+    def send_json(self, status: int, obj, *headers: tuple[str, str]) -> None:
+        self.send_body(status, to_json(obj), "application/json", *headers)
+
+    def send_error(self, code, message=None, explain=None):
+        """The standard library's own refusals (a malformed request line, an unknown method, headers too long) as
+        the same JSON line as the explorer's, not an HTML page."""
+        if self.request_version == "HTTP/0.9":  # a malformed line is taken for HTTP/0.9, which has no status line
+            self.request_version = self.protocol_version
+        reason = message or self.responses.get(code, ("refused",))[0]
+        self.send_json(code, {"error": f"{reason[:200]}: the explorer answers HTTP/1.1 GET of its pages and POST "
+                                       "/api/attention"})
 
     def do_GET(self):
-        path = self.path.split("?", 1)[0]
-        if path == "/api/info":
-            return self.send_json(200, {"models": [v.describe() for v in self.server.views],
-                                        "prompt": self.server.prompt})
-        if path not in STATIC:
-            return self.send_json(404, {"error": f"no such page: {path[:100]} (the explorer is at /)"})
-        name, content_type = STATIC[path]
-        self.send_body(200, (STATIC_DIR / name).read_bytes(), content_type)
+        self.reply(self.page)
 
     do_HEAD = do_GET
 
     def do_POST(self):
+        self.reply(self.api)
+
+    def do_PUT(self):
+        self.send_json(405, {"error": f"{self.command} is not supported: use GET for pages, POST for /api/attention"},
+                       ("Allow", "GET, HEAD, POST"))
+
+    do_DELETE = do_PATCH = do_OPTIONS = do_PUT
+
+    def reply(self, route) -> None:
+        """route(path) -> (body, content type) answered, a RequestError as its line, any other failure as a 500
+        line; a client gone or timed out ends the connection quietly (the server's handle_error)."""
         path = self.path.split("?", 1)[0]
-        routes = {"/api/attention": attention_json, "/api/attention.bin": attention_binary}
         try:
-            if path not in routes:
-                raise RequestError(f"no such API: {path[:100]} (use POST /api/attention)", 404)
-            body = self.read_body()
-            with self.server.lock:  # one model run at a time
-                req = parse_request(body, self.server.views)
-                out = routes[path](req)
+            guard.check(self.headers, self.server.hosts, api=path.startswith("/api/"))
+            body, content_type = route(path)
         except RequestError as e:
-            self.close_connection = True  # an unread or partly read body must not become the next request
             return self.send_json(e.status, {"error": str(e)})
+        except (ConnectionError, TimeoutError):
+            raise
         except Exception as e:  # noqa: BLE001 - a model failure (out of memory, ...) ends this request, not the server
             print(f"explorer: {self.path[:100]} failed: {failure_reason(e)}", file=sys.stderr)
             return self.send_json(500, {"error": f"the model failed on this request ({failure_reason(e)})"})
-        if isinstance(out, bytes):
-            return self.send_body(200, out, "application/octet-stream")
-        self.send_json(200, out)
+        self.send_body(200, body, content_type)
+
+    def page(self, path: str) -> tuple[bytes, str]:
+        if path == "/api/info":
+            return to_json({"models": [v.describe() for v in self.server.views],
+                            "prompt": self.server.prompt}), "application/json"
+        if path in ROUTES:
+            raise RequestError(f"{path} takes a POST with a JSON body, not a {self.command}", 405)
+        if path not in STATIC:
+            raise RequestError(f"no such page: {path[:100]} (the explorer is at /)", 404)
+        name, content_type = STATIC[path]
+        return (STATIC_DIR / name).read_bytes(), content_type
+
+    def api(self, path: str) -> tuple[bytes, str]:
+        if path not in ROUTES:
+            raise RequestError(f"no such API: {path[:100]} (use POST /api/attention)", 404)
+        guard.check_json_body(self.headers)
+        body = self.read_body()
+        route, content_type = ROUTES[path]
+        with self.server.lock:  # one model run at a time
+            return route(parse_request(body, self.server.views)), content_type
+
+    def body_unread(self) -> bool:
+        """Whether the request announced a body the explorer does not read (a GET with one)."""
+        return self.command != "POST" and (self.headers.get("Content-Length", "0").strip() != "0"
+                                            or "Transfer-Encoding" in self.headers)
 
     def read_body(self) -> bytes:
-        length = self.headers.get("Content-Length")
-        if length is None or not length.isdigit():
+        if "Transfer-Encoding" in self.headers:
+            raise RequestError("a chunked body is not supported: send the JSON with a Content-Length", 411)
+        length = ", ".join(self.headers.get_all("Content-Length", []))  # two headers: ambiguous, refused below
+        if not length:
             raise RequestError("the request has no Content-Length: send a JSON body", 411)
+        if not re.fullmatch(r"[0-9]{1,18}", length):
+            raise RequestError(f"Content-Length {length[:40]!r} is not a number of bytes: send the body's length", 400)
         if int(length) > MAX_BODY:
             raise RequestError(f"the request body is {int(length):,} bytes, over the {MAX_BODY // 1024} KB limit: "
                                "send a shorter text", 413)
         return self.rfile.read(int(length))
-
-    def do_PUT(self):
-        self.send_json(405, {"error": f"{self.command} is not supported: use GET for pages, POST for /api/attention"})
-
-    do_DELETE = do_PATCH = do_PUT
 
 
 class ExplorerServer(ThreadingHTTPServer):
@@ -202,6 +199,14 @@ class ExplorerServer(ThreadingHTTPServer):
     def __init__(self, address, views: list[ModelView], prompt: str = ""):
         super().__init__(address, Handler)
         self.views, self.prompt, self.lock = views, prompt, threading.Lock()
+        self.hosts = guard.Hosts(address[0], self.server_address[0])  # as given, and as the URL line prints it
+
+    def handle_error(self, request, client_address):
+        """A client that closed its connection (a tab closed, a script stopped) or stalled past IDLE_TIMEOUT is no
+        failure of the explorer's: nothing is printed. Anything else is one line, not a traceback per connection."""
+        e = sys.exc_info()[1]
+        if not isinstance(e, (ConnectionError, TimeoutError)):
+            print(f"explorer: a connection from {client_address[0]} failed: {failure_reason(e)}", file=sys.stderr)
 
 
 def make_server(views: list[ModelView], host: str = "127.0.0.1", port: int = 8000,

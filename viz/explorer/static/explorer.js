@@ -1,5 +1,6 @@
 // The attention explorer page: state, the server's compact binary answers, the panels and the actions. Drawing is
-// draw.js's, saving the view as standalone HTML (window.SNAPSHOT set: no server, the data embedded) snapshot.js's.
+// draw.js's, the next-token panel next.js's, saving the view as standalone HTML (window.SNAPSHOT set: no server,
+// the data embedded) snapshot.js's.
 "use strict";
 
 const $ = id => document.getElementById(id);
@@ -39,24 +40,25 @@ function layersToLoad(i, T) { // every layer when their weights are few (at most
 }
 
 // New tokens (text typed, or ids after an append): the server runs the model(s) once, the page keeps the rest.
+// The page takes the new tokens only once every model has answered for them, so tokens and maps always agree.
 async function runTokens(source) {
   const gen = ++S.gen, t0 = performance.now();
   try {
     const guess = source.ids ? source.ids.length : source.text.length; // tokens: at most one per character
-    const first = await fetchLayers(0, {...source, layers: layersToLoad(0, guess), scores: true, logits: true});
-    if (gen !== S.gen) return;
-    S.ids = first.ids;
-    S.tokens = first.tokens;
-    S.labels = new Map(first.next.map(n => [n.id, n.token])); // top 20 by logit: every bar's token, any setting
-    const heads = [first];
-    for (let i = 1; i < S.info.models.length; i++) {
-      heads.push(await fetchLayers(i, {ids: S.ids, layers: layersToLoad(i, S.ids.length), scores: true, logits: true}));
+    const heads = [await fetchLayers(0, {...source, layers: layersToLoad(0, guess), scores: true, logits: true})];
+    const ids = heads[0].ids;
+    for (let i = 1; i < S.info.models.length && gen === S.gen; i++) {
+      heads.push(await fetchLayers(i, {ids, layers: layersToLoad(i, ids.length), scores: true, logits: true}));
     }
-    if (gen !== S.gen) return;
+    if (gen !== S.gen) return null;
+    S.ids = ids;
+    S.tokens = heads[0].tokens;
+    S.labels = new Map(heads[0].next.map(n => [n.id, n.token])); // top 20 by logit: every bar's token, any setting
     S.models = heads.map(h => ({layers: new Map(), logits: h.data.logits}));
     heads.forEach((h, i) => store(i, h));
     showError("");
     render(performance.now() - t0);
+    return heads[0];
   } catch (err) {
     if (gen === S.gen) showError(err.message);
     throw err;
@@ -71,12 +73,12 @@ function store(i, head) {
 }
 
 async function ensureLayer() { // a layer not loaded yet for these tokens (large models load what is shown)
-  const gen = S.gen;
-  for (let i = 0; i < S.models.length; i++) {
-    if (S.layer >= S.info.models[i].n_layer || S.models[i].layers.has(S.layer)) continue;
-    if (S.snapshot) continue;
-    const h = await fetchLayers(i, {ids: S.ids, layers: [S.layer], scores: true});
-    if (gen === S.gen) store(i, h);
+  const {ids, models} = S; // the tokens asked for: their maps are stored only while they are still shown
+  for (let i = 0; i < models.length && !S.snapshot; i++) {
+    if (S.layer >= S.info.models[i].n_layer || models[i].layers.has(S.layer)) continue;
+    const h = await fetchLayers(i, {ids, layers: [S.layer], scores: true});
+    if (S.models !== models) return;
+    store(i, h);
   }
 }
 
@@ -156,53 +158,7 @@ function renderHeads(a, T, sqrt) {
   }
 }
 
-// Next-token distribution from the logits fetched once: temperature, top-k and softmax run here.
-function distribution(logits) {
-  const temp = +$("temperature").value, k = Math.max(0, Math.floor(+$("topk").value || 0));
-  const V = logits.length, p = new Float64Array(V);
-  if (temp === 0) { p[logits.reduce((b, v, i) => (v > logits[b] ? i : b), 0)] = 1; return p; }
-  let kth = -Infinity;
-  if (k > 0 && k < V) kth = Float32Array.from(logits).sort()[V - k];
-  let max = -Infinity;
-  for (let i = 0; i < V; i++) if (logits[i] >= kth) max = Math.max(max, logits[i] / temp);
-  let sum = 0;
-  for (let i = 0; i < V; i++) { p[i] = logits[i] >= kth ? Math.exp(logits[i] / temp - max) : 0; sum += p[i]; }
-  for (let i = 0; i < V; i++) p[i] /= sum;
-  return p;
-}
-
-function topN(p, n) {
-  const idx = [];
-  for (let i = 0; i < p.length; i++) {
-    if (idx.length < n || p[i] > p[idx[idx.length - 1]]) {
-      idx.push(i);
-      idx.sort((x, y) => p[y] - p[x]);
-      if (idx.length > n) idx.pop();
-    }
-  }
-  return idx;
-}
-
-let NEXT = []; // the bars shown: [{id, prob, label}]
-function renderNext() {
-  const m = S.models[0];
-  if (!m || !m.logits) return;
-  $("temperature-shown").textContent = (+$("temperature").value).toFixed(2);
-  const p = distribution(m.logits);
-  NEXT = topN(p, 20).filter(id => p[id] > 0).map(id => ({id, prob: p[id], label: S.labels.get(id) ?? `#${id}`}));
-  S.chosen = Math.min(S.chosen, NEXT.length - 1);
-  Draw.bars($("bars"), NEXT, S.chosen);
-  S.probs = p;
-}
-
 // ------------------------------------------------------------------------------------------------ actions
-function sampleId() {
-  const p = S.probs;
-  let r = Math.random(), last = 0;
-  for (let i = 0; i < p.length; i++) { if (p[i] > 0) { last = i; r -= p[i]; if (r <= 0) return i; } }
-  return last;
-}
-
 async function append(id) {
   const block = Math.min(...S.info.models.map(m => m.block_size));
   if (S.ids.length >= block) {
@@ -210,8 +166,10 @@ async function append(id) {
     return false;
   }
   S.chosen = 0;
-  await runTokens({ids: [...S.ids, id]});
-  $("prompt").value = S.tokens.join("");
+  const head = await runTokens({ids: [...S.ids, id]});
+  // the box holds the exact text of the ids (typing on re-tokenizes it); while the last token ends inside a
+  // character no text holds them (text null), so it keeps the text before it
+  if (head && head.text !== null) $("prompt").value = head.text;
   return true;
 }
 

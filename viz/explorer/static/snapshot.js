@@ -1,6 +1,16 @@
 // Saving the view as one standalone HTML file: the page's markup, style and code inlined, the data loaded so far
 // embedded as base64 float32 (window.SNAPSHOT), so it opens offline with no server; and reading it back.
+// Inside a <script> element the HTML parser still reads "</script", "<!--" and "<script" (the last two can make it
+// miss the real end tag), so none of them may appear there as they are: the data is JSON with <, >, & and U+2028/9
+// as \u escapes (any text a prompt, a token or a model's name holds stays inside its string), and the page's own
+// code has such a "<" as \x3C, the same character in the strings and regular expressions where it can occur (the
+// style, our own CSS, only needs "</style" kept out).
 "use strict";
+
+const inlineData = value => JSON.stringify(value)
+  .replace(/[<>&\u2028\u2029]/g, c => "\\u" + c.charCodeAt(0).toString(16).padStart(4, "0"));
+const inlineCode = code => code.replace(/<(?=!--|\/?script)/gi, "\\x3C");
+const inlineStyle = css => css.replace(/<\/style/gi, "<\\/style");
 
 function b64(arr) {
   const bytes = new Uint8Array(arr.buffer, arr.byteOffset, arr.byteLength);
@@ -25,15 +35,14 @@ async function saveHTML() {
                 labels: [...S.labels], prompt: $("prompt").value,
                 models: S.models.map(m => ({logits: b64(m.logits), layers: [...m.layers].map(
                   ([l, d]) => [l, b64(d.att), b64(d.scores)])}))};
-  const names = ["explorer.css", "draw.js", "snapshot.js", "explorer.js"];
-  const [css, draw, save, js] = await Promise.all(names.map(source));
-  const safe = s => s.replace(/<\/(script|style)/gi, "<\\/$1");
+  const scripts = ["draw.js", "snapshot.js", "next.js", "explorer.js"];
+  const [css, ...code] = await Promise.all(["explorer.css", ...scripts].map(source));
   const html = `<!doctype html>\n<html lang="en"><head><meta charset="utf-8">
 <title>attention explorer: saved view</title>
-<link rel="icon" href="data:,"><style id="src-explorer-css">${safe(css)}</style></head><body>${TEMPLATE}
-<script>window.SNAPSHOT = ${safe(JSON.stringify(snap))};</script>
-<script id="src-draw-js">${safe(draw)}</script><script id="src-snapshot-js">${safe(save)}</script>
-<script id="src-explorer-js">${safe(js)}</script></body></html>`;
+<link rel="icon" href="data:,"><style id="src-explorer-css">${inlineStyle(css)}</style></head><body>${TEMPLATE}
+<script>window.SNAPSHOT = ${inlineData(snap)};</script>
+${scripts.map((name, i) => `<script id="src-${name.replace(".", "-")}">${inlineCode(code[i])}</script>`).join("\n")}
+</body></html>`;
   Draw.download(new Blob([html], {type: "text/html"}), "attention-explorer.html");
 }
 

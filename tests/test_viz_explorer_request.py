@@ -1,0 +1,78 @@
+"""viz/explorer/request.py and the next-token list: an ambiguous or mistyped field is one line (never a guess), the
+body is strict JSON, two models are named in their errors, and `next` lists only tokens that can be drawn, with
+finite probabilities whatever the logits and the temperature."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from tests.helpers import tiny_model
+from tests.test_explore import char_tok  # noqa: F401 (fixture)
+from viz.explorer.model_view import ModelView, next_tokens
+from viz.explorer.request import RequestError, parse_request
+
+
+@pytest.fixture
+def views(char_tok):
+    return [ModelView(tiny_model(char_tok.vocab_size, 0, n_layer=3, block_size=32), char_tok, "a"),
+            ModelView(tiny_model(char_tok.vocab_size, 1, n_layer=2, block_size=16), char_tok, "b")]
+
+
+def refusal(body, views) -> str:
+    with pytest.raises(RequestError) as e:
+        parse_request(body if isinstance(body, bytes) else json.dumps(body).encode(), views)
+    assert e.value.status == 400 and "\n" not in str(e.value)
+    return str(e.value)
+
+
+AMBIGUOUS_OR_MISTYPED = [
+    ({"text": "ROMEO", "ids": [1, 2]}, 'give "text" or "ids", not both'),
+    ({"text": "ROMEO", "scores": "no"}, "scores 'no' is invalid: use true or false"),
+    ({"text": "ROMEO", "logits": 1}, "logits 1 is invalid: use true or false"),
+    ({"text": "ROMEO", "model": 1.0}, "model 1.0 does not exist"),
+    ({"text": "ROMEO", "model": True}, "model True does not exist"),
+    ({"text": "ROMEO", "top_k": 3.0}, "top_k 3.0 is invalid"),
+    ({"text": "ROMEO", "top_k": None}, "top_k None is invalid"),
+    ({"text": "ROMEO", "temperature": None}, "temperature None is invalid"),
+    ({"text": "ROMEO", "layers": [0.0]}, "layers must be a list of layer numbers"),
+    ({"text": "ROMEO", "layers": [1, 0, 1]}, "layer 1 is asked twice: list each layer once"),
+    ({"ids": [1.0, 2]}, "ids must be a list of token ids"),
+    ({"text": "RO\ud800MEO"}, "the text holds a lone surrogate ('\\ud800')"),
+    (b'{"text": "ROMEO", "text": "KING"}', "the field 'text' is given twice"),
+    (b'{"text": "ROMEO", "temperature": NaN}', "holds NaN, which is not JSON"),
+    (b'{"text": "ROMEO", "top_k": Infinity}', "holds Infinity, which is not JSON"),
+    (b'{"text": "ROMEO", "temperature": -Infinity}', "holds -Infinity, which is not JSON"),
+]
+
+
+@pytest.mark.parametrize("body,words", AMBIGUOUS_OR_MISTYPED, ids=[w[:30] for _, w in AMBIGUOUS_OR_MISTYPED])
+def test_an_ambiguous_or_mistyped_field_is_one_line(views, body, words):
+    assert words in refusal(body, views)
+
+
+def test_two_models_errors_name_the_model(views):
+    assert parse_request(b'{"text": "ROMEO", "model": 1}', views)["view"] is views[1]
+    message = refusal({"text": "ROMEO:\nThe king is good", "model": 1}, views)  # 23 tokens: A's 32 fit, B's 16 not
+    assert message.startswith("model B: the text is 23 tokens, longer than the model's context of 16"), message
+    assert refusal({"text": "R" * 33}, views).startswith("model A: ")
+    assert refusal({"text": "R" * 33}, views[:1]).startswith("the text is 33 tokens")  # one model: no name
+
+
+def test_next_lists_only_tokens_that_can_be_drawn():
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    assert [i for i, _ in next_tokens(logits, 1.0, top_k=3)] == [0, 1, 2]
+    assert next_tokens(logits, 0) == [(0, 1.0)]
+    assert len(next_tokens(logits, 1.0)) == 6 and len(next_tokens(logits, 1.0, n=4)) == 4
+
+
+@pytest.mark.parametrize("logits,temperature", [
+    ([2.0, 1.0, 0.5], 1e-45), ([2.0, 1.0, 0.5], 5e-324), ([-2.0, -1.0, -0.5], 1e-45),  # a temperature too small
+    ([3e38, -3e38, 1.0], 0.5), ([3e38, 3e38, 0.0], 1.0),  # logits the division overflows
+], ids=["tiny", "denormal", "negative", "overflow", "overflow_ties"])
+def test_next_never_holds_a_non_finite_probability(logits, temperature):
+    for top_k in (None, 2):
+        out = next_tokens(torch.tensor(logits), temperature, top_k)
+        assert all(0 < p <= 1 for _, p in out) and sum(p for _, p in out) <= 1 + 1e-6, out
+        json.dumps(out, allow_nan=False)
