@@ -6,7 +6,7 @@ bench_results/<timestamp>.json. The sections live in benchmarks/; docs/benchmark
 from __future__ import annotations
 
 if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
-    from common.cli import stop_quietly
+    from common.interrupt import stop_quietly
     stop_quietly()
 
 import argparse

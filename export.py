@@ -5,7 +5,7 @@ half export); --force replaces only an earlier export, never a directory holding
 from __future__ import annotations
 
 if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
-    from common.cli import stop_quietly
+    from common.interrupt import stop_quietly
     stop_quietly()
 
 import argparse
@@ -17,6 +17,7 @@ from pathlib import Path
 from checkpoint.file import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
 from common.cli import ArgumentParser, cli_main
 from common.files import replace_dir
+from common.interrupt import on_stop
 
 # every file write_export can write: a directory of only these is an earlier export, the one kind --force replaces
 EXPORT_FILES = frozenset({"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer.json",
@@ -100,18 +101,19 @@ def run(argv: list[str] | None = None) -> int:
     kind = export_kind(model.config)  # a setting no Hugging Face class has: one line, before anything is written
 
     tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-    try:
+    with on_stop(lambda: shutil.rmtree(tmp, ignore_errors=True)):  # a Ctrl-C leaves no half export either
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            tmp.mkdir()
-        except OSError as e:  # read-only filesystem, no permission: name the user's directory, not our temp name
-            why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or str(e)).lower()
-            raise OSError(f"cannot write into {out.parent.resolve()} ({why}): choose a writable directory for "
-                          "--hf, or fix its permissions") from None
-        names = write_export(model, tokenizer, tmp)
-        replace_dir(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+            try:
+                out.parent.mkdir(parents=True, exist_ok=True)
+                tmp.mkdir()
+            except OSError as e:  # read-only filesystem, no permission: name the user's directory, not our temp name
+                why = "permission denied" if isinstance(e, PermissionError) else (e.strerror or str(e)).lower()
+                raise OSError(f"cannot write into {out.parent.resolve()} ({why}): choose a writable directory for "
+                              "--hf, or fix its permissions") from None
+            names = write_export(model, tokenizer, tmp)
+            replace_dir(tmp, out)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
     padded = model.config.vocab_size - tokenizer.vocab_size
     print(f"wrote {out}: {', '.join(names)} ({tokenizer.describe()}"
           + (f"; {padded} padded vocabulary rows dropped" if padded else "") + ")")

@@ -6,7 +6,7 @@ typo costs milliseconds; a user mistake is one `error: ...` line on stderr and e
 from __future__ import annotations
 
 if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
-    from common.cli import stop_quietly
+    from common.interrupt import stop_quietly
     stop_quietly()
 
 import io

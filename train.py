@@ -7,7 +7,7 @@ from __future__ import annotations
 
 NOT_STARTED = "stopped by SIGTERM before step 1: nothing was saved and nothing needs resuming"
 if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too (docs/faults.md)
-    from common.cli import stop_quietly
+    from common.interrupt import stop_quietly
     stop_quietly(NOT_STARTED)
 
 from common.platform import configure_threads
@@ -34,7 +34,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from checkpoint.manager import overwrite_refusal
 from common import run_lock
-from common.cli import INTERRUPTED
+from common.files import write_text_atomic
 from launch import console, memory, ranks
 from launch.console import Failed, failure, to_files
 from model.device import resolve_device
@@ -108,8 +108,6 @@ class Run:
     def start(self) -> None:
         """train()'s on_start: set up (a resume accepted), before step 1."""
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (until now it said nothing was saved: no longer true)
-        if INTERRUPTED.is_set():  # a Ctrl-C that a library swallowed
-            raise KeyboardInterrupt
         self.accept()
         if self.auto_cpu and self.rt.is_main:  # said only when the run starts on it, not ahead of a mistake
             console.to_stderr(CPU_NOTE)  # (`2>&1 | head` closed: the run stops before step 1, as for stdout)
@@ -126,7 +124,7 @@ class Run:
             for name, node in (("config.yaml", OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])),
                                ("hydra.yaml", OmegaConf.masked_copy(cfg, "hydra")),
                                ("overrides.yaml", cfg.hydra.overrides.task)):
-                (record / name).write_text(OmegaConf.to_yaml(node), encoding="utf-8")
+                write_text_atomic(record / name, OmegaConf.to_yaml(node))  # whole, or not at all (a Ctrl-C)
         for fh, mh in self.held:
             mh.flush()
             root.removeHandler(mh)

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
 import sys
 from pathlib import Path
+
+from common.interrupt import on_stop
 
 REPO = Path(__file__).resolve().parent.parent
 PRESETS = ("tiny", "baby", "gpt2")
@@ -21,6 +24,18 @@ def load_avg():
 
 def say(section: str, msg: str) -> None:
     print(f"[{section}] {msg} ...", file=sys.stderr, flush=True)
+
+
+def run_child(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, **kw) (no capture_output: pass stdout/stderr), but a Ctrl-C that ends bench.py at once
+    (common/interrupt.py) ends the child too: a `kill -INT` reaches bench.py alone."""
+    with subprocess.Popen(cmd, **kw) as p, on_stop(p.kill):
+        try:
+            out, err = p.communicate()
+        except BaseException:
+            p.kill()
+            raise
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
 
 
 def model_preset(name: str) -> dict:

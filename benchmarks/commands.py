@@ -12,7 +12,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO, SHAKESPEARE_CHARS, gpt_config, load_avg, say
+from benchmarks import REPO, SHAKESPEARE_CHARS, gpt_config, load_avg, run_child, say
+from common.interrupt import on_stop
 from training.metrics import read_metrics as read_evals  # a torn last line (a killed run) is skipped
 
 QUALITY = {"cpu": ("cpu", 1.88), "cuda": ("shakespeare_char", 1.47)}  # device type -> (experiment, target val loss)
@@ -32,19 +33,20 @@ def watch(cmd: list[str], run_dir: Path, find, limit: float, stop_at_hit: bool, 
     with open(run_dir.with_suffix(".log"), "wb") as log:
         t0 = time.perf_counter()
         proc = subprocess.Popen(cmd, cwd=str(run_dir.parent), stdout=log, stderr=subprocess.STDOUT)
-        try:
-            while True:
-                rc, now = proc.poll(), time.perf_counter() - t0
-                if hit is None and (hit := find(read_evals(run_dir / "metrics.jsonl"))) is not None:
-                    out.update(hit=hit, hit_s=now)
-                if rc is not None or (hit and stop_at_hit) or now > limit:
-                    timed_out = rc is None and not (hit and stop_at_hit)
-                    break
-                time.sleep(poll)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
+        with on_stop(proc.kill):  # a Ctrl-C that ends bench.py at once (common/interrupt.py) ends the run too
+            try:
+                while True:
+                    rc, now = proc.poll(), time.perf_counter() - t0
+                    if hit is None and (hit := find(read_evals(run_dir / "metrics.jsonl"))) is not None:
+                        out.update(hit=hit, hit_s=now)
+                    if rc is not None or (hit and stop_at_hit) or now > limit:
+                        timed_out = rc is None and not (hit and stop_at_hit)
+                        break
+                    time.sleep(poll)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait()
     return {**out, "wall_s": time.perf_counter() - t0, "returncode": proc.returncode, "timed_out": timed_out}
 
 
@@ -147,7 +149,8 @@ def section_sample(args, dev) -> dict:
         say("sample", f"{args.decode_reps} x {res['command']}")
         for _ in range(args.decode_reps):
             t0 = time.perf_counter()
-            p = subprocess.run([sys.executable, str(REPO / cmd[0]), *cmd[1:]], cwd=tmp, capture_output=True, text=True)
+            p = run_child([sys.executable, str(REPO / cmd[0]), *cmd[1:]], cwd=tmp, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
             wall, last = time.perf_counter() - t0, (p.stderr.strip().splitlines() or [""])[-1]
             m = GENERATED.search(last)
             if p.returncode != 0 or not m:

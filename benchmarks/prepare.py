@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO, load_avg, say
+from benchmarks import REPO, load_avg, run_child, say
 
 
 def _write_corpus(kind: str, text: str, copies: int, path: Path) -> Path:
@@ -59,8 +59,8 @@ def _run(path: Path, tokenizer: str, env: dict, text_bytes: int) -> dict:
                 *(["--vocab-size", str(BPE_VOCAB)] if tokenizer == "bpe" else [])]
     peak_file = path.with_name("peak.txt")
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", _CHILD, *args], cwd=REPO, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, env={**env, "TINYGPT_BENCH_PEAK": str(peak_file)})
+    proc = run_child([sys.executable, "-c", _CHILD, *args], cwd=REPO, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.PIPE, text=True, env={**env, "TINYGPT_BENCH_PEAK": str(peak_file)})
     secs = time.perf_counter() - t0
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]}

@@ -7,12 +7,12 @@ import argparse
 import contextlib
 import os
 import re
-import signal
 import string
 import sys
-import threading
 from pathlib import Path
 from typing import Any, Callable
+
+from common.interrupt import EXIT_INTERRUPTED
 
 
 def one_line(message: object) -> str:
@@ -72,33 +72,8 @@ def in_keys(keys: dict[str, str]):
         raise setting_error(e.setting_template[0], *e.setting_template[1], cls=type(e), keys=keys) from None
 
 
-EXIT_USAGE, EXIT_INTERRUPTED = 2, 130
+EXIT_USAGE = 2
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for `seq 1000000 | head -1`, so pipefail sees it too
-
-
-INTERRUPTED = threading.Event()  # a Ctrl-C came, even one that some library caught and swallowed
-
-
-def stop_quietly(sigterm_line: str | None = None) -> None:
-    """First thing in an entry point, before its heavy imports: a Ctrl-C at any moment of its life (imports
-    included) ends it with exit 130 and no traceback; with `sigterm_line`, SIGTERM prints it and exits 143
-    (train.py, until its first step: nothing is written yet that a kill could cut short)."""
-    def on_sigint(signum, frame):
-        INTERRUPTED.set()
-        raise KeyboardInterrupt
-
-    def on_sigterm(signum, frame):
-        os.write(2, f"{sigterm_line}\n".encode())
-        os._exit(128 + signum)
-
-    def hook(kind, value, tb, previous=sys.excepthook):
-        if not issubclass(kind, KeyboardInterrupt):
-            previous(kind, value, tb)
-
-    sys.excepthook = hook  # an uncaught KeyboardInterrupt exits 130 all the same (Python re-raises SIGINT)
-    signal.signal(signal.SIGINT, on_sigint)
-    if sigterm_line:
-        signal.signal(signal.SIGTERM, on_sigterm)
 
 
 class ArgumentParser(argparse.ArgumentParser):

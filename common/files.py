@@ -20,6 +20,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Iterator
 
+from common.interrupt import held, on_stop
 from common.platform import is_windows
 
 SHAKESPEARE_FILE = "tinyshakespeare/input.txt"  # in the cache: data/sources.py downloads it there
@@ -118,19 +119,21 @@ def with_open_mode(path: str | os.PathLike) -> Iterator[None]:
 @contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", **open_kw) -> Iterator[IO]:
     """`with atomic_write(p) as f: f.write(...)`: `p` appears whole when the block ends, or not at all; on any
-    error (KeyboardInterrupt too) the temp file is removed and the error propagates unchanged. A new `p` follows
-    the umask (the temp file is made by open()); a replaced one keeps its permission bits, as open(p, "w") does."""
+    error (KeyboardInterrupt too) the temp file is removed and the error propagates unchanged, and so on a
+    Ctrl-C that ends the process at once (common/interrupt.py). A new `p` follows the umask (the temp file is made
+    by open()); a replaced one keeps its permission bits, as open(p, "w") does."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(path)
     try:
-        with open(tmp, mode.replace("w", "x"), **open_kw) as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        if (own := _own_mode(path)) is not None and not is_windows():
-            os.chmod(tmp, own)
-        replace(tmp, path)
+        with on_stop(lambda: remove_quietly(tmp)):
+            with open(tmp, mode.replace("w", "x"), **open_kw) as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            if (own := _own_mode(path)) is not None and not is_windows():
+                os.chmod(tmp, own)
+            replace(tmp, path)
     except BaseException:
         remove_quietly(tmp)
         raise
@@ -143,6 +146,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> Path:
     return Path(path)
 
 
+@held()  # a Ctrl-C waits for the swap
 def replace_dir(tmp: str | os.PathLike, path: str | os.PathLike, old: str | os.PathLike | None = None) -> None:
     """Swap the finished directory `tmp` in as `path`. An existing `path` is first renamed to `old` (default: a
     hidden per-process name beside it), put back if the swap fails, and deleted only once `tmp` is in place; its

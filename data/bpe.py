@@ -5,7 +5,7 @@ sample and the size, so preparing again never retrains. `python -m data.bpe` tra
 from __future__ import annotations
 
 if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
-    from common.cli import stop_quietly
+    from common.interrupt import stop_quietly
     stop_quietly()
 
 import hashlib

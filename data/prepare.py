@@ -7,7 +7,7 @@ reads, to count characters (and collect the char vocabulary or the own BPE's sam
 from __future__ import annotations
 
 if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
-    from common.cli import stop_quietly
+    from common.interrupt import stop_quietly
     stop_quietly()
 
 import hashlib
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from common.cli import ArgumentParser, error_line, exit_quietly_on_broken_pipe, in_keys
+from common.interrupt import on_stop, say
 from common.files import cache_dir
 from data.config import DataConfig, resolve
 from data.loader import Prepared
@@ -125,6 +126,9 @@ def lookup(final: Path, key: str, note: Callable[[str], None]) -> Prepared | Non
 
 
 # ---------------------------------------------------------------------------------------------------- CLI
+INTERRUPTED = "error: interrupted (finished shards are kept: run the same command again to continue)"
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = ArgumentParser(  # a mistake is one line; prog: its "see python -m data.prepare --help"
         prog="-m data.prepare", usage="python -m data.prepare [options]",
@@ -153,14 +157,15 @@ def main(argv: list[str] | None = None) -> int:
     path = args.path[0] if args.path and len(args.path) == 1 else args.path
     cfg = DataConfig(name=args.data, path=path, tokenizer=tokenizer, val_fraction=args.val_fraction,
                      encoding_errors=args.encoding_errors, text_key=args.text_key, vocab_size=args.vocab_size)
+    keys = {"name": "--data", **{k: "--" + k.replace("_", "-") for k in vars(args)}}  # field -> flag
     try:
-        with in_keys({"name": "--data", **{k: "--" + k.replace("_", "-") for k in vars(args)}}):  # field -> flag
+        with in_keys(keys), on_stop(lambda: say(INTERRUPTED)):  # a Ctrl-C ends it at once, saying what is kept
             p = prepare(cfg, progress=not args.quiet, shard_tokens=args.shard_tokens)
     except (ValueError, OSError) as e:
         print(error_line(e), file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("error: interrupted (finished shards are kept: run the same command again to continue)", file=sys.stderr)
+    except KeyboardInterrupt:  # (called in-process)
+        print(INTERRUPTED, file=sys.stderr)
         return 130
     m = p.meta
     print(f"{m['name']}: {p.tokenizer.describe()}, {m['source']['chars']:,} characters of text from {p.source}"

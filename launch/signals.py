@@ -1,11 +1,13 @@
 """Stopping a run cleanly on SIGINT/SIGTERM or a closed output pipe (`train.py | head`, seen by launch/console.py),
 and the command line that continues it. The handlers only set a flag the loop polls between steps; a second
-Ctrl-C aborts at once (the atomic saves keep every file intact).
+Ctrl-C aborts at once (the atomic saves keep every file intact). Before a run starts, train.py's Ctrl-C ends the
+process at once (common/interrupt.py): `run_under_way` is the handover.
 """
 from __future__ import annotations
 
 import signal
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
@@ -81,6 +83,22 @@ class StopRequest:
         if self.signum == SIGPIPE or (self.signum and not aborted):
             return EXIT_CODES.get(self.signum, 128 + int(self.signum))
         return EXIT_CODES[signal.SIGINT]
+
+
+@contextmanager
+def run_under_way():
+    """From a run's start (set up, a resume accepted) to its closing line, Ctrl-C is the run's: the loop's
+    StopRequest takes the first as a stop; outside the loop (or a second one) it raises KeyboardInterrupt, which
+    train() turns into the closing line. The handler before it (train.py's start-up one, which ends the process at
+    once) is back after it: a sweep's next job sets up as the first did. Handlers change in the main thread only."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a signal meanwhile: one or the other)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
 def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Optional[DistInfo] = None) -> str:

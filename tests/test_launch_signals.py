@@ -33,6 +33,28 @@ def test_install_outside_the_main_thread_is_a_no_op():
     assert stop._previous == {} and stop.signum is None and stop.name == ""
 
 
+def test_a_run_under_way_takes_ctrl_c_over_and_gives_it_back():
+    """Issue 39: train.py's start-up handler ends the process at once; from on_start to the closing line Ctrl-C
+    raises (the loop's StopRequest inside), and the start-up handler is back for a sweep's next job."""
+    from launch.signals import run_under_way
+
+    def start_up(signum, frame):
+        raise AssertionError("the start-up handler while the run is under way")
+    before = signal.signal(signal.SIGINT, start_up)
+    try:
+        with run_under_way():
+            assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+            with pytest.raises(KeyboardInterrupt):
+                os.kill(os.getpid(), signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) is start_up
+        t = threading.Thread(target=lambda: run_under_way().__enter__())  # (only the main thread sets handlers)
+        t.start()
+        t.join()
+        assert signal.getsignal(signal.SIGINT) is start_up
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_the_closing_line_of_an_aborted_run_names_the_checkpoint(tmp_path):
     from launch.signals import interrupted_line
     run = tmp_path / "run"

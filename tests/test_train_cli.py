@@ -401,33 +401,11 @@ def _signal_at(args: list[str], cwd, delay: float, signum=signal.SIGINT):
     try:
         time.sleep(start + delay)
         proc.send_signal(signum)
-        out, err = proc.communicate(timeout=120)  # a swallowed Ctrl-C would train on: the timeout fails it
+        out, err = proc.communicate(timeout=120)  # a lost signal would train on: the timeout fails it
     finally:
         if proc.poll() is None:
             proc.kill()
     return proc.returncode, out, err
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.3, 0.9, 1.6, 2.5])
-def test_ctrl_c_at_any_moment_of_start_up_stops_quietly(tmp_path, tiny_corpus, delay):
-    """Issue 29: a Ctrl-C during imports and setup printed a KeyboardInterrupt traceback, or was swallowed."""
-    args = [str(REPO / "train.py"), *TINY, "data=text", f"data.path={tiny_corpus}", "train.max_iters=100000",
-            "train.eval_interval=100000", "hydra.run.dir=run"]
-    code, out, err = _signal_at(args, tmp_path, delay)
-    assert code in (130, -signal.SIGINT), err
-    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err, err
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("args", [["sample.py", "--run", "run"], ["eval.py", "--file", "x.txt", "--run", "run"],
-                                  ["export.py", "--hf", "out", "--run", "run"], ["bench.py", "--quick"],
-                                  ["-m", "data.prepare", "--help"], ["-m", "data.bpe", "--help"]])
-def test_ctrl_c_during_any_entry_points_imports_stops_quietly(tmp_path, args):
-    code, out, err = _signal_at([str(REPO / args[0]) if args[0].endswith(".py") else args[0], *args[1:]], tmp_path,
-                                0.1)
-    assert code in (2, 130, -signal.SIGINT), err  # (2: it had already found its mistake)
-    assert "Traceback" not in err + out and "KeyboardInterrupt" not in err, err
 
 
 @pytest.mark.slow

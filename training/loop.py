@@ -10,6 +10,7 @@ import secrets
 import signal
 import sys
 import time
+from contextlib import ExitStack
 from datetime import datetime
 from functools import partial
 from pathlib import Path
@@ -24,7 +25,7 @@ from launch.console import progress_bar
 from model.device import resolve_compile, resolve_device, setup_device
 from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
-from launch.signals import SIGPIPE, StopRequest, closing_line, resume_command
+from launch.signals import SIGPIPE, StopRequest, closing_line, resume_command, run_under_way
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
 
@@ -270,33 +271,35 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
             from training import init_from
             source = init_from.apply(cfg, cli_overrides)
         rt = ranks.init(cfg.train.device, cfg.train.parallel)
-    trainer, status, result = None, "failed", None
-    try:
-        if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
-            run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
-        if device is None:
-            device = resolve_device(cfg.train.device, rt.local_rank)
-        trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source, device)
-        trainer.setup()
-        if on_start is not None:
-            on_start()
-        result = trainer.run()
-        status, result.clean = result.status, True  # (a Ctrl-C while finishing below unsets result)
-    except TrainingDiverged:
-        status = "diverged"
-        raise
-    except (KeyboardInterrupt, BrokenPipeError) as e:  # a second Ctrl-C (or one before the handlers were in), or a
-        if trainer is None:  # write past the console (a library's) that met the closed pipe: no more saving
-            raise
-        trainer.stop.signum = SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGINT
-        status = trainer.stop.status
-    finally:
+    trainer, status, result, under_way = None, "failed", None, ExitStack()
+    with under_way:  # undone last: from on_start to the closing line, a Ctrl-C is the run's (launch/signals.py)
         try:
-            if trainer is not None:
-                trainer.finish(status)
-        except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
-            result = None
+            if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
+                run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
+            if device is None:
+                device = resolve_device(cfg.train.device, rt.local_rank)
+            trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source, device)
+            trainer.setup()
+            if on_start is not None:
+                on_start()
+            under_way.enter_context(run_under_way())
+            result = trainer.run()
+            status, result.clean = result.status, True  # (a Ctrl-C while finishing below unsets result)
+        except TrainingDiverged:
+            status = "diverged"
+            raise
+        except (KeyboardInterrupt, BrokenPipeError) as e:  # a second Ctrl-C (or one before the handlers were in),
+            if trainer is None:  # or a write past the console (a library's) that met the closed pipe: no more saving
+                raise
+            trainer.stop.signum = SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGINT
+            status = trainer.stop.status
         finally:
-            if owner:  # also on errors
-                ranks.destroy(rt, together=result is not None)
-    return trainer.closing(result)
+            try:
+                if trainer is not None:
+                    trainer.finish(status)
+            except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
+                result = None
+            finally:
+                if owner:  # also on errors
+                    ranks.destroy(rt, together=result is not None)
+        return trainer.closing(result)

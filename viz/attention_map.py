@@ -11,7 +11,7 @@ import warnings
 import numpy as np
 import torch
 
-from common.files import cache_dir
+from common.files import atomic_write, cache_dir
 
 MAX_TOKENS = 64  # the prompt's last 64 tokens: more labels would not be readable
 LABEL_FONTS = ("DejaVu Sans", "Noto Sans CJK JP", "Noto Sans CJK SC", "Noto Sans CJK TC", "Noto Sans CJK KR",
@@ -110,4 +110,5 @@ def draw_attention_map(model, tokenizer, ids: list[int], path, title: str = "") 
                  f"{title + ', ' if title else ''}{T} prompt tokens (⏎ newline, · space)", fontsize=12)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=r".*[Gg]lyph.*missing")  # e.g. CJK in DejaVu Sans
-        fig.savefig(path, format="png")
+        with atomic_write(path) as f:  # whole or not at all, as loss.png (a Ctrl-C, a full disk)
+            fig.savefig(f, format="png")
