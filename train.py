@@ -35,8 +35,10 @@ from omegaconf.errors import OmegaConfBaseException
 from checkpoint.manager import overwrite_refusal
 from common import run_lock
 from common.files import write_text_atomic
-from launch import console, memory, ranks
-from launch.console import Failed, failure, to_files
+from launch import memory
+from runtime import console, ranks
+from launch.failure import Failed, failure
+from runtime.console import to_files
 from model.device import resolve_device
 from training.config import check_override, register_configs, to_dataclass, train_keys
 
@@ -177,7 +179,7 @@ def preflight(args: list[str], multirun: bool) -> list[str]:
     other --flags are Hydra's. Returns the arguments for hydra.main (a sweep: its directory pinned)."""
     overrides = [a for a in args if a not in ("-m", "--multirun")]
     if multirun and any(k in os.environ for k in ranks.TORCHRUN_ENV):
-        from launch.distributed import launched_by_torchrun
+        from runtime.distributed import launched_by_torchrun
         if launched_by_torchrun():
             raise Failed("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
     if any(a.startswith("-") for a in overrides):

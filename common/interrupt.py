@@ -3,7 +3,7 @@ process at once, exit 130, no traceback. Its handler never raises: an exception 
 wherever Python happens to be, a library's `except:` around an optional import swallows it, and the half-imported
 module breaks later (issue 39). What must not be cut half-way is made safe instead: `on_stop` undoes it (a temp
 file, a child process), `held` finishes it first (a swap of two directories). A training run's loop has its own
-handler (launch/signals.py). Standard library only, and few imports (no typing), so that it is in place within
+handler (runtime/signals.py). Standard library only, and few imports (no typing), so that it is in place within
 milliseconds.
 """
 from __future__ import annotations

@@ -1,3 +1,2 @@
-"""The process around a training run: the Hydra edge (overrides, sweeps, the run directory's record), the console
-and its signals, device and process-group setup, the memory check and trackers (wandb). training/ holds the run
-itself; a run imports from here only what it uses (no process group without torchrun, no wandb without it)."""
+"""The run's edge, above training/: Hydra composition, the command line's hints, sweeps and their report, the checks
+before a run (the memory estimate) and the one-line failure. The only code that knows Hydra and OmegaConf."""

@@ -19,8 +19,9 @@ from omegaconf import DictConfig
 
 from common.cli import one_line
 from common.files import atomic_write
-from launch import console
-from launch.console import Failed, failure, to_files
+from runtime import console
+from launch.failure import Failed, failure
+from runtime.console import to_files
 from training.config import to_dataclass
 from training.metrics import read_metrics
 

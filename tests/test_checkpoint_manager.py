@@ -19,8 +19,8 @@ from checkpoint.file import CheckpointError, save_checkpoint
 from checkpoint.manager import CheckpointManager, overwrite_refusal, resume_checkpoint
 from data.tokenizer import describe_tokenizer as describe
 from tests.helpers import REPO, find_non_plain, tiny_model_and_opt, train_steps
-from launch import distributed as D
-from launch import ranks as R
+from runtime import distributed as D
+from runtime import ranks as R
 from training import loop as loop_mod
 from training.config import register_configs
 from training.loop import train

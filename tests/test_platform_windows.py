@@ -11,8 +11,8 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 import common.platform
-from launch import signals
-from launch.signals import EXIT_CODES, StopRequest
+from runtime import signals
+from runtime.signals import EXIT_CODES, StopRequest
 
 REPO = Path(__file__).resolve().parent.parent
 # What Python's `signal` module offers on Windows: the signals signal.signal accepts there, the two handler
@@ -103,5 +103,5 @@ def test_the_code_names_only_signals_windows_has():
                                        for p in (REPO / d).rglob("*.py"))]:
         for name in re.findall(r"\bsignal\.(SIG[A-Z0-9_]+|CTRL_[A-Z_]+)\b", path.read_text(encoding="utf-8")):
             used.setdefault(name, set()).add(path.relative_to(REPO).as_posix())
-    assert "SIGINT" in used and "SIGTERM" in used  # the scan sees launch/signals.py
+    assert "SIGINT" in used and "SIGTERM" in used  # the scan sees runtime/signals.py
     assert {k: v for k, v in used.items() if k not in WINDOWS_SIGNALS} == {}

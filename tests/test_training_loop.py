@@ -209,8 +209,8 @@ PIPE = "a closed output pipe (the output's reader went away)"
 
 @pytest.fixture
 def reader(monkeypatch):
-    """launch.console's "stdout's reader has left" flag, fresh for the test: set() it to close the pipe."""
-    from launch import console
+    """runtime.console's "stdout's reader has left" flag, fresh for the test: set() it to close the pipe."""
+    from runtime import console
     gone = threading.Event()
     monkeypatch.setattr(console, "_gone", gone)
     return gone

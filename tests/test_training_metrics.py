@@ -11,7 +11,7 @@ import torch
 from training import metrics as mt
 from training.config import Config
 from model.device import setup_device
-from launch.ranks import DistInfo
+from runtime.ranks import DistInfo
 from training.state import TrainState
 
 

@@ -10,7 +10,7 @@ import torch
 from checkpoint import file as ck
 from tests.helpers import find_non_plain
 from training import state as TS
-from launch.ranks import DistInfo
+from runtime.ranks import DistInfo
 
 
 def test_rank_rng_state():

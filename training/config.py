@@ -273,7 +273,7 @@ def validate(c: Config) -> None:
 
 
 def _env_world_size() -> int:
-    """The processes torchrun started (WORLD_SIZE, which launch.distributed.init also reads), else 1."""
+    """The processes torchrun started (WORLD_SIZE, which runtime.distributed.init also reads), else 1."""
     w = os.environ.get("WORLD_SIZE", "1")
     return int(w) if w.isdigit() and int(w) >= 1 else 1
 

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from checkpoint.manager import CheckpointManager
-from launch import ranks
+from runtime import ranks
 from training.config import Config, gpt_config, to_dataclass, train_keys
-from launch.console import progress_bar
+from runtime.console import progress_bar
 from model.device import resolve_compile, resolve_device, setup_device
 from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
-from launch.signals import SIGPIPE, StopRequest, closing_line, resume_command, run_under_way
+from runtime.signals import SIGPIPE, StopRequest, closing_line, resume_command, run_under_way
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
 
@@ -272,7 +272,7 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
             source = init_from.apply(cfg, cli_overrides)
         rt = ranks.init(cfg.train.device, cfg.train.parallel)
     trainer, status, result, under_way = None, "failed", None, ExitStack()
-    with under_way:  # undone last: from on_start to the closing line, a Ctrl-C is the run's (launch/signals.py)
+    with under_way:  # undone last: from on_start to the closing line, a Ctrl-C is the run's (runtime/signals.py)
         try:
             if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
                 run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)

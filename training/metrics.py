@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from data.cache import Prepared
     from training.config import Config
     from model.device import DeviceSetup
-    from launch.ranks import DistInfo
+    from runtime.ranks import DistInfo
     from training.init_from import Source
     from training.state import TrainState
 
@@ -79,7 +79,7 @@ class RunLog:
     def __init__(self, max_iters: int):
         self.max_iters = max_iters
         self.file = None  # metrics.jsonl, once started (rank 0)
-        self.wandb, self.bar = None, None  # wandb: a launch.wandb_run.WandbRun, with logger=wandb only
+        self.wandb, self.bar = None, None  # wandb: a training.wandb_run.WandbRun, with logger=wandb only
 
     def start(self, c: "Config", run_dir: Path, st: "TrainState", *, data: "Prepared", num_params: int,
               vocab_size: int, dev: "DeviceSetup", compiled: bool, rt: "DistInfo", source: Optional["Source"],
@@ -87,7 +87,7 @@ class RunLog:
         """wandb first (a missing API key must not leave files behind), then metrics.jsonl, then the opening lines."""
         self.model, self.num_params, self.dev = c.model, num_params, dev  # for the summary
         if c.logger.name == "wandb":
-            from launch.wandb_run import WandbRun
+            from training.wandb_run import WandbRun
             self.wandb = WandbRun()
             self.wandb.start(c, run_dir, st.wandb_run_id)
         source_metrics = resumed_from.parent / "metrics.jsonl" if resumed_from is not None else None
@@ -103,7 +103,7 @@ class RunLog:
         log.info(f"device: {dev.device} ({dev.name}), {dev.dtype_name}{' + GradScaler' if dev.use_grad_scaler else ''}"
                  ", " + ("torch.compile on" if compiled else "eager (no torch.compile)"))
         if rt.distributed:
-            from launch.distributed import describe
+            from runtime.distributed import describe
             log.info(f"parallel: {describe(rt)}")
         log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x {m.block_size} tokens x "
                  f"{c.train.grad_accum_steps} accumulation x {rt.world_size} process"

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from checkpoint.file import tokens_per_step
 from common.rng import seed_for
-from launch.ranks import DistInfo, all_reduce_mean
+from runtime.ranks import DistInfo, all_reduce_mean
 
 
 @dataclass

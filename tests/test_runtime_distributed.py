@@ -1,4 +1,4 @@
-"""launch/distributed.py and the loop under torchrun: CPU, gloo, 2 processes.
+"""runtime/distributed.py and the loop under torchrun: CPU, gloo, 2 processes.
 
 Fast tests check the helpers in-process (a one-rank gloo group where a process group is needed). The slow
 ones launch `python -m torch.distributed.run --standalone --nproc_per_node=2 train.py ...` (the user's
@@ -32,10 +32,10 @@ from tests.helpers import REPO, find_non_plain, run_cli, tiny_model_and_opt, tra
 from checkpoint import file as ck
 from checkpoint import file as L
 from checkpoint import sharded as S
-from launch import distributed as D
-from launch import ranks as R
+from runtime import distributed as D
+from runtime import ranks as R
 from training import state as TS
-from launch.signals import StopRequest
+from runtime.signals import StopRequest
 
 TINY = ["experiment=cpu", "train.device=cpu", "optim=adamw", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
         "model.dropout=0.0", "train.device=cpu", "train.batch_size=4", "train.eval_iters=3",

@@ -1,4 +1,4 @@
-"""launch/signals.py: a signal sets a flag; a second Ctrl-C aborts at once; handlers are restored."""
+"""runtime/signals.py: a signal sets a flag; a second Ctrl-C aborts at once; handlers are restored."""
 from __future__ import annotations
 
 import os
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from launch.signals import EXIT_CODES, StopRequest
+from runtime.signals import EXIT_CODES, StopRequest
 
 
 def test_first_signal_is_a_flag_second_ctrl_c_aborts():
@@ -36,7 +36,7 @@ def test_install_outside_the_main_thread_is_a_no_op():
 def test_a_run_under_way_takes_ctrl_c_over_and_gives_it_back():
     """Issue 39: train.py's start-up handler ends the process at once; from on_start to the closing line Ctrl-C
     raises (the loop's StopRequest inside), and the start-up handler is back for a sweep's next job."""
-    from launch.signals import run_under_way
+    from runtime.signals import run_under_way
 
     def start_up(signum, frame):
         raise AssertionError("the start-up handler while the run is under way")
@@ -56,7 +56,7 @@ def test_a_run_under_way_takes_ctrl_c_over_and_gives_it_back():
 
 
 def test_the_closing_line_of_an_aborted_run_names_the_checkpoint(tmp_path):
-    from launch.signals import interrupted_line
+    from runtime.signals import interrupted_line
     run = tmp_path / "run"
     assert interrupted_line(run, None, None, "CMD") == "interrupted; no checkpoint was written yet"
     assert interrupted_line(run, tmp_path / "other" / "last.pt", 7, "CMD") == \
@@ -73,7 +73,7 @@ def test_the_resume_command_pastes_back_for_any_run_dir():
 
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    from launch.signals import resume_command
+    from runtime.signals import resume_command
     for run in ("outputs/2026-01-01/10-00-00", "my runs/é a", "it's here", 'a "b"'):
         parts = shlex.split(resume_command(run, ["model.n_layer=2", "data.path='my book.txt'"]))
         assert parts[:2] == ["python", "train.py"] and parts[-1] == "train.resume=true"
@@ -82,7 +82,7 @@ def test_the_resume_command_pastes_back_for_any_run_dir():
 
 
 def test_a_closed_pipe_is_a_stop_in_words_with_its_own_status_and_exit_code(tmp_path):
-    from launch.signals import PIPE, SIGPIPE, closing_line
+    from runtime.signals import PIPE, SIGPIPE, closing_line
     stop = StopRequest()
     stop.signum = SIGPIPE
     assert (stop.name, stop.status, stop.exit_code(), stop.exit_code(aborted=True)) == (PIPE, "stopped", 141, 141)

@@ -1,4 +1,4 @@
-"""launch/wandb_run.py: WANDB_MODE wins over logger.mode; a failing wandb.init is one line."""
+"""training/wandb_run.py: WANDB_MODE wins over logger.mode; a failing wandb.init is one line."""
 from __future__ import annotations
 
 import sys
@@ -7,7 +7,7 @@ import types
 import pytest
 
 from training.config import Config
-from launch.wandb_run import WandbRun
+from training.wandb_run import WandbRun
 
 
 @pytest.mark.parametrize("env, mode, expect", [

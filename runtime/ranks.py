@@ -1,6 +1,6 @@
 """This process's place in a training job (`DistInfo`) and the few collectives the loop calls: in one process
 (plain `python train.py`) each is a no-op or a local check, and torch.distributed is never imported. Joining a
-torchrun job, its process groups and DDP/FSDP wrappers: launch/distributed.py.
+torchrun job, its process groups and DDP/FSDP wrappers: runtime/distributed.py.
 """
 from __future__ import annotations
 
@@ -37,9 +37,9 @@ class DistInfo:
 
 
 def init(device_spec: str = "auto", parallel: str = "none") -> DistInfo:
-    """This process's DistInfo: a torchrun job's (launch/distributed.py joins its process group), else one process."""
+    """This process's DistInfo: a torchrun job's (runtime/distributed.py joins its process group), else one process."""
     if any(k in os.environ for k in TORCHRUN_ENV):
-        from launch import distributed
+        from runtime import distributed
         return distributed.init(DistInfo(), device_spec, parallel)
     if parallel == "fsdp":
         raise ValueError("train.parallel=fsdp needs a torchrun launch: torchrun --standalone "
@@ -105,10 +105,10 @@ def check_dtype(info: DistInfo, dtype: torch.dtype) -> None:
 
 def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
-    """The model the steps call: DDP(model) or FSDP2's shards under torchrun (launch/distributed.py), else itself."""
+    """The model the steps call: DDP(model) or FSDP2's shards under torchrun (runtime/distributed.py), else itself."""
     if not info.distributed:
         return model
-    from launch import distributed
+    from runtime import distributed
     return distributed.wrap_model(model, info, device, dtype)
 
 

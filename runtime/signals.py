@@ -1,4 +1,4 @@
-"""Stopping a run cleanly on SIGINT/SIGTERM or a closed output pipe (`train.py | head`, seen by launch/console.py),
+"""Stopping a run cleanly on SIGINT/SIGTERM or a closed output pipe (`train.py | head`, seen by runtime/console.py),
 and the command line that continues it. The handlers only set a flag the loop polls between steps; a second
 Ctrl-C aborts at once (the atomic saves keep every file intact). Before a run starts, train.py's Ctrl-C ends the
 process at once (common/interrupt.py): `run_under_way` is the handover.
@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from common.platform import command_line
-from launch import console
+from runtime import console
 
 if TYPE_CHECKING:
-    from launch.ranks import DistInfo
+    from runtime.ranks import DistInfo
 
 SIGPIPE = 13  # POSIX's SIGPIPE number (Windows has no such signal, but a pipe's reader still leaves)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, SIGPIPE: 128 + SIGPIPE}  # 141: what shells report

@@ -1,5 +1,5 @@
 """Scale-out on PyTorch's own engine (torchrun, DDP, FSDP2): joining a torchrun job's process group and wrapping the
-model for it. Imported only under torchrun (launch/ranks.py decides); the loop's collectives are in launch/ranks.py.
+model for it. Imported only under torchrun (runtime/ranks.py decides); the loop's collectives are in runtime/ranks.py.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from model.device import resolve_device
 from training.config import PARALLEL_MODES
 
 if TYPE_CHECKING:
-    from launch.ranks import DistInfo
+    from runtime.ranks import DistInfo
 
 CONTROL_TIMEOUT = timedelta(minutes=60)  # rank 0 may prepare a large dataset while the others wait
 _TORCHRUN = "torchrun --standalone --nproc_per_node=N train.py ..."
@@ -54,7 +54,7 @@ def resolve_parallel(spec: str, world_size: int, launched: bool) -> str:
 
 def init(info: DistInfo, device_spec: str = "auto", parallel: str = "none") -> DistInfo:
     """Join the torchrun job: NCCL on CUDA, gloo on the CPU, plus the CPU control group (once; ranks.destroy() ends
-    it); `info` (a fresh launch.ranks.DistInfo) gets this process's place in it."""
+    it); `info` (a fresh runtime.ranks.DistInfo) gets this process's place in it."""
     ws, rank = _env_int("WORLD_SIZE", 1), _env_int("RANK", 0)
     if ws < 1 or not 0 <= rank < ws:
         raise ValueError(f"RANK={rank} / WORLD_SIZE={ws} are inconsistent: launch with torchrun ({_TORCHRUN})")

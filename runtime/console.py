@@ -3,8 +3,7 @@ While a progress bar is drawn it writes above it through tqdm.write and leaves t
 (`extra={"progress": True}`) to the bar's postfix. When stdout's reader leaves (`train.py | head`) it goes quiet
 (stdout then writes to the null device) and `reader_gone()` tells the loop to stop as on Ctrl-C (docs/faults.md),
 even before the next line would have failed: a pipe whose reader closed is seen between two steps. train.py's
-own stderr lines go through `to_stderr`, the same way (`train.py 2>&1 | head`). A run that fails ends with one
-`error: ...` line (`Failed`), on the console and in train.log.
+own stderr lines go through `to_stderr`, the same way (`train.py 2>&1 | head`). A failed run's line: launch/failure.py.
 """
 from __future__ import annotations
 
@@ -17,10 +16,8 @@ import sys
 import threading
 from logging.handlers import MemoryHandler
 
-from common.cli import one_line
 
 _gone = threading.Event()  # stdout's reader has left
-RANK = os.environ.get("RANK", "0").strip() or "0"
 
 
 class Console(logging.StreamHandler):
@@ -108,29 +105,7 @@ def progress_bar(total: int, initial: int, show: bool):
         bar.close()
 
 
-class Failed(Exception):
-    """The one `error: ...` line a run ends with (of a Hydra/OmegaConf error: its first line), its exit code and
-    the status a sweep's table gives it."""
-
-    def __init__(self, message: object, code: int = 2, status: str = "failed", where: str = ""):
-        if type(message).__module__.split(".")[0] in ("hydra", "omegaconf"):  # (not imported here)
-            message = next((ln for ln in str(message).splitlines() if ln.strip()), type(message).__name__)
-        self.line = f"error: {'' if RANK == '0' else f'[rank {RANK}] '}{one_line(message)}{where}"
-        self.code, self.status = code, status
-        super().__init__(self.line)
-
-
 def to_files(message: str, level: int = logging.ERROR) -> None:
     """A line for train.log only (not the console)."""
     for h in [h for h in logging.getLogger().handlers if isinstance(h, (logging.FileHandler, MemoryHandler))]:
         h.handle(logging.LogRecord("train", level, __file__, 0, message, None, None))
-
-
-def failure(e: Exception, config) -> Exception:
-    """What train() raised, as the run's Failed line (out of memory: what to lower); a bug: itself."""
-    from launch import memory
-    if oom := memory.out_of_memory(e, config):
-        return Failed(oom)
-    if isinstance(e, (ValueError, OSError)):  # a user's mistake; training.step.TrainingDiverged: status "diverged"
-        return Failed(str(e) or type(e).__name__, status=getattr(e, "status", "failed"))
-    return e

@@ -1,4 +1,4 @@
-"""launch/console.py: the one console handler: above the progress bar, quiet once stdout's reader has left
+"""runtime/console.py: the one console handler: above the progress bar, quiet once stdout's reader has left
 (`train.py | head` in a terminal ends at once with 141, no `--- Logging error ---`), and so does its stderr."""
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import time
 import pytest
 
 from checkpoint import file as ck
-from launch import console
-from launch.signals import EXIT_CODES, SIGPIPE, StopRequest
+from runtime import console
+from runtime.signals import EXIT_CODES, SIGPIPE, StopRequest
 from tests.helpers import REPO
 
 
