@@ -57,37 +57,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def load_model(kind: str | None, path: str | None, device):
-    """(model in eval mode on `device`, tokenizer, name) of --run DIR, --checkpoint FILE or --init HF_DIR (None:
-    the newest run), read by the loaders sample.py uses; the one place the explorer loads models."""
-    from checkpoint.file import check_vocab, load_for_inference, resolve_checkpoint
-    if kind == "init":
-        from data.hf_tokenizer import read_hf_tokenizer
-        from model.hf import from_pretrained
-        model, tokenizer, name = from_pretrained(path), read_hf_tokenizer(path), str(path)
-    else:
-        from data.tokenizer import tokenizer_from_dict
-        ckpt = resolve_checkpoint(path if kind == "run" else None, path if kind == "checkpoint" else None)
-        model, tok, _ = load_for_inference(ckpt)
-        tokenizer, name = tokenizer_from_dict(tok), str(ckpt)
-    check_vocab(tokenizer.vocab_size, model)
-    return model.float().to(device).eval(), tokenizer, name
-
-
-def load_views(sources: list[tuple[str, str]], device) -> list:
-    """A ModelView per source (the newest run when none); two models must share their tokenizer."""
-    from viz.explorer.model_view import ModelView
-    views = [ModelView(*load_model(kind, path, device)) for kind, path in (sources or [(None, None)])]
-    if len(views) == 2 and views[0].tokenizer.to_dict() != views[1].tokenizer.to_dict():
-        a, b = (v.tokenizer.describe() for v in views)
-        raise ValueError(f"the two models use different tokenizers ({a} vs {b}), so their tokens and maps do not "
-                         "line up: compare checkpoints trained with the same tokenizer")
-    return views
-
-
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from model.device import resolve_device
+    from viz.explorer.model_view import load_views
     from viz.explorer.server import make_server
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)

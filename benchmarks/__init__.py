@@ -40,14 +40,11 @@ def run_child(cmd: list[str], **kw) -> subprocess.CompletedProcess:
 
 def model_preset(name: str) -> dict:
     """conf/model/<name>.yaml as a plain dict (the single source of the preset sizes)."""
-    from omegaconf import OmegaConf
-    path = REPO / "conf" / "model" / f"{name}.yaml"
-    if not path.is_file():
-        raise ValueError(f"unknown model preset {name!r} ({path} does not exist): use one of {', '.join(PRESETS)}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    from launch.config import preset
+    return preset("model", name)
 
 
 def gpt_config(name: str):
     """The GPTConfig of preset `name` with its vocabulary, padded as the preset says."""
-    from training import config
-    return config.gpt_config(config.ModelConfig(**model_preset(name)), VOCAB[name])
+    from model.config import GPTConfig
+    return GPTConfig(**model_preset(name)).with_vocab(VOCAB[name])

@@ -7,7 +7,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import PRESETS, REPO, VOCAB, gpt_config, load_avg, say
+from benchmarks import PRESETS, VOCAB, gpt_config, load_avg, say
 from common.cli import failure_reason
 
 
@@ -20,11 +20,11 @@ def sync(device) -> None:
 def default_batch(name: str, device_type: str, quick: bool) -> int:
     """The experiment's batch (CUDA: tiny and baby as shakespeare_char; CPU: tiny as experiment=cpu), else a
     size that keeps a CPU step short (a full 64 x 256 baby batch takes ~10 s a step on 2 cores)."""
-    from omegaconf import OmegaConf
+    from launch.config import preset
     if name == "gpt2" or (name == "baby" and device_type != "cuda"):
         return 32 if device_type == "cuda" else 4 if quick else 12 if name == "baby" else 1
     exp = "shakespeare_char" if device_type == "cuda" else "cpu"
-    return OmegaConf.load(REPO / "conf" / "experiment" / f"{exp}.yaml").train.batch_size
+    return preset("experiment", exp)["train"]["batch_size"]
 
 
 def _step_times(step, n: int, device) -> list[float]:

@@ -20,7 +20,6 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO
 from benchmarks.commands import _train_cmd
 from training.metrics import read_metrics
 
@@ -87,16 +86,13 @@ def first_at_or_below(evals, target: float):
 def decode_rate(name: str, tokens: int = 500, reps: int = 3) -> float:
     """Batch-1 greedy decode tokens/s with the KV cache, a random-init model of the variant's shape (median)."""
     import torch
-    from hydra import compose, initialize_config_dir
-
+    from launch.config import compose, register_configs, to_dataclass
     from model.gpt import GPT
     from model.generate import generate
-    from training.config import gpt_config, register_configs, to_dataclass
     register_configs()
-    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
-        c = to_dataclass(compose("config", overrides=VARIANTS[name]))
+    c = to_dataclass(compose(VARIANTS[name]))
     torch.manual_seed(0)
-    model, idx, rates = GPT(gpt_config(c.model, 65)).eval(), torch.zeros(1, 1, dtype=torch.long), []
+    model, idx, rates = GPT(c.model.with_vocab(65)).eval(), torch.zeros(1, 1, dtype=torch.long), []
     generate(model, idx, 20, temperature=0)  # warm-up
     for _ in range(reps):
         t0 = time.perf_counter()

@@ -6,6 +6,7 @@ How the estimate's terms are counted: docs/design.md (Memory).
 """
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from typing import Optional
@@ -43,10 +44,9 @@ def num_params(c: Config, vocab: int) -> tuple[int, int]:
     import torch
 
     from model.gpt import GPT
-    from training.config import gpt_config
     from training.optim import muon_param_groups
     with torch.device("meta"):
-        model = GPT(gpt_config(c.model, vocab))
+        model = GPT(dataclasses.replace(c.model, vocab_size=vocab))  # (vocab: padded already)
     return model.num_params(non_embedding=False), sum(p.numel() for p in muon_param_groups(model, 0.0)[0]["params"])
 
 

@@ -5,9 +5,13 @@ pastes back whatever the path), and one line with the fix for arguments that are
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Optional
 
-from training.config import KEYS, PRESETS, SCHEMA_KEYS
+from common.platform import command_line
+
+from launch.config import PRESETS
+from training.config import KEYS, SCHEMA_KEYS
 
 HYDRA_FLAGS = ("-h", "--help", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run",
                "-r", "--multirun", "-m", "--shell-completion", "-sc", "--config-path", "-cp", "--config-name", "-cn",
@@ -114,3 +118,17 @@ def data_path_note(name: str, path: object, overrides: list[str]) -> Optional[st
         return None
     return (f"note: data.path={path} is read as data={name}'s text (a local copy of it) and the run is labelled "
             f"{name}: to train on your own text add data=text")
+
+
+def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], ranks=None) -> str:
+    """The command that resumes this run, launched as it was: its overrides, run dir and train.resume=true."""
+    keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
+    launch = ["python"]
+    if ranks is not None and ranks.distributed:
+        local = ranks.local_world_size
+        nodes = max(1, ranks.world_size // max(1, local))
+        launch = ["torchrun", "--standalone", f"--nproc_per_node={local}"] if nodes == 1 else \
+            ["torchrun", f"--nnodes={nodes}", "--node-rank=NODE_RANK", f"--nproc_per_node={local}",
+             "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
+    # (the user's overrides are as Hydra read them, quoted already; the run dir is quoted for Hydra here)
+    return command_line([*launch, "train.py", *keep, override("hydra.run.dir", run_dir), "train.resume=true"])

@@ -1,17 +1,19 @@
-"""Sweeps (`python train.py -m a=1,2`): a failed job (diverged, bad data, a refused resume) is recorded and the
-sweep goes on; at its end one table (job, overrides, status, best val, bpb) in the terminal and in the sweep
-dir (summary.md, summary.jsonl), and train.py exits 1 if any job failed. Hydra calls `SweepReport` (registered
-in training.config.register_configs); train.py's main() hands it each job's outcome as the job's return value.
+"""Hydra's job runner, for sweeps (`python train.py -m a=1,2`) and runs with Hydra's own flags: a failed job
+(diverged, bad data, a refused resume) is recorded and the sweep goes on; at its end one table (job, overrides,
+status, best val, bpb) in the terminal and in the sweep dir (summary.md, summary.jsonl), and train.py exits 1 if any
+job failed. Hydra calls `SweepReport` (registered in launch.config.register_configs); each job returns its outcome.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
+import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
+import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.experimental.callback import Callback
 from hydra.types import RunMode
@@ -19,10 +21,10 @@ from omegaconf import DictConfig
 
 from common.cli import one_line
 from common.files import atomic_write
-from runtime import console
+from launch.config import CONF, compose, to_dataclass
 from launch.failure import Failed, failure
+from runtime import console
 from runtime.console import to_files
-from training.config import to_dataclass
 from training.metrics import read_metrics
 
 JOBS: list[dict] = []  # this process's sweep, one record per finished job
@@ -105,13 +107,15 @@ class SweepReport(Callback):
 
 def hydra_job(cfg: DictConfig) -> object:
     """A job hydra.main runs (a sweep's, or a run with Hydra's flags): a sweep's job returns its outcome instead of
-    raising its error, so that the sweep goes on."""
-    from training.loop import train
+    raising its error, so that the sweep goes on. Set up as every run is (launch.run.set_up); a sweep's directory
+    is locked already, so its jobs' (inside it) are not."""
+    from launch import run
     console.setup()
-    sweeping = HydraConfig.get().mode == RunMode.MULTIRUN
+    hc = HydraConfig.get()
+    sweeping = hc.mode == RunMode.MULTIRUN
     try:
-        result = train(cfg, Path(HydraConfig.get().runtime.output_dir),
-                       cli_overrides=list(HydraConfig.get().overrides.task))
+        setup = run.set_up(cfg, hc.runtime.output_dir, list(hc.overrides.task), claim=not sweeping)
+        result = run.run(setup)
     except Exception as e:  # noqa: BLE001
         f = failure(e, to_dataclass(cfg))
         if not sweeping:
@@ -126,3 +130,24 @@ def hydra_job(cfg: DictConfig) -> object:
     if result.exit_code:  # stopped by a signal: so is the sweep
         sys.exit(result.exit_code)
     return outcome("completed")
+
+
+def run_with_hydra(args: list[str], jobs: list[list[str]], task: Callable[[DictConfig], object]) -> int:
+    """`task` (train.py's hydra_job: Hydra names the job after its file, so the log is train.log) under hydra.main,
+    for a sweep (its directory claimed first and pinned: the default is dated) or Hydra's own flags."""
+    from common import run_lock
+    from runtime.ranks import TORCHRUN_ENV
+    if {"-m", "--multirun"} & set(args):
+        if any(k in os.environ for k in TORCHRUN_ENV):
+            raise Failed("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
+        if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
+            first = jobs[0] if jobs else [a for a in args if a.startswith("hydra.")]
+            sweep_dir = str(compose(first, return_hydra_config=True).hydra.sweep.dir)
+            if problem := run_lock.claim(sweep_dir, "hydra.sweep.dir"):
+                raise Failed(problem)
+            from launch.overrides import override
+            args = [*args, override("hydra.sweep.dir", sweep_dir)]
+    sys.argv[1:] = args
+    os.environ.setdefault("HYDRA_FULL_ERROR", "1")  # Hydra's own errors raised to train.py's one-line failure
+    hydra.main(version_base=None, config_path=str(CONF), config_name="config")(task)()
+    return 1 if failed() else 0  # (the table said which)

@@ -1,7 +1,8 @@
 """GPTConfig, the model's shape, and `pad_vocab`, the one home of vocabulary padding.
 
-A plain dataclass (no Hydra, no OmegaConf): checkpoints store it as a dict and the model code stays
-framework-free. Construction validates every field with one-line errors naming the field (common.cli).
+One config for the model: a plain dataclass (no Hydra, no OmegaConf) that is also the schema of train.py's `model`
+group, so construction is where every field is validated, once, with one-line errors naming the field (common.cli).
+Checkpoints store its shape as a dict (`to_dict`); the defaults are GPT-2 small's, as nanoGPT's GPTConfig.
 """
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ from typing import Optional
 from common.cli import setting_error
 
 ATTENTION_IMPLS = ("sdpa", "manual")
+BUILD_FIELDS = ("pad_vocab_to", "init_from")  # how a run builds the model, not its shape
+SHAPE_REQUIRED = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")  # in every stored model config
 POSITIONS = ("learned", "rope")  # learned: GPT-2's wpe table; rope: rotary q and k, no table
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu", "relu2")
@@ -26,11 +29,11 @@ def pad_vocab(vocab_size: int, multiple: int) -> int:
 
 @dataclass
 class GPTConfig:
-    vocab_size: int
-    block_size: int  # maximum context length (number of learned position embeddings)
-    n_layer: int
-    n_head: int
-    n_embd: int
+    vocab_size: Optional[int] = None  # rows of the embedding and the head; None: the tokenizer's (training sets it)
+    block_size: int = 1024  # maximum context length (number of learned position embeddings)
+    n_layer: int = 12
+    n_head: int = 12
+    n_embd: int = 768
     dropout: float = 0.0
     bias: bool = True  # biases in Linear layers and LayerNorms, like GPT-2
     tie_weights: bool = True  # lm_head shares its weight with the token embedding
@@ -46,14 +49,20 @@ class GPTConfig:
     head_dim: Optional[int] = None  # None = n_embd // n_head; set it to decouple the heads' width from n_embd
     qk_norm: bool = False  # RMSNorm over head_dim of each q and k head, before the rotation (Qwen3)
     logit_softcap: Optional[float] = None  # logits -> softcap * tanh(logits / softcap), after the head, in fp32
+    # how a training run builds it (not part of the shape, so not in to_dict): the vocabulary's padding, the weights
+    pad_vocab_to: int = 1  # vocab_size = the tokenizer's rounded up to a multiple of this (64 for GPT-2: faster matmuls)
+    init_from: Optional[str] = None  # fine-tune: a local HF GPT-2/Llama/Qwen3 dir or a tinygpt run / checkpoint
 
     def __post_init__(self):
         for f in dataclasses.fields(self):  # the int and bool fields by their type (annotations are strings here)
             setting, value = "{" + f.name + "=}", getattr(self, f.name)
+            if f.name == "vocab_size" and value is None:  # (set from the tokenizer: GPT() refuses None)
+                continue
             # bool is a subclass of int: refuse it explicitly (n_layer=True is a typo, not 1 layer)
-            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            whole = f.type == "int" or f.name == "vocab_size"
+            if whole and (isinstance(value, bool) or not isinstance(value, int)):
                 raise setting_error(setting + "{0!r} must be an integer: give a positive whole number", value)
-            if f.type == "int" and value < 1:
+            if whole and value < 1:
                 raise setting_error(setting + "{0} must be positive: give a value >= 1", value)
             if f.type == "bool" and not isinstance(value, bool):
                 raise setting_error(setting + "{0!r} must be a boolean: use true or false", value)
@@ -115,7 +124,12 @@ class GPTConfig:
         return math.ceil(8 * self.n_embd / 3 / 32) * 32 if self.mlp == "swiglu" else 4 * self.n_embd
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """The model's shape, as checkpoints store it (without how a run builds it: pad_vocab_to, init_from)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in BUILD_FIELDS}
+
+    def with_vocab(self, vocab_size: int) -> "GPTConfig":
+        """This config for a tokenizer of `vocab_size` ids: the vocabulary padded to a multiple of pad_vocab_to."""
+        return dataclasses.replace(self, vocab_size=pad_vocab(vocab_size, self.pad_vocab_to))
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
@@ -126,7 +140,7 @@ class GPTConfig:
         if unknown:
             raise ValueError(f"unknown model config key(s) {', '.join(map(str, unknown))}: "
                              f"valid keys are {', '.join(fields)}")
-        missing = [n for n, f in fields.items() if f.default is dataclasses.MISSING and n not in d]
+        missing = [n for n in SHAPE_REQUIRED if n not in d]
         if missing:
             raise ValueError(f"model config is missing {', '.join(missing)}: add these keys")
         return cls(**d)

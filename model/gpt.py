@@ -69,6 +69,8 @@ class GPT(nn.Module):
         super().__init__()
         if not isinstance(config, GPTConfig):
             raise ValueError(f"GPT needs a GPTConfig, got {type(config).__name__}: use GPT(GPTConfig(...))")
+        if config.vocab_size is None:
+            raise ValueError("GPTConfig.vocab_size is not set: give GPTConfig(vocab_size=...), e.g. the tokenizer's")
         self.config = config
         self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(config.vocab_size, config.n_embd)))
         if config.position == "learned":  # rope has no table: positions enter as rotations of q and k

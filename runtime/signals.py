@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
-from common.platform import command_line
 from runtime import console
 
 if TYPE_CHECKING:
@@ -99,21 +98,6 @@ def run_under_way():
         yield
     finally:
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
-
-
-def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Optional[DistInfo] = None) -> str:
-    """The command that resumes this run, launched as it was: its overrides, run dir and train.resume=true."""
-    from launch.overrides import override
-    keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
-    launch = ["python"]
-    if info is not None and info.distributed:
-        local = info.local_world_size
-        nodes = max(1, info.world_size // max(1, local))
-        launch = ["torchrun", "--standalone", f"--nproc_per_node={local}"] if nodes == 1 else \
-            ["torchrun", f"--nnodes={nodes}", "--node-rank=NODE_RANK", f"--nproc_per_node={local}",
-             "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
-    # (the user's overrides are as Hydra read them, quoted already; the run dir is quoted for Hydra here)
-    return command_line([*launch, "train.py", *keep, override("hydra.run.dir", run_dir), "train.resume=true"])
 
 
 def closing_line(stop: str, step: int, run_dir: Path, last: Optional[Path], last_step: Optional[int], resume: str,

@@ -43,8 +43,8 @@ def project(tmp_path_factory) -> Path:
     import torch
     from hydra import compose, initialize_config_dir
 
-    from training.config import register_configs
-    from training.loop import train
+    from launch.config import register_configs
+    from launch.run import train
 
     p = tmp_path_factory.mktemp("bad_input")
     inputs, cache = p / "inputs", p / "cache"

@@ -22,8 +22,8 @@ from tests.helpers import REPO, find_non_plain, tiny_model_and_opt, train_steps
 from runtime import distributed as D
 from runtime import ranks as R
 from training import loop as loop_mod
-from training.config import register_configs
-from training.loop import train
+from launch.config import register_configs
+from launch.run import train
 from training.state import TrainState
 
 register_configs()

@@ -17,8 +17,8 @@ from data.config import DataConfig, resolve
 from data.loader import TokenFile
 from data.prepare import prepare
 from tests.helpers import REPO
-from training.config import register_configs
-from training.loop import train
+from launch.config import register_configs
+from launch.run import train
 
 register_configs()
 TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",

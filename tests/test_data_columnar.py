@@ -162,7 +162,7 @@ def test_pyarrow_missing_says_what_to_install(tmp_path, monkeypatch):
 
 def test_training_on_a_directory_of_parquet_shards(tmp_path, tiny_corpus):
     from tests.test_training_loop import make_cfg
-    from training.loop import train
+    from launch.run import train
     lines = tiny_corpus.read_text().splitlines(keepends=True)
     d = tmp_path / "shards"
     d.mkdir()

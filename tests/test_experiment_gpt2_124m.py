@@ -9,7 +9,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from tests.helpers import REPO
-from training.config import grad_accum_for, register_configs, to_dataclass
+from launch.config import register_configs, to_dataclass
+from training.config import grad_accum_for
 
 register_configs()
 
@@ -61,7 +62,7 @@ def test_bad_hellaswag_file_fails_before_training(tmp_path):
 @pytest.mark.slow  # (over a second: GPT-2 BPE data preparation and a 50k-token vocabulary)
 def test_tiny_recipe_runs_end_to_end_with_hellaswag(tmp_path, tiny_corpus, cache_with_gpt2, caplog):
     from tests.test_evals_hellaswag import ROWS, write_rows
-    from training.loop import train
+    from launch.run import train
     hs = write_rows(tmp_path / "hs.jsonl", ROWS)
     cfg = recipe(*TINY, f"data.path={tiny_corpus}", f"train.hellaswag={hs}")
     with caplog.at_level("INFO"):

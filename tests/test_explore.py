@@ -23,6 +23,7 @@ import torch
 from model.gpt import GPT
 
 import explore
+from viz.explorer.model_view import load_model, load_views
 from tests.helpers import run_cli
 from tests.helpers import model_variants
 from tests.helpers import save_run, tiny_model
@@ -79,7 +80,7 @@ def post(url: str, body, path: str = "/api/attention"):
 
 @pytest.fixture
 def one(tmp_path, char_tok):
-    views = explore.load_views([("run", str(tiny_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
+    views = load_views([("run", str(tiny_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
     with serve(views) as url:
         yield url, views
 
@@ -132,7 +133,7 @@ def test_weights_equal_transformers_output_attentions(tmp_path, char_tok, kw):
     transformers = pytest.importorskip("transformers")
     import export
     run = tiny_run(tmp_path / "run", char_tok, seed=1, **kw)
-    views = explore.load_views([("run", str(run))], torch.device("cpu"))
+    views = load_views([("run", str(run))], torch.device("cpu"))
     export.write_export(views[0].model, views[0].tokenizer, tmp_path / "hf")
     hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
     assert_attention_is_transformers(views, hf)
@@ -168,7 +169,7 @@ def test_weights_equal_transformers_output_attentions_of_llama_and_qwen3(tmp_pat
     assert f"(a {cls})" in capsys.readouterr().out
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", attn_implementation="eager").eval()
     assert type(hf).__name__ == cls
-    assert_attention_is_transformers(explore.load_views([("run", str(run))], torch.device("cpu")), hf)
+    assert_attention_is_transformers(load_views([("run", str(run))], torch.device("cpu")), hf)
 
 
 def test_binary_form_is_the_json_data(one):
@@ -205,7 +206,7 @@ def test_the_model_runs_only_for_new_tokens_or_layers(one):
 
 def test_two_models_and_their_tokenizers(tmp_path, char_tok, tiny_corpus):
     a, b = tiny_run(tmp_path / "a", char_tok, seed=1), tiny_run(tmp_path / "b", char_tok, seed=2, n_layer=2)
-    views = explore.load_views([("run", str(a)), ("checkpoint", str(b / "best.pt"))], torch.device("cpu"))
+    views = load_views([("run", str(a)), ("checkpoint", str(b / "best.pt"))], torch.device("cpu"))
     with serve(views) as url:
         info = json.loads(urllib.request.urlopen(url + "/api/info").read())
         assert [m["n_layer"] for m in info["models"]] == [3, 2]
@@ -216,15 +217,15 @@ def test_two_models_and_their_tokenizers(tmp_path, char_tok, tiny_corpus):
     tiny_run(tmp_path / "c", CharTokenizer("abcdefgh"))
     with pytest.raises(ValueError, match=r"^the two models use different tokenizers \(char \(\d+ characters\) vs "
                                          r"char \(8 characters\)\).*same tokenizer$"):
-        explore.load_views([("run", str(a)), ("run", str(tmp_path / "c"))], torch.device("cpu"))
+        load_views([("run", str(a)), ("run", str(tmp_path / "c"))], torch.device("cpu"))
 
 
 def test_init_reads_an_export_of_the_run(tmp_path, char_tok):
     import export
     run = str(tiny_run(tmp_path / "run", char_tok, seed=3))
-    view = explore.load_views([("run", run)], torch.device("cpu"))[0]
+    view = load_views([("run", run)], torch.device("cpu"))[0]
     export.write_export(view.model, view.tokenizer, tmp_path / "hf")
-    views = explore.load_views([("run", run), ("init", str(tmp_path / "hf"))], torch.device("cpu"))
+    views = load_views([("run", run), ("init", str(tmp_path / "hf"))], torch.device("cpu"))
     with serve(views) as url:
         a, b = (post(url, {"text": PROMPT, "model": m})[1] for m in (0, 1))
     assert a["ids"] == b["ids"] and np.abs(np.array(a["attention"]) - np.array(b["attention"])).max() <= 1e-6

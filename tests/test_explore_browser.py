@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import explore
+from viz.explorer.model_view import load_model, load_views
 from tests.test_explore import PROMPT, char_tok, post, serve, tiny_run  # noqa: F401 (fixture)
 from viz.explorer.screenshot import chromium_driver, missing_browser, wait_for_map
 
@@ -51,7 +52,7 @@ def console_errors(driver) -> list[str]:
 
 
 def test_page_end_to_end(tmp_path, char_tok, driver):
-    views = explore.load_views([("run", str(tiny_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
+    views = load_views([("run", str(tiny_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
     with serve(views) as url:
         driver.get(url + "/")
         box = driver.find_element("id", "prompt")
@@ -135,7 +136,7 @@ def test_saved_html_opens_whatever_the_prompt_holds(tmp_path, tiny_corpus, drive
     from data.tokenizer import CharTokenizer
     tok = CharTokenizer(tiny_corpus.read_text() + "".join(HOSTILE))
     run = tiny_run(tmp_path / "run <!--<script>", tok)
-    views = explore.load_views([("run", str(run))], torch.device("cpu"))
+    views = load_views([("run", str(run))], torch.device("cpu"))
     files = []
     with serve(views) as url:
         driver.get(url + "/")
@@ -157,7 +158,7 @@ def test_append_keeps_the_exact_text_when_tokens_split_a_character(tmp_path, cac
     that exact text."""
     from data.tokenizer import GPT2Tokenizer
     tok = GPT2Tokenizer()
-    views = explore.load_views([("run", str(tiny_run(tmp_path / "run", tok)))], torch.device("cpu"))
+    views = load_views([("run", str(tiny_run(tmp_path / "run", tok)))], torch.device("cpu"))
     prompt, emoji = "日本 😀", tok.encode("😀")
     assert len(emoji) > 1  # its 4 bytes in byte tokens: the first ones end inside the character
     with serve(views) as url:
@@ -181,7 +182,7 @@ def test_two_models_tokens_and_maps_always_agree(tmp_path, char_tok, driver):
     """A text that fits A's context but not B's: the error names B, and the page keeps the tokens its maps are for."""
     from selenium.webdriver.support.ui import Select, WebDriverWait
     a, b = tiny_run(tmp_path / "a", char_tok, seed=1, block_size=48), tiny_run(tmp_path / "b", char_tok, seed=2)
-    views = explore.load_views([("run", str(a)), ("run", str(b))], torch.device("cpu"))
+    views = load_views([("run", str(a)), ("run", str(b))], torch.device("cpu"))
     with serve(views) as url:
         driver.get(url + "/")
         box = driver.find_element("id", "prompt")

@@ -16,8 +16,9 @@ from checkpoint import file as ck
 from tests.helpers import REPO, approx_record, run_cli
 from tests.test_checkpoint_manager import FORMAT_1
 from training import init_from
-from training.config import Config, register_configs, to_dataclass
-from training.loop import train
+from launch.config import register_configs, to_dataclass
+from training.config import Config
+from launch.run import train
 
 register_configs()
 

@@ -55,7 +55,7 @@ MEASURE = r"""
 import json, sys, torch
 from model.gpt import GPT
 from launch import memory
-from training.config import Config, gpt_config
+from training.config import Config
 from training.optim import build_optimizer
 from training.step import train_step
 
@@ -75,7 +75,7 @@ x, y = torch.randint(V, (c.train.batch_size, m.block_size)), torch.randint(V, (c
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # the peak (VmHWM) starts again from here
 base = kib("VmRSS:")
-model = GPT(gpt_config(m, V))
+model = GPT(m.with_vocab(V))
 opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", name=c.optim.name)
 for _ in range(3):
     train_step(model, opt, lambda: (x, y), grad_clip=1.0)
@@ -181,7 +181,7 @@ def test_cpu_out_of_memory_while_training_is_one_line(tmp_path, tiny_corpus, all
 
 def test_the_own_bpe_estimate_uses_its_vocabulary():
     """data.tokenizer=bpe: the head and embedding are sized by data.vocab_size, not by the char bound (256)."""
-    from training.config import to_dataclass
+    from launch.config import to_dataclass
     from launch.memory import vocab_size
     c = to_dataclass({"data": {"name": "text", "path": "x.txt", "tokenizer": "bpe", "vocab_size": 4096},
                       "model": {"pad_vocab_to": 64}})

@@ -38,3 +38,17 @@ def test_data_path_without_a_data_group_is_noted():
     assert data_path_note("text", "book.txt", ["data=text", "data.path=book.txt"]) is None
     assert data_path_note("shakespeare_char", "input.txt", ["data=shakespeare_char", "data.path=input.txt"]) is None
     assert data_path_note("shakespeare_char", None, []) is None
+
+
+def test_the_resume_command_pastes_back_for_any_run_dir():
+    """Quoted for Hydra's grammar and for the shell: the run dir comes back exactly, whatever its characters."""
+    import shlex
+
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    from launch.overrides import resume_command
+    for run in ("outputs/2026-01-01/10-00-00", "my runs/é a", "it's here", 'a "b"'):
+        parts = shlex.split(resume_command(run, ["model.n_layer=2", "data.path='my book.txt'"]))
+        assert parts[:2] == ["python", "train.py"] and parts[-1] == "train.resume=true"
+        parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(parts[2:])}
+        assert parsed["hydra.run.dir"] == run and parsed["data.path"] == "my book.txt"

@@ -11,6 +11,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 import common.platform
+from launch.overrides import resume_command
 from runtime import signals
 from runtime.signals import EXIT_CODES, StopRequest
 
@@ -63,7 +64,7 @@ def windows(monkeypatch):
 
 def test_the_resume_line_reads_back_in_cmd_exe_and_hydra(windows):
     run_dir = Path(r"C:\Users\me\my runs\2024-05-01_12-00-00")
-    line = signals.resume_command(run_dir, ["model.n_layer=2", "train.resume=false", r"data.path=D:\corpus.txt"])
+    line = resume_command(run_dir, ["model.n_layer=2", "train.resume=false", r"data.path=D:\corpus.txt"])
     argv = windows_argv(line)
     assert argv[:2] == ["python", "train.py"], line
     parser = OverridesParser.create()

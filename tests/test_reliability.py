@@ -265,8 +265,8 @@ def test_disk_full_while_saving_is_one_line_and_keeps_the_previous_checkpoint(tm
 def test_nan_loss_through_the_cli_names_the_step_and_keeps_the_good_checkpoint(tmp_path, tiny_corpus):
     from hydra import compose, initialize_config_dir
 
-    from training.config import register_configs
-    from training.loop import train
+    from launch.config import register_configs
+    from launch.run import train
 
     register_configs()
     # GPT-2's decoder blows up at once; the modern one (QK-norm) survives a few more steps
@@ -303,7 +303,7 @@ class _Killed(BaseException):
 def _in_process_cfg(corpus, *overrides):
     from hydra import compose, initialize_config_dir
 
-    from training.config import register_configs
+    from launch.config import register_configs
     register_configs()
     # log_interval=4 does not divide eval_interval=6: checkpoints fall in the middle of a loss window
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
@@ -314,7 +314,7 @@ def _in_process_cfg(corpus, *overrides):
 
 @pytest.fixture
 def straight_run(tmp_path, tiny_corpus):
-    from training.loop import train
+    from launch.run import train
     train(_in_process_cfg(tiny_corpus), tmp_path / "straight")
     return tmp_path / "straight"
 
@@ -335,7 +335,7 @@ def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight
     checkpoint whose loss window is half full: each resumed run equals the straight one, metrics included."""
     from data.loader import BatchLoader
     from training import loop as loop_mod
-    from training.loop import train
+    from launch.run import train
 
     run = tmp_path / "split"
     with monkeypatch.context() as mp:

@@ -60,7 +60,7 @@ def _corpus(path: Path) -> Path:
 def _compose(*overrides):
     from hydra import compose, initialize_config_dir
 
-    from training.config import register_configs
+    from launch.config import register_configs
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
         return compose("config", overrides=list(overrides))
@@ -202,7 +202,7 @@ def dist_runs(tmp_path_factory):
            "HYDRA_FULL_ERROR": "0"}
     common = [*TINY, f"data.path={corpus}"]
     out = {"base": base, "procs": {}}
-    from training.loop import train
+    from launch.run import train
     with pytest.MonkeyPatch.context() as mp:
         for k, v in env.items():
             mp.setenv(k, v)

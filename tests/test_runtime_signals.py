@@ -67,20 +67,6 @@ def test_the_closing_line_of_an_aborted_run_names_the_checkpoint(tmp_path):
     assert interrupted_line(run, None, None, "CMD") == "interrupted; last.pt is as it was: resume with: CMD"
 
 
-def test_the_resume_command_pastes_back_for_any_run_dir():
-    """Quoted for Hydra's grammar and for the shell: the run dir comes back exactly, whatever its characters."""
-    import shlex
-
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    from runtime.signals import resume_command
-    for run in ("outputs/2026-01-01/10-00-00", "my runs/é a", "it's here", 'a "b"'):
-        parts = shlex.split(resume_command(run, ["model.n_layer=2", "data.path='my book.txt'"]))
-        assert parts[:2] == ["python", "train.py"] and parts[-1] == "train.resume=true"
-        parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(parts[2:])}
-        assert parsed["hydra.run.dir"] == run and parsed["data.path"] == "my book.txt"
-
-
 def test_a_closed_pipe_is_a_stop_in_words_with_its_own_status_and_exit_code(tmp_path):
     from runtime.signals import PIPE, SIGPIPE, closing_line
     stop = StopRequest()

@@ -8,7 +8,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from tests.helpers import REPO
-from training.config import Config, ModelConfig, gpt_config, register_configs, to_dataclass, train_keys
+from launch.config import register_configs, to_dataclass
+from model.config import GPTConfig
+from training.config import Config, train_keys
 
 register_configs()
 
@@ -194,12 +196,12 @@ def test_library_errors_are_told_in_this_configs_keys(tmp_path):
     with pytest.raises(ValueError, match="^model.n_layer=0 must be positive"):
         to_dataclass(c)
     with pytest.raises(ValueError, match="^n_layer=0 must be positive"):  # the library's own name
-        gpt_config(c.model, 65)
-    assert gpt_config(Config().model, 65).vocab_size == 65
+        c.model.with_vocab(65)
+    assert Config().model.with_vocab(65).vocab_size == 65
 
 
 def test_a_misspelt_group_suggests_the_group_and_a_logger_setting_needs_logger_wandb():
-    from training.config import check_override
+    from launch.config import check_override
     with pytest.raises(ValueError, match=r"did you mean optim=adamw \(the optim preset\), or optim.name=adamw\?"):
         check_override("optimizer", "adamw", "optimizer=adamw")
     with pytest.raises(ValueError, match="logger.mode=offline has no effect without logger=wandb: add logger=wandb"):
@@ -211,9 +213,9 @@ def test_every_model_preset_names_every_model_key(preset):
     """Each conf/model/*.yaml spells out every key (today's values), so `model.position=rope` works on each."""
     import yaml
     keys = set(yaml.safe_load((REPO / "conf" / "model" / f"{preset}.yaml").read_text()))
-    assert keys == {f.name for f in dataclasses.fields(ModelConfig)} - {"init_from"}
+    assert keys == {f.name for f in dataclasses.fields(GPTConfig)} - {"init_from", "vocab_size"}
     m = to_dataclass(_compose(f"model={preset}", "model.position=rope", "model.n_kv_head=2")).model
-    assert gpt_config(m, 65).position == "rope" and gpt_config(m, 65).kv_heads == 2
+    assert m.with_vocab(65).position == "rope" and m.with_vocab(65).kv_heads == 2
 
 
 def test_cpu_gpt2_experiment_is_the_cpu_run_with_gpt2s_decoder_at_the_same_size():
@@ -226,5 +228,5 @@ def test_cpu_gpt2_experiment_is_the_cpu_run_with_gpt2s_decoder_at_the_same_size(
     assert (o.name, o.lr, o.muon_lr, o.muon_momentum, o.warmup_iters) == ("muon", 4e-3, 0.03, 0.95, 15)
     assert (gpt2.data, gpt2.train.batch_size) == (cpu.data, cpu.train.batch_size)
     from model.gpt import GPT
-    sizes = [GPT(gpt_config(c.model, 65)).num_params(non_embedding=False) for c in (cpu, gpt2)]
+    sizes = [GPT(c.model.with_vocab(65)).num_params(non_embedding=False) for c in (cpu, gpt2)]
     assert abs(sizes[1] / sizes[0] - 1) < 0.01, sizes  # the same parameter count

@@ -17,8 +17,8 @@ from tests.helpers import REPO, find_non_plain
 from checkpoint import file as ck
 from checkpoint.file import model_from_checkpoint
 from training import loop as loop_mod
-from training.config import register_configs
-from training.loop import train
+from launch.config import register_configs
+from launch.run import train
 from training.step import TrainingDiverged
 
 register_configs()

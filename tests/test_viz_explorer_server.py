@@ -17,6 +17,7 @@ import torch
 import explore
 from tests.test_explore import PROMPT, char_tok, one, post, serving, tiny_run  # noqa: F401 (fixtures)
 from viz.explorer import guard, server
+from viz.explorer.model_view import load_views
 
 
 def strict(raw: bytes):
@@ -129,7 +130,7 @@ def test_no_reply_holds_nan_or_infinity(one):
 
 def test_a_client_gone_before_its_reply_leaves_the_terminal_clean(tmp_path, char_tok, capsys):
     """Clients that close (a tab closed, a script stopped) while the model runs: no BrokenPipeError traceback."""
-    views = explore.load_views([("run", str(tiny_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
+    views = load_views([("run", str(tiny_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
     with serving(views) as srv:
         url = f"http://127.0.0.1:{srv.server_address[1]}"
         clients_go_away(srv)

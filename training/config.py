@@ -1,27 +1,21 @@
-"""The run configuration: one dataclass per config group (model, data, optim, train, logger) under `Config`.
+"""The run configuration: one dataclass per config group under `Config` (the model's is the model's own GPTConfig).
 
-The Hydra schema every preset and override is merged onto (a wrong key or type fails before any work);
-`validate` adds ranges and cross-field rules. Past `to_dataclass` the loop sees plain dataclasses, never OmegaConf.
+Plain dataclasses: the schema the edge (launch/config.py) merges every preset and override onto, so a wrong key or
+type fails before any work; `validate` adds ranges and cross-field rules. Nothing here knows Hydra or OmegaConf.
 """
 from __future__ import annotations
 
-import difflib
+import dataclasses
 import functools
 import math
 import os
 from dataclasses import dataclass, field, fields
-from pathlib import Path
-from typing import Any, Iterable, Iterator, Optional
-
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from typing import Any, Iterator, Optional
 
 from common.cli import in_keys
 from data.config import DataConfig
-from model.config import GPTConfig, pad_vocab
+from model.config import GPTConfig
 
-PRESETS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))  # conf/<group>/<option>.yaml, for `group=option`
-           for d in (Path(__file__).resolve().parents[1] / "conf").iterdir() if d.is_dir() and d.name != "hydra"}
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # accepted spellings -> canonical torch dtype name
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
@@ -31,30 +25,9 @@ REQUIRED = "required"  # model.init_from in a preset that fine-tunes (YAML's ???
 SEED_MAX = 2**32 - 1  # numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
 
 
-@dataclass
-class ModelConfig:
-    """The transformer's shape (defaults: the `baby` preset, nanoGPT's shakespeare_char model)."""
-    n_layer: int = 6
-    n_head: int = 6
-    n_embd: int = 384
-    block_size: int = 256
-    dropout: float = 0.2
-    bias: bool = False
-    tie_weights: bool = True
-    attention: str = "sdpa"  # sdpa | manual
-    # the modern decoder's settings (model/config.py GPTConfig, docs/model.md); the defaults are GPT-2's
-    position: str = "learned"  # learned | rope
-    rope_theta: float = 10000.0
-    norm: str = "layernorm"  # layernorm | rmsnorm
-    norm_eps: float = 1e-5
-    mlp: str = "gelu"  # gelu | swiglu | relu2
-    mlp_hidden: Optional[int] = None  # null: 4 * n_embd (swiglu: 8 * n_embd / 3, rounded up to a multiple of 32)
-    n_kv_head: Optional[int] = None  # null: n_head; 1 = multi-query
-    head_dim: Optional[int] = None  # null: n_embd // n_head
-    qk_norm: bool = False
-    logit_softcap: Optional[float] = None
-    pad_vocab_to: int = 1  # round the vocabulary up to a multiple of this (64 for GPT-2: faster matmuls)
-    init_from: Optional[str] = None  # fine-tune: a local HF GPT-2/Llama/Qwen3 dir or a tinygpt run / checkpoint
+def baby() -> GPTConfig:
+    """The `model` group's defaults: nanoGPT's shakespeare_char "baby GPT" (conf/model/baby.yaml)."""
+    return GPTConfig(block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2, bias=False)
 
 
 @dataclass
@@ -106,89 +79,25 @@ class LoggerConfig:
 
 @dataclass
 class Config:
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: GPTConfig = field(default_factory=baby)
     data: DataConfig = field(default_factory=DataConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
-def gpt_config(m: ModelConfig, vocab_size: int) -> GPTConfig:
-    """The model's GPTConfig: the `model` group's fields of that name and the vocabulary, padded per pad_vocab_to."""
-    shape = {f.name: getattr(m, f.name) for f in fields(GPTConfig) if f.name != "vocab_size"}
-    return GPTConfig(vocab_size=pad_vocab(vocab_size, m.pad_vocab_to), **shape)
-
-
-def register_configs(sweep: bool = False) -> None:
-    """Register the schema with Hydra's ConfigStore (idempotent). Imported lazily: Hydra is optional here."""
-    from hydra.core.config_store import ConfigStore
-    cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
-    # a sweep's (-m) report (launch/sweep.py), registered in code so that no YAML preset names code for Hydra to run
-    callbacks = {"sweep": {"_target_": "launch.sweep.SweepReport"}} if sweep else {}
-    cs.store(name="train_checks", node={"hydra": {"callbacks": callbacks}})
-
-
-def _dotted(d: dict, prefix: str = "") -> Iterator[str]:
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _dotted(v, f"{prefix}{k}.")
+def _dotted(cls: type, prefix: str = "") -> Iterator[str]:
+    for f in fields(cls):
+        kind = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
+        if dataclasses.is_dataclass(kind):
+            yield from _dotted(type(kind), f"{prefix}{f.name}.")
         else:
-            yield f"{prefix}{k}"
+            yield f"{prefix}{f.name}"
 
 
-SCHEMA_KEYS = tuple(_dotted(OmegaConf.to_container(OmegaConf.structured(Config))))  # model.n_layer, ...
+SCHEMA_KEYS = tuple(_dotted(Config))  # model.n_layer, ...
 KEYS = {**{k.split(".")[1]: k for k in SCHEMA_KEYS if k.startswith(("model.", "data.", "train."))}, "name": "data"}
 train_keys = functools.partial(in_keys, KEYS)  # libraries' errors in these keys (DataConfig's name: data=text)
-
-
-def _group_hint(key: str, value: Any) -> Optional[str]:
-    """`optimizer=adamw`: the config group the user meant (its preset, or `group.name=`), else None."""
-    close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.6) if "." not in key else []
-    if not close:
-        return None
-    group, named = close[0], f"{close[0]}.name"
-    preset = f"{group}={value} (the {group} preset)" if str(value) in PRESETS[group] else \
-        f"{group}=PRESET (presets: {', '.join(PRESETS[group])})"
-    return f"{preset}{f', or {named}={value}' if named in SCHEMA_KEYS else ''}"
-
-
-def _refuse_unknown(keys: Iterable[str], value: Any = None) -> None:
-    for key in keys:
-        if key not in SCHEMA_KEYS:
-            close = _group_hint(key, value) or next(iter(difflib.get_close_matches(key, SCHEMA_KEYS, n=1,
-                                                                                    cutoff=0.6)), None)
-            raise ValueError(f"unknown config key '{key}'{f' (did you mean {close}?)' if close else ''}: check "
-                             f"the spelling; python train.py --cfg job prints every key")
-
-
-def check_override(key: str, value: Any, text: str) -> None:
-    """A command-line override (`text`, parsed: key, value) checked before Hydra composes: `group=option` needs
-    conf/<group>/<option>.yaml, `key=value` a schema key and a value its type takes; else a one-line ValueError."""
-    if key in PRESETS:
-        if value is not None and str(value) not in PRESETS[key]:
-            raise ValueError(f"{key}={value} is not a preset: available {key} presets are {', '.join(PRESETS[key])}")
-        return
-    _refuse_unknown([key], value)
-    try:  # the field's own OmegaConf node converts it, exactly as composition will
-        OmegaConf.update(OmegaConf.structured(Config), key, value, merge=True)
-    except OmegaConfBaseException as e:
-        raise ValueError(f"cannot set {text}: {str(e).splitlines()[0]}: give a value of the right type "
-                         f"(python train.py --cfg job shows the current value of {key})") from None
-
-
-def to_dataclass(cfg: Any) -> Config:
-    """Composed config (DictConfig, dict or Config) -> validated `Config` of plain dataclasses."""
-    if not isinstance(cfg, Config):
-        try:  # (`+model.foo=1` adds a key even to a typed node: refused here)
-            cfg = OmegaConf.create(cfg)
-            _refuse_unknown(_dotted(OmegaConf.to_container(cfg)))
-            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
-        except OmegaConfBaseException as e:
-            where = f"{e.full_key}: " if getattr(e, "full_key", None) else ""
-            raise ValueError(f"invalid config: {where}{str(e).splitlines()[0]}") from None
-    validate(cfg)
-    return cfg
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -207,9 +116,10 @@ COMPILE = {"auto": "auto", **dict.fromkeys(("true", "on", "yes", "1"), True),
 @train_keys()
 def validate(c: Config) -> None:
     """Range and cross-field checks the schema's types cannot express; ValueError with one line."""
+    c.model = dataclasses.replace(c.model)  # GPTConfig checks itself when built (again: code may have changed it)
     m, o, t, lg = c.model, c.optim, c.train, c.logger
-    _check(m.pad_vocab_to >= 1, f"model.pad_vocab_to={m.pad_vocab_to} must be >= 1: use 1 (no padding) or 64")
-    gpt_config(m, 1)  # GPTConfig holds the shape checks; the vocabulary comes from the tokenizer later (1 stands in)
+    _check(m.vocab_size is None, f"model.vocab_size={m.vocab_size} cannot be set: the vocabulary is the "
+           f"tokenizer's (data.tokenizer, data.vocab_size), padded per model.pad_vocab_to")
     _check(m.init_from not in ("", REQUIRED), "model.init_from must be given: add model.init_from=PATH, a local "
            "Hugging Face GPT-2 directory (e.g. hf download gpt2 --local-dir gpt2) or a tinygpt run "
            "directory")

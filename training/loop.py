@@ -11,21 +11,20 @@ import signal
 import sys
 import time
 from contextlib import ExitStack
-from datetime import datetime
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
 from checkpoint.manager import CheckpointManager
 from runtime import ranks
-from training.config import Config, gpt_config, to_dataclass, train_keys
+from training.config import Config, train_keys
 from runtime.console import progress_bar
-from model.device import resolve_compile, resolve_device, setup_device
+from model.device import resolve_compile, setup_device
 from training.metrics import RunLog, flops_per_token, mfu
 from training.optim import build_optimizer, schedule, set_lr
-from runtime.signals import SIGPIPE, StopRequest, closing_line, resume_command, run_under_way
+from runtime.signals import SIGPIPE, StopRequest, closing_line, run_under_way
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
 
@@ -38,10 +37,10 @@ log = logging.getLogger(__name__)
 class Trainer:
     """One run: setup() builds every part, run() trains, finish() writes the summary (also after errors)."""
 
-    def __init__(self, c: Config, run_dir: Path, rt: ranks.DistInfo, cli_overrides: Optional[list[str]],
+    def __init__(self, c: Config, run_dir: Path, rt: ranks.DistInfo, resume_command: Callable[[], str],
                  source: Optional[Source], device: torch.device):
         t, m = c.train, c.model
-        self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
+        self.c, self.run_dir, self.rt, self.resume_command, self.source = c, run_dir, rt, resume_command, source
         self.device = device  # resolved once, where the run was set up
         self.stop = StopRequest(rt)
         self.report = RunLog(t.max_iters)  # metrics.jsonl, wandb, log lines (rank 0 starts it)
@@ -72,7 +71,7 @@ class Trainer:
             from training import eval_hellaswag
             eval_hellaswag.check(t.hellaswag, self.tokenizer, m.block_size)
         self.token_bytes = token_bytes(self.tokenizer).to(device)  # for bits per byte
-        self.gpt_config = gpt_config(m, self.tokenizer.vocab_size)
+        self.gpt_config = m.with_vocab(self.tokenizer.vocab_size)
         seed_all(t.seed)
         self.model = GPT(self.gpt_config) if self.source is None else \
             init_from.build(GPT, self.gpt_config, self.source, t.resume)
@@ -245,7 +244,7 @@ class Trainer:
         ckpt = getattr(self, "ckpt", None)
         if self.rt.is_main:
             log.info(closing_line(self.stop.name, self.state.step, self.run_dir, ckpt and ckpt.last,
-                                  ckpt and ckpt.last_step, resume_command(self.run_dir, self.cli_overrides, self.rt),
+                                  ckpt and ckpt.last_step, self.resume_command(),
                                   aborted=result is None, stepped=self.state.step != self.first_step))
         return result or self._result(aborted=True)
 
@@ -258,27 +257,15 @@ class Trainer:
 
 
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
-def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optional[list[str]] = None,
-          source: Optional[Source] = None, rt: Optional[ranks.DistInfo] = None,
-          on_start: Optional[Callable[[], None]] = None, device: Optional[torch.device] = None) -> TrainResult:
-    """Train per `cfg` (DictConfig, dict or Config) into `run_dir`; without `rt`, set up `source` and torchrun too.
-    `on_start`: called once the run is set up (a resume accepted), before its first step. `device`: the resolved
-    train.device (resolved here when not given)."""
-    owner = rt is None
-    if owner:
-        cfg = to_dataclass(cfg)
-        if cfg.model.init_from:  # a fine-tune source sets cfg.model's shape
-            from training import init_from
-            source = init_from.apply(cfg, cli_overrides)
-        rt = ranks.init(cfg.train.device, cfg.train.parallel)
+def train(c: Config, run_dir: Path, *, ranks: ranks.DistInfo, device: torch.device, source: Optional[Source] = None,
+          resume_command: Callable[[], str] = lambda: "", on_start: Optional[Callable[[], None]] = None) -> TrainResult:
+    """Train a run set up by the edge (launch/run.py: config validated, `source` opened, job joined, `device` resolved,
+    `run_dir` claimed) into `run_dir`. `on_start`: called once the run is set up (a resume accepted), before its
+    first step. `resume_command()`: the command that continues it, for its closing line."""
     trainer, status, result, under_way = None, "failed", None, ExitStack()
     with under_way:  # undone last: from on_start to the closing line, a Ctrl-C is the run's (runtime/signals.py)
         try:
-            if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
-                run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
-            if device is None:
-                device = resolve_device(cfg.train.device, rt.local_rank)
-            trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source, device)
+            trainer = Trainer(c, Path(run_dir), ranks, resume_command, source, device)
             trainer.setup()
             if on_start is not None:
                 on_start()
@@ -299,7 +286,4 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
                     trainer.finish(status)
             except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
                 result = None
-            finally:
-                if owner:  # also on errors
-                    ranks.destroy(rt, together=result is not None)
         return trainer.closing(result)

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    import explore
+    from viz.explorer.model_view import load_views
     from viz.explorer.server import make_server
     p = argparse.ArgumentParser(prog="python -m viz.explorer.screenshot", description=__doc__.split("\n")[0])
     p.add_argument("--run", help="training run directory (default: the newest run)")
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     if (why := missing_browser()) is not None:
         print(f"error: {why}", file=sys.stderr)
         return 2
-    views = explore.load_views([("run", args.run)] if args.run else [], torch.device("cpu"))
+    views = load_views([("run", args.run)] if args.run else [], torch.device("cpu"))
     server = make_server(views, "127.0.0.1", 0, args.prompt)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     driver = chromium_driver(1400, 1600)

@@ -1,0 +1,164 @@
+"""The run's config as Hydra composes it, turned into training/config.py's dataclasses once, here at the edge.
+
+The schema is registered with Hydra's ConfigStore, so presets (conf/<group>/<option>.yaml) and overrides merge onto
+typed fields; an override is checked before Hydra composes (a wrong key gets a "did you mean"), and `to_dataclass`
+is the one place a composed config becomes plain dataclasses (validated: GPTConfig's construction and `validate`).
+"""
+from __future__ import annotations
+
+import difflib
+import itertools
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import hydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from training.config import SCHEMA_KEYS, Config, train_keys, validate
+
+ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+PRESETS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))  # conf/<group>/<option>.yaml, for `group=option`
+           for d in CONF.iterdir() if d.is_dir() and d.name != "hydra"}
+
+
+def preset(group: str, name: str) -> dict:
+    """conf/<group>/<name>.yaml as a plain dict (benchmarks read the model sizes from the presets)."""
+    path = CONF / group / f"{name}.yaml"
+    if not path.is_file():
+        raise ValueError(f"unknown {group} preset {name!r} ({path} does not exist): use one of "
+                         f"{', '.join(PRESETS.get(group, ()))}")
+    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+def register_configs(sweep: bool = False) -> None:
+    """Register the schema with Hydra's ConfigStore (idempotent)."""
+    from hydra.core.config_store import ConfigStore
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)  # first in conf/config.yaml's defaults
+    # a sweep's (-m) report (launch/sweep.py), registered in code so that no YAML preset names code for Hydra to run
+    callbacks = {"sweep": {"_target_": "launch.sweep.SweepReport"}} if sweep else {}
+    cs.store(name="train_checks", node={"hydra": {"callbacks": callbacks}})
+
+
+def compose(args: list[str], return_hydra_config: bool = False) -> DictConfig:
+    """conf/config.yaml with the overrides `args`, as `python train.py ARGS` composes it."""
+    with hydra.initialize_config_dir(config_dir=str(CONF), version_base=None, job_name="train"):
+        return hydra.compose("config", overrides=args, return_hydra_config=return_hydra_config)
+
+
+def _group_hint(key: str, value: Any) -> Optional[str]:
+    """`optimizer=adamw`: the config group the user meant (its preset, or `group.name=`), else None."""
+    close = difflib.get_close_matches(key, list(PRESETS), n=1, cutoff=0.6) if "." not in key else []
+    if not close:
+        return None
+    group, named = close[0], f"{close[0]}.name"
+    preset = f"{group}={value} (the {group} preset)" if str(value) in PRESETS[group] else \
+        f"{group}=PRESET (presets: {', '.join(PRESETS[group])})"
+    return f"{preset}{f', or {named}={value}' if named in SCHEMA_KEYS else ''}"
+
+
+def _refuse_unknown(keys: Iterable[str], value: Any = None) -> None:
+    for key in keys:
+        if key not in SCHEMA_KEYS:
+            close = _group_hint(key, value) or next(iter(difflib.get_close_matches(key, SCHEMA_KEYS, n=1,
+                                                                                    cutoff=0.6)), None)
+            raise ValueError(f"unknown config key '{key}'{f' (did you mean {close}?)' if close else ''}: check "
+                             f"the spelling; python train.py --cfg job prints every key")
+
+
+def _dotted(d: dict, prefix: str = "") -> Iterable[str]:
+    for k, v in d.items():
+        if isinstance(v, dict):
+            yield from _dotted(v, f"{prefix}{k}.")
+        else:
+            yield f"{prefix}{k}"
+
+
+def check_override(key: str, value: Any, text: str) -> None:
+    """A command-line override (`text`, parsed: key, value) checked before Hydra composes: `group=option` needs
+    conf/<group>/<option>.yaml, `key=value` a schema key and a value its type takes; else a one-line ValueError."""
+    if key in PRESETS:
+        if value is not None and str(value) not in PRESETS[key]:
+            raise ValueError(f"{key}={value} is not a preset: available {key} presets are {', '.join(PRESETS[key])}")
+        return
+    _refuse_unknown([key], value)
+    try:  # the field's own OmegaConf node converts it, exactly as composition will
+        OmegaConf.update(OmegaConf.structured(Config), key, value, merge=True)
+    except OmegaConfBaseException as e:
+        raise ValueError(f"cannot set {text}: {str(e).splitlines()[0]}: give a value of the right type "
+                         f"(python train.py --cfg job shows the current value of {key})") from None
+
+
+@train_keys()  # GPTConfig's and DataConfig's errors name their settings as the command line does (model.n_embd=)
+def to_dataclass(cfg: Any) -> Config:
+    """Composed config (DictConfig, dict or Config) -> validated `Config` of plain dataclasses."""
+    if not isinstance(cfg, Config):
+        try:  # (`+model.foo=1` adds a key even to a typed node: refused here)
+            cfg = OmegaConf.create(cfg)
+            _refuse_unknown(_dotted(OmegaConf.to_container(cfg)))
+            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+        except OmegaConfBaseException as e:
+            where = f"{e.full_key}: " if getattr(e, "full_key", None) else ""
+            raise ValueError(f"invalid config: {where}{str(e).splitlines()[0]}") from None
+    validate(cfg)
+    return cfg
+
+
+def with_override(args: list[str], override: str) -> list[str]:
+    """args plus one override, beside the user's own (Hydra wants them together; first if none: `--info x`)."""
+    i = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), 0)
+    return [*args[:i], override, *args[i:]]
+
+
+def _parse(overrides: list[str], multirun: bool) -> Optional[list[list[str]]]:
+    """A sweep's jobs: the product of its a=1,2 values, as Hydra's basic sweeper makes them (one job without -m);
+    None for glob() / interval() sweeps, which only Hydra's sweeper expands."""
+    try:
+        lists = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if multirun and
+                 o.is_sweep_override() else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
+    except OverrideParseException as e:
+        from launch.overrides import lexer_hint
+        key, _, value = str(e.override).partition("=")
+        if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
+            raise ValueError(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
+                             f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell "
+                             f"to expand") from None
+        raise ValueError(lexer_hint(str(e.override)) or f"cannot read the override {e.override}: {e}") from None
+    except HydraException:
+        return None
+    return [list(job) for job in itertools.product(*lists)]
+
+
+def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
+    """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed and validated), so a mistake
+    is one line before anything starts. Returns the jobs' overrides ([] for Hydra's own --flags)."""
+    overrides = [a for a in args if a not in ("-m", "--multirun")]
+    if any(a.startswith("-") for a in overrides):
+        return []
+    jobs = _parse(overrides, multirun) or []
+    for job in jobs[:64]:  # composing takes a moment: a larger sweep is left to Hydra
+        try:
+            for o in OverridesParser.create().parse_overrides(job):
+                if o.is_sweep_override() and not o.is_hydra_override():
+                    raise ValueError(f"{o.input_line} gives several values: to sweep over them add -m (python "
+                                     f"train.py -m ...), to pass a list use key=[a,b]")
+                if not (o.is_hydra_override() or o.is_delete()):
+                    check_override(o.key_or_group, o.value(), o.input_line)
+            if multirun:
+                to_dataclass(compose(job))
+        except ERRORS as e:
+            from launch.failure import Failed
+            where = f" (sweep job {' '.join(job)})" if len(jobs) > 1 else ""
+            swept = [a for a in overrides if a.startswith("data.tokenizer=") and "," in a]
+            if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
+                mine = next(a for a in job if a.startswith("data.tokenizer="))
+                where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
+                          f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
+                          f"setting above, then the same for the other data.tokenizer values")
+            raise Failed(e, where=where) from None
+    return jobs

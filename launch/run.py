@@ -1,0 +1,219 @@
+"""One run's setup, the same for `python train.py`, a sweep's job and an in-process `train(cfg, run_dir)`: the config
+checked into dataclasses, a fine-tune's weights opened, the job joined, the device resolved once, the memory checked
+and the run directory claimed, all before anything is written; then training/loop.py trains. `HydraRun` adds what
+Hydra's job runner does for a single run (its record in .hydra/, train.log), held back until a resume is accepted.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from datetime import datetime
+from logging.handlers import MemoryHandler
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import torch
+
+from checkpoint.manager import overwrite_refusal
+from common import run_lock
+from launch import memory
+from launch.config import to_dataclass
+from launch.failure import Failed, failure
+from model.device import resolve_device
+from runtime import console
+from runtime.console import to_files, to_stderr
+from runtime import ranks as R  # (pre-merge API)
+from runtime.ranks import DistInfo as Ranks
+from training.config import Config, train_keys
+from training.loop import TrainResult
+from training.loop import train as train_loop
+
+CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
+            "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
+
+
+def join_job(device: str, parallel: str) -> Ranks:
+    """This process's place in the job: a torchrun job's process group (runtime/distributed.py, imported only
+    then, or when train.parallel asks for one and is told why not), else one process."""
+    return R.init(device, parallel)
+
+
+@dataclass
+class Setup:
+    """A run checked and ready: its config, directory, place in the job, device and fine-tune source."""
+    config: Config
+    run_dir: Path
+    ranks: Ranks
+    device: torch.device
+    overrides: list[str] = field(default_factory=list)  # the command line's, as Hydra read them
+    source: Any = None  # training.init_from.Source, when model.init_from is set
+    claimed: Optional[str] = None  # the run directory this process locked
+    created: bool = False  # and made: it did not exist before
+
+    def unclaim(self) -> None:
+        """A run refused before it started: the lock file as it was, a directory it made removed (when empty)."""
+        if self.claimed:
+            run_lock.release(self.claimed, undo=True)
+            if self.created and not any(Path(self.claimed).iterdir()):
+                Path(self.claimed).rmdir()
+            self.claimed = None
+
+    def resume_command(self) -> str:
+        from launch.overrides import resume_command
+        return resume_command(self.run_dir, self.overrides, self.ranks)
+
+
+def set_up(cfg: Any, run_dir: Optional[str | os.PathLike] = None, overrides: Optional[list[str]] = None, *,
+           claim: bool = True) -> Setup:
+    """The checks every run passes, in order, before it writes anything; a ValueError (one line) for a mistake.
+    `claim`: lock the run directory (a sweep's job is inside its sweep's, locked already)."""
+    config, overrides = to_dataclass(cfg), list(overrides or [])
+    source = None
+    if config.model.init_from:  # a fine-tune's shape is its source's
+        from training import init_from
+        source = init_from.apply(config, overrides)
+    with train_keys():  # a bad device is told as train.device=...
+        ranks = join_job(config.train.device, config.train.parallel)
+    try:
+        with train_keys():
+            device = resolve_device(config.train.device, ranks.local_rank)  # the run's, resolved once
+        # rank 0's directory for all (by default a dated one); rank 0 checks memory and claims the directory
+        dated = datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S")
+        given = str(R.broadcast_object(str(run_dir if run_dir is not None else dated), ranks))
+        run_dir = Path(given)
+        problem = memory.check(config, device, ranks.world_size, ranks.local_world_size) if ranks.is_main else None
+        claimed, created = None, not run_dir.exists()
+        if ranks.is_main and not problem:
+            refusal = overwrite_refusal if config.train.resume is False else None
+            problem = run_lock.claim(given, "hydra.run.dir", refusal) if claim else refusal and refusal(run_dir)
+            claimed = given if claim and not problem else None
+        if problem := R.broadcast_object(problem, ranks):
+            raise ValueError(problem)
+    except BaseException:
+        R.destroy(ranks)
+        raise
+    return Setup(config, run_dir, ranks, device, overrides, source, claimed, created)
+
+
+def train(cfg: Any, run_dir: Optional[str | os.PathLike] = None, *, cli_overrides: Optional[list[str]] = None,
+          claim: bool = True) -> TrainResult:
+    """Set up and train in this process (`cfg`: a composed config, a dict or a Config), as `python train.py` does;
+    the run directory is unlocked on return (a refused run's as it was)."""
+    setup, started = set_up(cfg, run_dir, cli_overrides, claim=claim), []
+    try:
+        return run(setup, on_start=lambda: started.append(True))
+    finally:
+        if not started:
+            setup.unclaim()
+        elif setup.claimed:
+            run_lock.release(setup.claimed)
+
+
+def run(setup: Setup, on_start: Optional[Callable[[], None]] = None) -> TrainResult:
+    """Train a set-up run; its process group is left together when the run ended well (else at once)."""
+    result = None
+    try:
+        result = train_loop(setup.config, setup.run_dir, ranks=setup.ranks, device=setup.device, source=setup.source,
+                            resume_command=setup.resume_command, on_start=on_start)
+        return result
+    finally:
+        R.destroy(setup.ranks, together=result is not None and result.clean)
+
+
+class HydraRun:
+    """`python train.py`'s run (not a sweep's job): Hydra's job runner's part done here, so that a refused resume
+    leaves its directory as it was: train.log's lines are held back and .hydra/ is written once it is accepted."""
+
+    def __init__(self, cfg, auto_cpu: bool):
+        from omegaconf import OmegaConf, read_write
+        from hydra.types import RunMode
+        self.cfg, self.auto_cpu, self.held, self.accepted, self.setup = cfg, auto_cpu, [], False, None
+        job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        try:
+            self.setup = set_up(job, str(cfg.hydra.run.dir), list(cfg.hydra.overrides.task))
+        except ValueError as e:  # (OSError: a file a setting names, e.g. train.hellaswag, is missing)
+            raise Failed(e) from None
+        except OSError as e:
+            raise Failed(e) from None
+        with read_write(cfg.hydra):
+            cfg.hydra.run.dir = str(self.setup.run_dir)
+            cfg.hydra.runtime.output_dir = str(self.setup.run_dir.resolve())
+            cfg.hydra.mode = RunMode.RUN
+        c = self.setup.config
+        if self.setup.ranks.is_main and c.data.path and c.data.name != "text":  # data.path alone: the preset's
+            from launch.overrides import data_path_note
+            if note := data_path_note(c.data.name, c.data.path, self.setup.overrides):
+                to_stderr(note)
+
+    def train(self) -> int:
+        from hydra.core.hydra_config import HydraConfig
+        from hydra.core.utils import configure_log
+        HydraConfig.instance().set_config(self.cfg)
+        Path(self.cfg.hydra.runtime.output_dir).mkdir(parents=True, exist_ok=True)
+        configure_log(self.cfg.hydra.job_logging, self.cfg.hydra.verbose)
+        console.setup()  # the console's one handler (`train.py | head`: the run stops as on Ctrl-C, quietly)
+        if self.setup.config.train.resume is not False:  # train.log's lines wait until the resume is accepted
+            root = logging.getLogger()
+            for fh in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+                mh = MemoryHandler(1 << 30, logging.CRITICAL + 1, fh, flushOnClose=False)
+                root.removeHandler(fh)
+                root.addHandler(mh)
+                self.held.append((fh, mh))
+        else:
+            self.accept()
+        if self.setup.run_dir.resolve().is_relative_to(Path.cwd().resolve()):  # paths as the user sees them
+            self.setup.run_dir = Path(os.path.relpath(self.setup.run_dir))
+        try:
+            result = run(self.setup, on_start=self.start)
+        except Exception as e:  # noqa: BLE001 (re-raised unless a user's mistake or out of memory)
+            raise failure(e, self.setup.config) from None
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
+        return result.exit_code
+
+    def start(self) -> None:
+        """The loop's on_start: set up (a resume accepted), before step 1."""
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (until now it said nothing was saved: no longer true)
+        self.accept()
+        if self.auto_cpu and self.setup.ranks.is_main:  # said only when the run starts on it, not ahead of a mistake
+            to_stderr(CPU_NOTE)
+            to_files(CPU_NOTE, logging.INFO)
+
+    def accept(self) -> None:
+        """The run goes ahead: .hydra/ written as Hydra writes it (rank 0), train.log's held lines let through."""
+        from omegaconf import OmegaConf
+        from common.files import write_text_atomic
+        if self.accepted:
+            return
+        self.accepted, cfg, root = True, self.cfg, logging.getLogger()
+        if self.setup.ranks.is_main and cfg.hydra.output_subdir is not None:
+            record = Path(cfg.hydra.runtime.output_dir) / cfg.hydra.output_subdir
+            for name, node in (("config.yaml", OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])),
+                               ("hydra.yaml", OmegaConf.masked_copy(cfg, "hydra")),
+                               ("overrides.yaml", cfg.hydra.overrides.task)):
+                write_text_atomic(record / name, OmegaConf.to_yaml(node))
+        for fh, mh in self.held:
+            mh.flush()
+            root.removeHandler(mh)
+            root.addHandler(fh)
+        self.held = []
+
+    def refuse(self) -> None:
+        """Before it was accepted: train.log's held lines dropped, the lock file as it was (its directory too)."""
+        for fh, mh in self.held:
+            logging.getLogger().removeHandler(mh)
+            mh.buffer.clear()
+            fh.close()
+        self.held = []
+        if self.setup and not self.accepted:
+            self.setup.unclaim()
+
+
+def say_failure(f: Failed) -> int:
+    """A run's one error line, in train.log and on stderr (in one write: under torchrun, ranks' lines never mix)."""
+    to_files(f.line)
+    to_stderr(f.line)
+    return f.code
+
+
