@@ -22,8 +22,7 @@ import torch
 
 from common.files import cache_dir
 from launch.config import ERRORS, check_command_line, compose, register_configs, with_override
-from launch.failure import Failed
-from launch.run import CPU_NOTE, HydraRun, say_failure
+from launch.run import CPU_NOTE, Failed, HydraRun, say_failure
 from runtime.console import to_stderr
 
 HELP = ("-h", "--help", "--hydra-help", "-sc", "--shell-completion", "--version")

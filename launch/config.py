@@ -152,7 +152,6 @@ def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
             if multirun:
                 to_dataclass(compose(job))
         except ERRORS as e:
-            from launch.failure import Failed
             where = f" (sweep job {' '.join(job)})" if len(jobs) > 1 else ""
             swept = [a for a in overrides if a.startswith("data.tokenizer=") and "," in a]
             if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
@@ -160,5 +159,6 @@ def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
                 where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
                           f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
                           f"setting above, then the same for the other data.tokenizer values")
-            raise Failed(e, where=where) from None
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)  # Hydra's: 1st line
+            raise ValueError(first + where) from None
     return jobs

@@ -1,4 +1,4 @@
-"""One run's setup, the same for `python train.py`, a sweep's job and an in-process `train(cfg, run_dir)`: the config
+"""One run's setup and its one-line failure, the same for `python train.py`, a sweep's job and an in-process `train(cfg, run_dir)`: the config
 checked into dataclasses, a fine-tune's weights opened, the job joined, the device resolved once, the memory checked
 and the run directory claimed, all before anything is written; then training/loop.py trains. `HydraRun` adds what
 Hydra's job runner does for a single run (its record in .hydra/, train.log), held back until a resume is accepted.
@@ -18,9 +18,9 @@ import torch
 
 from checkpoint.manager import overwrite_refusal
 from common import run_lock
+from common.cli import one_line
 from launch import memory
 from launch.config import to_dataclass
-from launch.failure import Failed, failure
 from model.device import resolve_device
 from runtime import console
 from runtime.console import to_files, to_stderr
@@ -29,6 +29,31 @@ from runtime.ranks import DistInfo as Ranks
 from training.config import Config, train_keys
 from training.loop import TrainResult
 from training.loop import train as train_loop
+
+RANK = os.environ.get("RANK", "0").strip() or "0"
+
+
+class Failed(Exception):
+    """The one `error: ...` line a run ends with (of a Hydra/OmegaConf error: its first line), its exit code and
+    the status a sweep's table gives it."""
+
+    def __init__(self, message: object, code: int = 2, status: str = "failed", where: str = ""):
+        if type(message).__module__.split(".")[0] in ("hydra", "omegaconf"):  # (not imported here)
+            message = next((ln for ln in str(message).splitlines() if ln.strip()), type(message).__name__)
+        self.line = f"error: {'' if RANK == '0' else f'[rank {RANK}] '}{one_line(message)}{where}"
+        self.code, self.status = code, status
+        super().__init__(self.line)
+
+
+
+def failure(e: Exception, config) -> Exception:
+    """What train() raised, as the run's Failed line (out of memory: what to lower); a bug: itself."""
+    if oom := memory.out_of_memory(e, config):
+        return Failed(oom)
+    if isinstance(e, (ValueError, OSError)):  # a user's mistake; training.step.TrainingDiverged: status "diverged"
+        return Failed(str(e) or type(e).__name__, status=getattr(e, "status", "failed"))
+    return e
+
 
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
             "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")

@@ -22,7 +22,7 @@ from omegaconf import DictConfig
 from common.cli import one_line
 from common.files import atomic_write
 from launch.config import CONF, compose, to_dataclass
-from launch.failure import Failed, failure
+from launch.run import Failed, failure
 from runtime import console
 from runtime.console import to_files
 from training.metrics import read_metrics

@@ -3,7 +3,7 @@ While a progress bar is drawn it writes above it through tqdm.write and leaves t
 (`extra={"progress": True}`) to the bar's postfix. When stdout's reader leaves (`train.py | head`) it goes quiet
 (stdout then writes to the null device) and `reader_gone()` tells the loop to stop as on Ctrl-C (docs/faults.md),
 even before the next line would have failed: a pipe whose reader closed is seen between two steps. train.py's
-own stderr lines go through `to_stderr`, the same way (`train.py 2>&1 | head`). A failed run's line: launch/failure.py.
+own stderr lines go through `to_stderr`, the same way (`train.py 2>&1 | head`). A failed run's line: launch/run.py.
 """
 from __future__ import annotations
 
