@@ -21,7 +21,8 @@ import sys
 import torch
 
 from common.files import cache_dir
-from launch.config import ERRORS, check_command_line, compose, register_configs, with_override
+from launch.config import ERRORS, compose, register_configs
+from launch.overrides import check_command_line, with_override
 from launch.run import CPU_NOTE, Failed, HydraRun, say_failure
 from runtime.console import to_stderr
 

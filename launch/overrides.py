@@ -1,16 +1,20 @@
-"""train.py's command line as Hydra reads it: values quoted for Hydra's override grammar (so a printed command
-pastes back whatever the path), and one line with the fix for arguments that are not overrides (nanoGPT's
-`--batch_size=32` and `config/train_x.py`, a path the shell split at a space, a value Hydra's lexer refuses).
+"""train.py's command line as Hydra reads it: every job's overrides checked before Hydra runs, values quoted for
+Hydra's override grammar (so a printed command, e.g. the resume command, pastes back whatever the path), and one line
+with the fix for arguments that are not overrides (nanoGPT's `--batch_size=32` and `config/train_x.py`, a path the
+shell split at a space, a value Hydra's lexer refuses).
 """
 from __future__ import annotations
 
+import itertools
 import re
 from pathlib import Path
 from typing import Optional
 
-from common.platform import command_line
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 
-from launch.config import PRESETS
+from common.platform import command_line
+from launch.config import ERRORS, PRESETS, check_override, compose, to_dataclass
 from training.config import KEYS, SCHEMA_KEYS
 
 HYDRA_FLAGS = ("-h", "--help", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run",
@@ -132,3 +136,57 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], ranks=None
              "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
     # (the user's overrides are as Hydra read them, quoted already; the run dir is quoted for Hydra here)
     return command_line([*launch, "train.py", *keep, override("hydra.run.dir", run_dir), "train.resume=true"])
+
+
+def with_override(args: list[str], override: str) -> list[str]:
+    """args plus one override, beside the user's own (Hydra wants them together; first if none: `--info x`)."""
+    i = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), 0)
+    return [*args[:i], override, *args[i:]]
+
+
+def _parse(overrides: list[str], multirun: bool) -> Optional[list[list[str]]]:
+    """A sweep's jobs: the product of its a=1,2 values, as Hydra's basic sweeper makes them (one job without -m);
+    None for glob() / interval() sweeps, which only Hydra's sweeper expands."""
+    try:
+        lists = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if multirun and
+                 o.is_sweep_override() else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
+    except OverrideParseException as e:
+        key, _, value = str(e.override).partition("=")
+        if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
+            raise ValueError(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
+                             f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell "
+                             f"to expand") from None
+        raise ValueError(lexer_hint(str(e.override)) or f"cannot read the override {e.override}: {e}") from None
+    except HydraException:
+        return None
+    return [list(job) for job in itertools.product(*lists)]
+
+
+def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
+    """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed and validated), so a mistake
+    is one line before anything starts. Returns the jobs' overrides ([] for Hydra's own --flags)."""
+    overrides = [a for a in args if a not in ("-m", "--multirun")]
+    if any(a.startswith("-") for a in overrides):
+        return []
+    jobs = _parse(overrides, multirun) or []
+    for job in jobs[:64]:  # composing takes a moment: a larger sweep is left to Hydra
+        try:
+            for o in OverridesParser.create().parse_overrides(job):
+                if o.is_sweep_override() and not o.is_hydra_override():
+                    raise ValueError(f"{o.input_line} gives several values: to sweep over them add -m (python "
+                                     f"train.py -m ...), to pass a list use key=[a,b]")
+                if not (o.is_hydra_override() or o.is_delete()):
+                    check_override(o.key_or_group, o.value(), o.input_line)
+            if multirun:
+                to_dataclass(compose(job))
+        except ERRORS as e:
+            where = f" (sweep job {' '.join(job)})" if len(jobs) > 1 else ""
+            swept = [a for a in overrides if a.startswith("data.tokenizer=") and "," in a]
+            if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
+                mine = next(a for a in job if a.startswith("data.tokenizer="))
+                where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
+                          f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
+                          f"setting above, then the same for the other data.tokenizer values")
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)  # Hydra's: 1st line
+            raise ValueError(first + where) from None
+    return jobs
