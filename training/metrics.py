@@ -139,9 +139,10 @@ class RunLog:
                     **({"mfu": util} if util is not None else {})}, step=step)
         line = f"loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s" + \
             (f" | mfu {util * 100:.1f}%" if util is not None else "")
-        if self.bar is not None and not self.bar.disable:
+        on_bar = self.bar is not None and not self.bar.disable
+        if on_bar:
             self.bar.set_postfix_str(line, refresh=False)
-        log.info(f"step {step}/{self.max_iters}: {line}", extra={"progress": True})  # train.log only, under a bar
+        log.info(f"step {step}/{self.max_iters}: {line}", extra={"on_bar": on_bar})  # on the bar: train.log only
 
     def nothing_to_train(self, st: "TrainState", t) -> None:
         """A resumed run with no step left: why, and which setting continues it."""
