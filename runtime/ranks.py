@@ -97,12 +97,6 @@ def main_first(info: DistInfo):
             dist.barrier(group=info.control_group)
 
 
-def check_dtype(info: DistInfo, dtype: torch.dtype) -> None:
-    if info.parallel == "fsdp" and dtype == torch.float16:  # GradScaler's inf checks would differ per shard
-        raise ValueError("train.parallel=fsdp does not support float16 with a GradScaler: use "
-                         "train.dtype=bfloat16 (or float32), or train.parallel=ddp")
-
-
 def wrap_model(model: torch.nn.Module, info: DistInfo, device: torch.device,
                dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """The model the steps call: DDP(model) or FSDP2's shards under torchrun (runtime/distributed.py), else itself."""

@@ -22,9 +22,10 @@ from checkpoint.manager import CheckpointManager
 from runtime import ranks
 from training.config import Config, gpt_config, to_dataclass, train_keys
 from runtime.console import progress_bar
-from model.device import resolve_compile, resolve_device, setup_device
-from training.metrics import RunLog, flops_per_token, mfu
+from model.device import resolve_compile, resolve_device
+from training.metrics import RunLog
 from training.optim import build_optimizer, schedule, set_lr
+from training.precision import setup_precision
 from runtime.signals import SIGPIPE, StopRequest, closing_line, resume_command, run_under_way
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
@@ -48,7 +49,7 @@ class Trainer:
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)
-        self.dev, self.num_params, self.resumed, self.compiled, self.early_stopped = None, 0, False, False, False
+        self.resumed, self.compiled, self.early_stopped = False, False, False
         self.first_step = None  # the step this session's training started from (run())
         self.t_start, self.session_tokens, self.train_seconds, self.t_mark = time.perf_counter(), 0, 0.0, 0.0  # session
 
@@ -57,11 +58,8 @@ class Trainer:
         from data.prepare import prepare
         from data.tokenizer import describe_tokenizer, token_bytes
         from model.gpt import GPT
-        c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
-        self.dev = setup_device(self.device, t.dtype)
-        device = self.dev.device
-        ranks.check_dtype(rt, self.dev.dtype)
-        self.peak_flops = self.dev.peak_flops * rt.world_size if self.dev.peak_flops else None  # all GPUs' MFU
+        c, rt, t, m, o, device = self.c, self.rt, self.c.train, self.c.model, self.c.optim, self.device
+        self.precision = setup_precision(device, t.dtype, rt.parallel)
         with ranks.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
             self.prepared = prepare(c.data, progress=rt.is_main, log=log.info)
         self.tokenizer = self.prepared.tokenizer
@@ -79,14 +77,11 @@ class Trainer:
         self.model.to(device)  # the same on every rank
         if rt.rank:
             torch.manual_seed(t.seed + rt.rank)  # different dropout masks per process
-        self.wrapped = ranks.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
-        self.num_params = self.model.num_params()
-        self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, self.gpt_config.head_size,
-                                               m.block_size)  # (model.head_dim: not always n_embd / n_head)
+        self.wrapped = ranks.wrap_model(self.model, rt, device, self.precision.dtype)  # DDP, or FSDP2 in place
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                          device_type=device.type, name=o.name, muon_lr=o.muon_lr,
                                          muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=True) if self.dev.use_grad_scaler else None
+        self.scaler = self.precision.grad_scaler()
         self.loader = BatchLoader(*self.prepared.token_files(), m.block_size, t.batch_size,
                                   seed=t.seed, grad_accum_steps=t.grad_accum_steps, rank=rt.rank,
                                   world_size=rt.world_size, device=device)
@@ -106,9 +101,9 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if c.logger.name == "wandb":
                 self.state.wandb_run_id = self.state.wandb_run_id or secrets.token_hex(4)
-            self.report.start(c, self.run_dir, self.state, data=self.prepared, num_params=self.num_params,
-                              vocab_size=self.gpt_config.vocab_size, dev=self.dev, compiled=self.compiled, rt=rt,
-                              source=self.source, resumed_from=self.ckpt.source, config_diff=self.ckpt.config_diff)
+            self.report.start(c, self.run_dir, self.state, data=self.prepared, model=self.model,
+                              precision=self.precision, compiled=self.compiled, rt=rt, source=self.source,
+                              resumed_from=self.ckpt.source, config_diff=self.ckpt.config_diff)
             if self.resumed and (old := self.ckpt.source_tokens_per_step) not in (None, self.tokens_per_step):
                 log.warning(f"the global batch changes from the checkpoint's {old:,} to {self.tokens_per_step:,} "
                             f"tokens per step: the learning-rate schedule and the step count stay as they were")
@@ -133,7 +128,7 @@ class Trainer:
                     # (self.module, not bound once: after a failed compile the guard retries on the eager model)
                     loss = self.guard.run("train", lambda: train_step(
                         self.module, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
-                        autocast=self.dev.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
+                        autocast=self.precision.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
                         grad_sync=partial(ranks.grad_sync, self.wrapped, self.rt)))
                     self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
@@ -165,13 +160,13 @@ class Trainer:
         plan = ranks.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
         stop = lambda: self.stop.signum is not None and not self.rt.distributed  # noqa: E731
         return {split: eval_stats(self.module, partial(self.loader.eval_batch, split), plan, stop=stop,
-                                  autocast=self.dev.autocast, reduce_sum=partial(ranks.all_reduce_sum, info=self.rt),
-                                  token_bytes=self.token_bytes) for split in ("train", "val")}
+                                  autocast=self.precision.autocast, token_bytes=self.token_bytes,
+                                  reduce_sum=partial(ranks.all_reduce_sum, info=self.rt)) for split in ("train", "val")}
 
     def _to_eager(self) -> None:  # the compile guard's fallback
         self.module, self.compiled = self.wrapped, False
         self.optimizer.zero_grad(set_to_none=True)
-        if self.dev.device.type == "cuda":
+        if self.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def _eval_and_save(self, save: bool = True) -> None:
@@ -202,7 +197,7 @@ class Trainer:
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         if self.c.train.hellaswag:  # after the save: a failing benchmark never costs the checkpoint
             from training import eval_hellaswag
-            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer, self.dev.autocast,
+            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer, self.precision.autocast,
                                    partial(ranks.eval_plan, info=self.rt),
                                    partial(ranks.all_reduce_sum, info=self.rt), self.rt.is_main, self.report)
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
@@ -230,8 +225,7 @@ class Trainer:
             self.window.clear(st.step)
         if vals and write:
             tps = timed * self.tokens_per_step / dt if dt > 0 else 0.0
-            self.report.train(st.step, sum(vals) / len(vals), self.lr_at(st.step - 1), st.tokens, st.elapsed(),
-                              tps, mfu(tps, self.flops_per_token, self.peak_flops))
+            self.report.train(st.step, sum(vals) / len(vals), self.lr_at(st.step - 1), st.tokens, st.elapsed(), tps)
 
     def _result(self, aborted: bool = False) -> TrainResult:
         stopped = aborted or self.stop.signum is not None
