@@ -69,11 +69,12 @@ class Run:
                 from training import init_from
                 self.source = init_from.apply(c, list(cfg.hydra.overrides.task))
             with train_keys():  # a bad device is told as train.device=...
-                self.rt = rt = ranks.init(c.train.device, c.train.parallel)  # joins the torchrun job, if any
+                from training.loop import join_job
+                self.rt = rt = join_job(c.train.device, c.train.parallel)  # joins the torchrun job, if any
                 self.device = resolve_device(c.train.device, rt.local_rank)  # the run's, resolved once
             with read_write(cfg.hydra):
                 if rt.distributed:  # rank 0's run directory for all (the default is a timestamp)
-                    cfg.hydra.run.dir = ranks.broadcast_object(str(cfg.hydra.run.dir), rt)
+                    cfg.hydra.run.dir = rt.broadcast_object(str(cfg.hydra.run.dir))
                 cfg.hydra.runtime.output_dir = str(Path(str(cfg.hydra.run.dir)).resolve())
                 cfg.hydra.mode = RunMode.RUN
             # rank 0 checks memory (before any allocation) and claims the directory for all
@@ -83,7 +84,7 @@ class Run:
         if rt.is_main and not problem:
             problem = run_lock.claim(str(cfg.hydra.run.dir), "hydra.run.dir",
                                          overwrite_refusal if c.train.resume is False else None)
-        if problem := ranks.broadcast_object(problem, rt):
+        if problem := rt.broadcast_object(problem):
             raise Failed(problem)
         self.claimed = rt.is_main and str(cfg.hydra.run.dir)  # refused before it starts: the lock file as it was
         if rt.is_main and c.data.path and c.data.name != "text":  # data.path alone: read as the preset's
@@ -178,7 +179,7 @@ def preflight(args: list[str], multirun: bool) -> list[str]:
     """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed, its directory claimed);
     other --flags are Hydra's. Returns the arguments for hydra.main (a sweep: its directory pinned)."""
     overrides = [a for a in args if a not in ("-m", "--multirun")]
-    if multirun and any(k in os.environ for k in ranks.TORCHRUN_ENV):
+    if multirun and ranks.torchrun_env():
         from runtime.distributed import launched_by_torchrun
         if launched_by_torchrun():
             raise Failed("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
@@ -269,7 +270,8 @@ def main(args: list[str]) -> int:
     finally:
         run.refuse()  # a resume that crashed before it started: nothing of it written
         # after an error, leave at once; else together: a rank that left first would have torchrun kill the rest
-        ranks.destroy(run.rt, together=run.clean)
+        if run.rt is not None:
+            run.rt.destroy(together=run.clean)
 
 
 if __name__ == "__main__":

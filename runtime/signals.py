@@ -15,7 +15,7 @@ from common.platform import command_line
 from runtime import console
 
 if TYPE_CHECKING:
-    from runtime.ranks import DistInfo
+    from runtime.ranks import Ranks
 
 SIGPIPE = 13  # POSIX's SIGPIPE number (Windows has no such signal, but a pipe's reader still leaves)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, SIGPIPE: 128 + SIGPIPE}  # 141: what shells report
@@ -25,9 +25,9 @@ PIPE = "a closed output pipe (the output's reader went away)"  # what stopped th
 class StopRequest:
     """SIGINT/SIGTERM -> a flag the loop polls; a second SIGINT aborts; `agreed()`: every rank stops together."""
 
-    def __init__(self, info: Optional[DistInfo] = None):
+    def __init__(self, ranks: Optional[Ranks] = None):
         self.signum: Optional[int] = None
-        self.info, self._previous, self._work, self._buf = info, {}, None, None
+        self.ranks, self._previous, self._pending, self._agreed = ranks, {}, None, 0
 
     def _handler(self, signum, frame):
         if self.signum is not None and signum == signal.SIGINT:
@@ -46,27 +46,22 @@ class StopRequest:
         self._previous.clear()
 
     def agreed(self) -> bool:
-        """Stop now? This process's signal or any rank's, from the async all-reduce the previous call posted."""
+        """Stop now? This process's signal, or under torchrun any rank's as posted at the previous call (each call
+        posts this rank's to an async MAX), so that every rank stops after the same step."""
         if self.signum is None and console.reader_gone():
             self.signum = SIGPIPE
-        agreed = mine = int(self.signum or 0)
-        if self.info is not None and self.info.distributed:
-            self.finish()
-            agreed = int(self._buf.item()) if self._buf is not None else 0
+        agreed = int(self.signum or 0)
+        if self.ranks is not None and self.ranks.distributed:
+            agreed = self._agreed = self._agreed or self.finish()
             if not agreed:
-                import torch
-                import torch.distributed as dist
-                self._buf = torch.tensor([mine], dtype=torch.int64)
-                self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.info.control_group,
-                                             async_op=True)
+                self._pending = self.ranks.max_async(int(self.signum or 0))
         self.signum = self.signum or agreed or None
         return bool(agreed)
 
-    def finish(self) -> None:
-        """Wait for the all-reduce in flight (every rank has exactly one), so none is left behind."""
-        if self._work is not None:
-            work, self._work = self._work, None
-            work.wait()
+    def finish(self) -> int:
+        """Wait for the MAX in flight (every rank has exactly one), so none is left behind; its value, else 0."""
+        pending, self._pending = self._pending, None
+        return pending() if pending is not None else 0
 
     @property
     def name(self) -> str:
@@ -101,14 +96,14 @@ def run_under_way():
         signal.signal(signal.SIGINT, previous if previous is not None else signal.SIG_DFL)
 
 
-def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], info: Optional[DistInfo] = None) -> str:
+def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], ranks: Optional[Ranks] = None) -> str:
     """The command that resumes this run, launched as it was: its overrides, run dir and train.resume=true."""
     from launch.overrides import override
     keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
     launch = ["python"]
-    if info is not None and info.distributed:
-        local = info.local_world_size
-        nodes = max(1, info.world_size // max(1, local))
+    if ranks is not None and ranks.distributed:
+        local = ranks.local_world_size
+        nodes = max(1, ranks.world_size // max(1, local))
         launch = ["torchrun", "--standalone", f"--nproc_per_node={local}"] if nodes == 1 else \
             ["torchrun", f"--nnodes={nodes}", "--node-rank=NODE_RANK", f"--nproc_per_node={local}",
              "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]

@@ -10,7 +10,7 @@ import torch
 
 from training import metrics as mt
 from training.config import Config, gpt_config
-from runtime.ranks import DistInfo
+from runtime.ranks import Ranks
 from training.precision import Precision, setup_precision
 from training.state import TrainState
 
@@ -49,7 +49,7 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     report = mt.RunLog(c.train.max_iters)
     with caplog.at_level("INFO"):
         model = types.SimpleNamespace(num_params=lambda: 1_234_567, config=gpt_config(c.model, 128))
-        report.start(c, run_dir, st, data=data, model=model, precision=precision, compiled=False, rt=DistInfo(),
+        report.start(c, run_dir, st, data=data, model=model, precision=precision, compiled=False, ranks=Ranks(),
                      source=None, resumed_from=None, config_diff=[])
         report.train(2, 3.5, 1e-3, 2 * st.tokens_per_step, 1.0, 1000.0)
         report.eval(4, {"train": {"loss": 3.0, "bpb": None}, "val": {"loss": 3.25, "bpb": 2.0}}, 1e-3, 1000, 2.0, True)

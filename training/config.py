@@ -19,6 +19,7 @@ from omegaconf.errors import OmegaConfBaseException
 from common.cli import in_keys
 from data.config import DataConfig
 from model.config import GPTConfig, pad_vocab
+from runtime.ranks import PARALLEL_MODES
 
 PRESETS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))  # conf/<group>/<option>.yaml, for `group=option`
            for d in (Path(__file__).resolve().parents[1] / "conf").iterdir() if d.is_dir() and d.name != "hydra"}
@@ -26,7 +27,6 @@ DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "
           "float16": "float16", "fp16": "float16"}  # accepted spellings -> canonical torch dtype name
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 OPTIMIZERS = ("adamw", "muon")
-PARALLEL_MODES = ("none", "ddp", "fsdp")
 REQUIRED = "required"  # model.init_from in a preset that fine-tunes (YAML's ??? would not survive the merge)
 SEED_MAX = 2**32 - 1  # numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
 

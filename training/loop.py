@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING, Any, Callable, Optional
 import torch
 
 from checkpoint.manager import CheckpointManager
-from runtime import ranks
-from training.config import Config, gpt_config, to_dataclass, train_keys
-from runtime.console import progress_bar
 from model.device import resolve_compile, resolve_device
+from runtime.console import progress_bar
+from runtime.ranks import Ranks, torchrun_env
+from runtime.signals import SIGPIPE, StopRequest, closing_line, resume_command, run_under_way
+from training.config import Config, gpt_config, to_dataclass, train_keys
 from training.metrics import RunLog
 from training.optim import build_optimizer, schedule, set_lr
 from training.precision import setup_precision
-from runtime.signals import SIGPIPE, StopRequest, closing_line, resume_command, run_under_way
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
 
@@ -39,14 +39,14 @@ log = logging.getLogger(__name__)
 class Trainer:
     """One run: setup() builds every part, run() trains, finish() writes the summary (also after errors)."""
 
-    def __init__(self, c: Config, run_dir: Path, rt: ranks.DistInfo, cli_overrides: Optional[list[str]],
+    def __init__(self, c: Config, run_dir: Path, ranks: Ranks, cli_overrides: Optional[list[str]],
                  source: Optional[Source], device: torch.device):
         t, m = c.train, c.model
-        self.c, self.run_dir, self.rt, self.cli_overrides, self.source = c, run_dir, rt, cli_overrides, source
+        self.c, self.run_dir, self.ranks, self.cli_overrides, self.source = c, run_dir, ranks, cli_overrides, source
         self.device = device  # resolved once, where the run was set up
-        self.stop = StopRequest(rt)
+        self.stop = StopRequest(ranks)
         self.report = RunLog(t.max_iters)  # metrics.jsonl, wandb, log lines (rank 0 starts it)
-        self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
+        self.tokens_per_step = t.batch_size * t.grad_accum_steps * ranks.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)
         self.resumed, self.compiled, self.early_stopped = False, False, False
@@ -58,10 +58,10 @@ class Trainer:
         from data.prepare import prepare
         from data.tokenizer import describe_tokenizer, token_bytes
         from model.gpt import GPT
-        c, rt, t, m, o, device = self.c, self.rt, self.c.train, self.c.model, self.c.optim, self.device
-        self.precision = setup_precision(device, t.dtype, rt.parallel)
-        with ranks.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
-            self.prepared = prepare(c.data, progress=rt.is_main, log=log.info)
+        c, ranks, t, m, o, device = self.c, self.ranks, self.c.train, self.c.model, self.c.optim, self.device
+        self.precision = setup_precision(device, t.dtype, ranks.parallel)
+        with ranks.main_first():  # local rank 0 fills the cache, the other ranks then find it there
+            self.prepared = prepare(c.data, progress=ranks.is_main, log=log.info)
         self.tokenizer = self.prepared.tokenizer
         if self.source is not None:
             from training import init_from
@@ -75,34 +75,34 @@ class Trainer:
         self.model = GPT(self.gpt_config) if self.source is None else \
             init_from.build(GPT, self.gpt_config, self.source, t.resume)
         self.model.to(device)  # the same on every rank
-        if rt.rank:
-            torch.manual_seed(t.seed + rt.rank)  # different dropout masks per process
-        self.wrapped = ranks.wrap_model(self.model, rt, device, self.precision.dtype)  # DDP, or FSDP2 in place
+        if ranks.rank:
+            torch.manual_seed(t.seed + ranks.rank)  # different dropout masks per process
+        self.wrapped = ranks.wrap_model(self.model, device, self.precision.dtype)  # DDP, or FSDP2 in place
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                          device_type=device.type, name=o.name, muon_lr=o.muon_lr,
                                          muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
         self.scaler = self.precision.grad_scaler()
         self.loader = BatchLoader(*self.prepared.token_files(), m.block_size, t.batch_size,
-                                  seed=t.seed, grad_accum_steps=t.grad_accum_steps, rank=rt.rank,
-                                  world_size=rt.world_size, device=device)
-        self.window, self.rng = LossWindow(t.log_interval, device, rt), RNGState(rt, t.seed)
+                                  seed=t.seed, grad_accum_steps=t.grad_accum_steps, rank=ranks.rank,
+                                  world_size=ranks.world_size, device=device)
+        self.window, self.rng = LossWindow(t.log_interval, device, ranks), RNGState(ranks, t.seed)
         parts = {"model": self.model, "optimizer": self.optimizer, "scaler": self.scaler, "loader": self.loader,
                  "loss_window": self.window, "rng": self.rng, "train_state": self.state}
         meta = {"model_config": self.gpt_config.to_dict(), "tokenizer": self.tokenizer.to_dict(),
                 "config": dataclasses.asdict(c)}
-        self.ckpt = CheckpointManager(self.run_dir, parts, meta, describe_tokenizer, sharded=rt.parallel == "fsdp",
-                                      group=rt.control_group)
+        self.ckpt = CheckpointManager(self.run_dir, parts, meta, describe_tokenizer, ranks=ranks,
+                                      sharded=ranks.parallel == "fsdp")
         self.resumed = self.ckpt.resume(t.resume) is not None
         self.window.start(self.state.step)
         self.compiled = resolve_compile(t.compile, device)  # compile(DDP(model)): its graph breaks overlap all-reduces
         self.module = torch.compile(self.wrapped) if self.compiled else self.wrapped  # the one handle steps call
         self.guard = CompileGuard(self.compiled, self._to_eager, rewound=[self.loader])  # a failing compiler: eager
-        if rt.is_main:
+        if ranks.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if c.logger.name == "wandb":
                 self.state.wandb_run_id = self.state.wandb_run_id or secrets.token_hex(4)
             self.report.start(c, self.run_dir, self.state, data=self.prepared, model=self.model,
-                              precision=self.precision, compiled=self.compiled, rt=rt, source=self.source,
+                              precision=self.precision, compiled=self.compiled, ranks=ranks, source=self.source,
                               resumed_from=self.ckpt.source, config_diff=self.ckpt.config_diff)
             if self.resumed and (old := self.ckpt.source_tokens_per_step) not in (None, self.tokens_per_step):
                 log.warning(f"the global batch changes from the checkpoint's {old:,} to {self.tokens_per_step:,} "
@@ -114,13 +114,12 @@ class Trainer:
         st.started = self.t_mark = time.perf_counter()
         self.first_step = st.step
         if (st.step >= t.max_iters or self._out_of_patience()) and not st.eval_pending:
-            if self.rt.is_main:
+            if self.ranks.is_main:
                 self.report.nothing_to_train(st, t)
             return self._result()
-        show_bar = self.rt.is_main and sys.stderr.isatty()
         self.stop.install()
         try:
-            with progress_bar(t.max_iters, st.step, show_bar) as self.report.bar:
+            with progress_bar(t.max_iters, st.step, show=self.ranks.is_main and sys.stderr.isatty()) as self.report.bar:
                 if st.eval_pending or (t.eval_at_start and not self.resumed):  # pending: a stop cut it short
                     self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
@@ -129,7 +128,7 @@ class Trainer:
                     loss = self.guard.run("train", lambda: train_step(
                         self.module, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
                         autocast=self.precision.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
-                        grad_sync=partial(ranks.grad_sync, self.wrapped, self.rt)))
+                        grad_sync=partial(self.ranks.grad_sync, self.wrapped)))
                     self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
                     st.tokens += self.tokens_per_step
@@ -146,7 +145,7 @@ class Trainer:
                     self._save(st.step)  # to save (a step-0 last.pt would only block rerunning the command)
         finally:
             self.stop.restore()
-        if self.early_stopped and self.rt.is_main:
+        if self.early_stopped and self.ranks.is_main:
             log.info(f"early stop at step {st.step}: val loss has not improved for train.patience={t.patience} "
                      f"evaluations (best {st.best_val_loss:.4f} at step {st.best_step})")
         return self._result()
@@ -157,11 +156,11 @@ class Trainer:
             st.step - st.best_step >= t.patience * t.eval_interval
 
     def _evaluate(self) -> dict[str, dict]:
-        plan = ranks.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
-        stop = lambda: self.stop.signum is not None and not self.rt.distributed  # noqa: E731
+        plan = self.ranks.eval_plan(self.c.train.eval_iters)  # this rank's share of the batches
+        stop = lambda: self.stop.signum is not None and not self.ranks.distributed  # noqa: E731
         return {split: eval_stats(self.module, partial(self.loader.eval_batch, split), plan, stop=stop,
-                                  autocast=self.precision.autocast, token_bytes=self.token_bytes,
-                                  reduce_sum=partial(ranks.all_reduce_sum, info=self.rt)) for split in ("train", "val")}
+                                  autocast=self.precision.autocast, reduce_sum=self.ranks.all_reduce_sum,
+                                  token_bytes=self.token_bytes) for split in ("train", "val")}
 
     def _to_eager(self) -> None:  # the compile guard's fallback
         self.module, self.compiled = self.wrapped, False
@@ -177,7 +176,7 @@ class Trainer:
             stats = self.guard.run("eval", self._evaluate)
         except EvalInterrupted:
             st.eval_pending = True  # saved with the stop's checkpoint: the resumed run redoes it
-            if self.rt.is_main:
+            if self.ranks.is_main:
                 log.info(f"evaluation at step {step} skipped: stopping")
             return
         st.eval_pending = False
@@ -197,13 +196,12 @@ class Trainer:
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         if self.c.train.hellaswag:  # after the save: a failing benchmark never costs the checkpoint
             from training import eval_hellaswag
-            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer, self.precision.autocast,
-                                   partial(ranks.eval_plan, info=self.rt),
-                                   partial(ranks.all_reduce_sum, info=self.rt), self.rt.is_main, self.report)
+            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer,
+                                   self.precision.autocast, self.ranks, self.report)
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights
-        if not ranks.weights_finite(self.model.parameters(), self.rt):
+        if not self.ranks.weights_finite(self.model.parameters()):
             self._diverged(step, float("nan"))
         self.ckpt.save(step, best)
 
@@ -234,12 +232,12 @@ class Trainer:
 
     def closing(self, result: Optional[TrainResult]) -> TrainResult:
         """The last line of a run a signal or closed pipe stopped (`result`), or aborted mid-step (None: 130, 141)."""
-        if result is not None and not (result.exit_code and self.rt.is_main):
+        if result is not None and not (result.exit_code and self.ranks.is_main):
             return result  # (ran to its end: nothing to say)
         ckpt = getattr(self, "ckpt", None)
-        if self.rt.is_main:
+        if self.ranks.is_main:
             log.info(closing_line(self.stop.name, self.state.step, self.run_dir, ckpt and ckpt.last,
-                                  ckpt and ckpt.last_step, resume_command(self.run_dir, self.cli_overrides, self.rt),
+                                  ckpt and ckpt.last_step, resume_command(self.run_dir, self.cli_overrides, self.ranks),
                                   aborted=result is None, stepped=self.state.step != self.first_step))
         return result or self._result(aborted=True)
 
@@ -251,9 +249,17 @@ class Trainer:
                                early_stopped=self.early_stopped, stopped_by=self.stop.name)
 
 
+def join_job(device: str, parallel: str) -> Ranks:
+    """This process's Ranks: a torchrun job's (runtime/distributed.py, imported only then), else one process's."""
+    if torchrun_env() or parallel != "none":
+        from runtime import distributed
+        return distributed.join(device, parallel)
+    return Ranks()
+
+
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
 def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optional[list[str]] = None,
-          source: Optional[Source] = None, rt: Optional[ranks.DistInfo] = None,
+          source: Optional[Source] = None, rt: Optional[Ranks] = None,
           on_start: Optional[Callable[[], None]] = None, device: Optional[torch.device] = None) -> TrainResult:
     """Train per `cfg` (DictConfig, dict or Config) into `run_dir`; without `rt`, set up `source` and torchrun too.
     `on_start`: called once the run is set up (a resume accepted), before its first step. `device`: the resolved
@@ -264,12 +270,12 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
         if cfg.model.init_from:  # a fine-tune source sets cfg.model's shape
             from training import init_from
             source = init_from.apply(cfg, cli_overrides)
-        rt = ranks.init(cfg.train.device, cfg.train.parallel)
+        rt = join_job(cfg.train.device, cfg.train.parallel)
     trainer, status, result, under_way = None, "failed", None, ExitStack()
     with under_way:  # undone last: from on_start to the closing line, a Ctrl-C is the run's (runtime/signals.py)
         try:
             if owner:  # rank 0's run directory (by default a dated one) for every rank, as train.py's Checks does
-                run_dir = ranks.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"), rt)
+                run_dir = rt.broadcast_object(run_dir or datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S"))
             if device is None:
                 device = resolve_device(cfg.train.device, rt.local_rank)
             trainer = Trainer(cfg, Path(run_dir), rt, cli_overrides, source, device)
@@ -295,5 +301,5 @@ def train(cfg: Any, run_dir: str | Path | None = None, *, cli_overrides: Optiona
                 result = None
             finally:
                 if owner:  # also on errors
-                    ranks.destroy(rt, together=result is not None)
+                    rt.destroy(together=result is not None)
         return trainer.closing(result)

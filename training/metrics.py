@@ -20,7 +20,7 @@ from model.device import device_name
 if TYPE_CHECKING:
     from data.cache import Prepared
     from model.gpt import GPT
-    from runtime.ranks import DistInfo
+    from runtime.ranks import Ranks
     from training.config import Config
     from training.init_from import Source
     from training.precision import Precision
@@ -124,11 +124,11 @@ class RunLog:
         self.wandb, self.bar = None, None  # wandb: a training.wandb_run.WandbRun, with logger=wandb only
 
     def start(self, c: "Config", run_dir: Path, st: "TrainState", *, data: "Prepared", model: "GPT",
-              precision: "Precision", compiled: bool, rt: "DistInfo", source: Optional["Source"],
+              precision: "Precision", compiled: bool, ranks: "Ranks", source: Optional["Source"],
               resumed_from: Optional[Path], config_diff: list[str]) -> None:
         """wandb first (a missing API key must not leave files behind), then metrics.jsonl, then the opening lines."""
         self.model, self.num_params, self.precision = c.model, model.num_params(), precision  # for the summary
-        self.device_name, self.peak = device_name(precision.device), mfu_peak(precision, rt.world_size)
+        self.device_name, self.peak = device_name(precision.device), mfu_peak(precision, ranks.world_size)
         g = model.config  # (its head_dim: not always n_embd / n_head)
         self.flops_per_token = flops_per_token(self.num_params, g.n_layer, g.n_head, g.head_size, g.block_size)
         if c.logger.name == "wandb":
@@ -148,12 +148,11 @@ class RunLog:
         log.info(f"device: {precision.device} ({self.device_name}), {precision.dtype_name}"
                  f"{' + GradScaler' if precision.use_grad_scaler else ''}, "
                  + ("torch.compile on" if compiled else "eager (no torch.compile)"))
-        if rt.distributed:
-            from runtime.distributed import describe
-            log.info(f"parallel: {describe(rt)}")
+        if ranks.distributed:
+            log.info(f"parallel: {ranks.describe()}")
         log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x {m.block_size} tokens x "
-                 f"{c.train.grad_accum_steps} accumulation x {rt.world_size} process"
-                 f"{'es' if rt.world_size > 1 else ''}); {togo} steps to go = {format_count(togo * n)} tokens")
+                 f"{c.train.grad_accum_steps} accumulation x {ranks.world_size} process"
+                 f"{'es' if ranks.world_size > 1 else ''}); {togo} steps to go = {format_count(togo * n)} tokens")
         if resumed_from is not None:
             best = st.best_val_loss
             log.info(f"resumed from {resumed_from} at step {st.step} "
