@@ -49,8 +49,7 @@ class Trainer:
         self.tokens_per_step = t.batch_size * t.grad_accum_steps * ranks.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)
-        self.resumed, self.compiled, self.early_stopped = False, False, False
-        self.first_step = None  # the step this session's training started from (run())
+        self.resumed, self.compiled, self.early_stopped, self.first_step = False, False, False, None  # first: run()'s
         self.t_start, self.session_tokens, self.train_seconds, self.t_mark = time.perf_counter(), 0, 0.0, 0.0  # session
 
     def setup(self) -> None:
@@ -77,7 +76,8 @@ class Trainer:
         self.model.to(device)  # the same on every rank
         if ranks.rank:
             torch.manual_seed(t.seed + ranks.rank)  # different dropout masks per process
-        self.wrapped = ranks.wrap_model(self.model, device, self.precision.dtype)  # DDP, or FSDP2 in place
+        # what the steps call uncompiled: DDP(model), or the model itself (FSDP2 shards it in place)
+        self.eager_model = ranks.wrap_model(self.model, device, self.precision.dtype)
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                          device_type=device.type, name=o.name, muon_lr=o.muon_lr,
                                          muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
@@ -95,7 +95,7 @@ class Trainer:
         self.resumed = self.ckpt.resume(t.resume) is not None
         self.window.start(self.state.step)
         self.compiled = resolve_compile(t.compile, device)  # compile(DDP(model)): its graph breaks overlap all-reduces
-        self.module = torch.compile(self.wrapped) if self.compiled else self.wrapped  # the one handle steps call
+        self.step_model = torch.compile(self.eager_model) if self.compiled else self.eager_model  # what steps call
         self.guard = CompileGuard(self.compiled, self._to_eager, rewound=[self.loader])  # a failing compiler: eager
         if ranks.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -124,11 +124,11 @@ class Trainer:
                     self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
                     set_lr(self.optimizer, self.lr_at(st.step))
-                    # (self.module, not bound once: after a failed compile the guard retries on the eager model)
+                    # (self.step_model, not bound once: after a failed compile the guard retries on the eager model)
                     loss = self.guard.run("train", lambda: train_step(
-                        self.module, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
+                        self.step_model, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
                         autocast=self.precision.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
-                        grad_sync=partial(self.ranks.grad_sync, self.wrapped)))
+                        grad_sync=partial(self.ranks.grad_sync, self.eager_model)))
                     self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
                     st.tokens += self.tokens_per_step
@@ -158,15 +158,14 @@ class Trainer:
     def _evaluate(self) -> dict[str, dict]:
         plan = self.ranks.eval_plan(self.c.train.eval_iters)  # this rank's share of the batches
         stop = lambda: self.stop.signum is not None and not self.ranks.distributed  # noqa: E731
-        return {split: eval_stats(self.module, partial(self.loader.eval_batch, split), plan, stop=stop,
+        return {split: eval_stats(self.step_model, partial(self.loader.eval_batch, split), plan, stop=stop,
                                   autocast=self.precision.autocast, reduce_sum=self.ranks.all_reduce_sum,
                                   token_bytes=self.token_bytes) for split in ("train", "val")}
 
     def _to_eager(self) -> None:  # the compile guard's fallback
-        self.module, self.compiled = self.wrapped, False
+        self.step_model, self.compiled = self.eager_model, False
         self.optimizer.zero_grad(set_to_none=True)
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # (a no-op where CUDA is not in use)
 
     def _eval_and_save(self, save: bool = True) -> None:
         st, step = self.state, self.state.step
@@ -196,7 +195,7 @@ class Trainer:
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         if self.c.train.hellaswag:  # after the save: a failing benchmark never costs the checkpoint
             from training import eval_hellaswag
-            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer,
+            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.eager_model, self.tokenizer,
                                    self.precision.autocast, self.ranks, self.report)
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
@@ -206,12 +205,8 @@ class Trainer:
         self.ckpt.save(step, best)
 
     def _diverged(self, step: int, value: float) -> None:
-        kept, then = ((f"the last good checkpoint {self.ckpt.last} (step {self.ckpt.last_step}) is intact",
-                       "then start again or resume from that checkpoint") if self.ckpt.last is not None else
-                      ("no checkpoint had been written yet", "then start again"))
-        raise TrainingDiverged(f"the loss became {value} at step {step} (lr {self.lr_at(step - 1):.3g}): training "
-                               f"stopped and {kept}: lower optim.lr (now {self.c.optim.lr:g}) or keep "
-                               f"optim.grad_clip > 0, {then}")
+        raise TrainingDiverged.at(step, value, self.lr_at(step - 1), self.c.optim.lr, self.ckpt.last,
+                                  self.ckpt.last_step)
 
     def _log_train(self, write: bool = True) -> None:
         """Read the window (NaN check, every rank), time it; a stop's (`write` False) stays unlogged, for last.pt."""
