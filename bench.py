@@ -173,13 +173,13 @@ def parse_args(argv=None):
 def run(args) -> dict:
     import torch
     from benchmarks import commands, inprocess, prepare
-    from model.device import setup_device
     from model.device import resolve_device
+    from training.precision import setup_precision
     if args.threads:
         torch.set_num_threads(args.threads)
-    dev = setup_device(resolve_device(args.device), args.dtype)
+    precision = setup_precision(resolve_device(args.device), args.dtype)
     result = {"format": "tinygpt-bench", "version": 1, "started": datetime.now().isoformat(timespec="seconds"),
-              "argv": sys.argv[1:], "quick": args.quick, "git": git_info(), "hardware": hardware(dev.device),
+              "argv": sys.argv[1:], "quick": args.quick, "git": git_info(), "hardware": hardware(precision.device),
               "load_avg_start": load_avg(), "config": {k: v for k, v in vars(args).items() if k != "out"},
               "sections": {}, "errors": {}}
     cores = result["hardware"]["cpu"]["cores"] or 1
@@ -192,7 +192,7 @@ def run(args) -> dict:
         try:
             fn = next(getattr(m, f"section_{name}") for m in (inprocess, commands, prepare)
                       if hasattr(m, f"section_{name}"))
-            result["sections"][name] = fn(args, dev)
+            result["sections"][name] = fn(args, precision)
             result["sections"][name]["section_s"] = round(time.perf_counter() - t0, 2)
         except (ValueError, OSError) as e:  # a missing file or preset: report it, keep the other sections
             result["errors"][name] = one_line(e)

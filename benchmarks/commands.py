@@ -58,8 +58,8 @@ def _train_cmd(run_dir: Path, *overrides: str) -> list[str]:
     return [sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run_dir}"]
 
 
-def section_quality(args, dev) -> dict:
-    exp, target = QUALITY["cuda" if dev.device.type == "cuda" else "cpu"]
+def section_quality(args, precision) -> dict:
+    exp, target = QUALITY["cuda" if precision.device.type == "cuda" else "cpu"]
     exp, target = args.quality_experiment or exp, target if args.quality_target is None else args.quality_target
     budget = args.quality_budget or (240.0 if args.quick else None)
     res = {"experiment": exp, "target_val_loss": target, "budget_s": budget}
@@ -97,7 +97,7 @@ def section_quality(args, dev) -> dict:
     return res
 
 
-def section_startup(args, dev) -> dict:
+def section_startup(args, precision) -> dict:
     """Medians of interleaved runs: train.py until its first step's record, and torch's own start-up floor."""
     runs = args.startup_runs or (3 if args.quick else 5)
     overrides = ("train.max_iters=1", "train.log_interval=1", "train.eval_at_start=false", "experiment=cpu",
@@ -127,7 +127,7 @@ def section_startup(args, dev) -> dict:
             "overhead_s": round(train - floor, 3), "load_avg_after": load_avg()}
 
 
-def section_sample(args, dev) -> dict:
+def section_sample(args, precision) -> dict:
     """sample.py's own path on a random-init checkpoint in the real format (speed does not depend on weights)."""
     import torch
     from checkpoint.file import FORMAT, VERSION, save_checkpoint
@@ -141,7 +141,7 @@ def section_sample(args, dev) -> dict:
             "tokenizer": tok.to_dict(), "step": 0}  # what inference reads; a training checkpoint has more
     n = args.decode_tokens
     cmd = ["sample.py", "--checkpoint", "model.pt", "--max-new-tokens", str(n), "--seed", "0", "--no-stream",
-           "--device", str(dev.device)]
+           "--device", str(precision.device)]
     res = {"model": shape, "command": "python " + " ".join(cmd), "new_tokens": n, "rows": [],
            "load_avg_before": load_avg()}
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-sample-") as tmp:

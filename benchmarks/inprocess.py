@@ -46,19 +46,19 @@ def _step_times(step, n: int, device) -> list[float]:
     return [a.elapsed_time(b) / 1e3 for a, b in events]
 
 
-def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, compile_model: bool, tmp: Path,
+def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision, compile_model: bool, tmp: Path,
                        optim: str = "adamw") -> dict:
     import numpy as np
     import torch
     from data.loader import BatchLoader, write_token_file
     from model.gpt import GPT
-    from training.metrics import flops_per_token, mfu
+    from training.metrics import flops_per_token, mfu, mfu_peak
     from training.optim import build_optimizer
     from training.step import train_step
 
-    cfg, device, vocab = gpt_config(name), dev.device, VOCAB[name]
+    cfg, device, vocab = gpt_config(name), precision.device, VOCAB[name]
     row = {"preset": name, "batch_size": batch, "block_size": cfg.block_size, "tokens_per_step": batch * cfg.block_size,
-           "model_config": cfg.to_dict(), "dtype": dev.dtype_name, "compile": compile_model, "optimizer": optim,
+           "model_config": cfg.to_dict(), "dtype": precision.dtype_name, "compile": compile_model, "optimizer": optim,
            "warmup_steps": warmup, "measured_steps": steps, "load_avg_before": load_avg()}
     paths = [tmp / f"{split}.bin" for split in ("train", "val")]  # random tokens: speed does not depend on them
     for p in paths:
@@ -71,13 +71,13 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
     opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), device_type=device.type, name=optim)
     loader = BatchLoader(*paths, cfg.block_size, batch, seed=0, device=device)
     model_c = torch.compile(model) if compile_model else model
-    scaler = torch.amp.GradScaler(device.type) if dev.use_grad_scaler else None
+    scaler, peak = precision.grad_scaler(), mfu_peak(precision)
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
     def step():  # the training loop's own step (clip 1.0, optim.grad_clip's default)
-        train_step(model_c, opt, loader.next_batch, autocast=dev.autocast, scaler=scaler, grad_clip=1.0)
+        train_step(model_c, opt, loader.next_batch, autocast=precision.autocast, scaler=scaler, grad_clip=1.0)
     try:
         (first,) = _step_times(step, 1, device)  # carries torch.compile's compilation when compiling
         row["warmup_s"] = round(sum(_step_times(step, warmup, device)), 3)
@@ -100,13 +100,13 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, dev, comp
             "step_ms_median": round(med * 1e3, 2), "step_ms_min": round(min(times) * 1e3, 2),
             "step_ms_max": round(max(times) * 1e3, 2), "tokens_per_s": round(tps, 1),
             "tokens_per_s_wall": round(steps * row["tokens_per_step"] / wall, 1), "flops_per_token": fpt,
-            "achieved_tflops": round(tps * fpt / 1e12, 3), "peak_flops": dev.peak_flops, "load_avg_after": load_avg(),
-            "mfu": round(mfu(tps, fpt, dev.peak_flops), 4) if dev.peak_flops else None}
+            "achieved_tflops": round(tps * fpt / 1e12, 3), "peak_flops": peak, "load_avg_after": load_avg(),
+            "mfu": round(mfu(tps, fpt, peak), 4) if peak else None}
 
 
-def section_train(args, dev) -> dict:
+def section_train(args, precision) -> dict:
     import torch
-    cpu = dev.device.type != "cuda"
+    cpu = precision.device.type != "cuda"
     presets = args.presets or (["tiny", "baby"] if (args.quick and cpu) else list(PRESETS))
     steps = args.steps or (10 if (args.quick and cpu) else 20 if cpu else 50)
     warmup = args.warmup if args.warmup is not None else (2 if cpu else 10)
@@ -114,21 +114,21 @@ def section_train(args, dev) -> dict:
     rows = []
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-") as tmp:
         for name in presets:
-            batch = args.batch.get(name) or default_batch(name, dev.device.type, args.quick)
+            batch = args.batch.get(name) or default_batch(name, precision.device.type, args.quick)
             say("train", f"{name}: batch {batch}, {warmup} warm-up + {steps} measured steps")
-            rows.append(bench_train_preset(name, batch, steps, warmup, dev, compile_model, Path(tmp), args.optim))
+            rows.append(bench_train_preset(name, batch, steps, warmup, precision, compile_model, Path(tmp), args.optim))
             if compile_model:
                 torch._dynamo.reset()
     return {"rows": rows, "notes": [f"--quick on CPU: presets {', '.join(presets)}, {steps} measured steps (the full "
                                     f"run uses >= 20)"] if args.quick and cpu else []}
 
 
-def section_decode(args, dev) -> dict:
+def section_decode(args, precision) -> dict:
     import torch
     from model.generate import generate
     from model.gpt import GPT
     from model.device import cuda_bf16_native
-    device, n = dev.device, args.decode_tokens
+    device, n = precision.device, args.decode_tokens
     shape = args.decode_preset or ("gpt2" if device.type == "cuda" else "baby")
     cfg = gpt_config(shape)
     torch.manual_seed(0)

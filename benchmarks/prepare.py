@@ -69,7 +69,7 @@ def _run(path: Path, tokenizer: str, env: dict, text_bytes: int) -> dict:
             "peak_rss_mib": round(int(peak) / 2**20, 1) if peak else None}
 
 
-def section_prep(args, dev) -> dict:
+def section_prep(args, precision) -> dict:
     from data import sources
     from data.encode import threads
     text, ranks = sources.shakespeare_path().read_text(encoding="utf-8"), sources.gpt2_ranks_path()

@@ -101,20 +101,6 @@ def remove_stale_temp_files(run_dir: str | os.PathLike) -> int:
     return len(stale)
 
 
-def _distributed():  # torch.distributed while a process group is up, else None
-    import torch.distributed as dist
-    return dist if dist.is_available() and dist.is_initialized() else None
-
-
-def is_main_rank() -> bool:  # rank 0, or the only process: the one that writes checkpoint files
-    return _distributed() is None or _distributed().get_rank() == 0
-
-
-def barrier(group=None) -> None:  # all ranks meet (a no-op without a process group); `group`: the CPU control group
-    if _distributed():
-        _distributed().barrier(group=group)
-
-
 def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     """Load (onto the CPU; `mmap`: tensors paged in on use) and check a checkpoint file; CheckpointError if unusable."""
     import torch

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, barrier,
-                             is_main_rank, is_sharded_checkpoint, link_checkpoint, read_checkpoint,
-                             remove_stale_temp_files, save_checkpoint, tokens_per_step)
+from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, is_sharded_checkpoint,
+                             link_checkpoint, read_checkpoint, remove_stale_temp_files, save_checkpoint,
+                             tokens_per_step)
 from common.files import remove_quietly, replace, temp_path
 from model.gpt import check_weights, clean_state_dict
 
@@ -23,12 +23,13 @@ class CheckpointManager:
     """`states`: name -> Stateful, saved under its name ("model" and "optimizer" required; None saved as None).
     `meta`: what every checkpoint records and a resume must match (model_config, tokenizer, config);
     `describe(tokenizer dict)`: its name in messages (the data package's). `sharded`: an FSDP run. Every rank
-    calls resume() and save() (collectives); rank 0 writes; `group` carries barriers."""
+    calls resume() and save() (collectives); `ranks` (runtime.ranks.Ranks) says which one writes (`is_main`) and
+    has them meet (`barrier()`)."""
 
     def __init__(self, run_dir: str | os.PathLike, states: dict[str, Any], meta: dict,
-                 describe: Callable[[dict], str], *, sharded: bool = False, group: Any = None):
+                 describe: Callable[[dict], str], *, ranks: Any, sharded: bool = False):
         self.run_dir = Path(run_dir)
-        self.states, self.meta, self.describe, self.sharded, self.group = states, meta, describe, sharded, group
+        self.states, self.meta, self.describe, self.ranks, self.sharded = states, meta, describe, ranks, sharded
         self.source: Optional[Path] = None  # the checkpoint resume() loaded
         self.last: Optional[Path] = None  # the last good checkpoint: resumed from, or written since
         self.last_step: Optional[int] = None
@@ -42,14 +43,14 @@ class CheckpointManager:
         fresh = spec is False or spec is None
         if fresh and (refusal := overwrite_refusal(self.run_dir)):
             raise ValueError(refusal)
-        if is_main_rank() and self.run_dir.is_dir():
+        if self.ranks.is_main and self.run_dir.is_dir():
             remove_stale_temp_files(self.run_dir)  # of saves a kill cut short
             if not fresh and any(self.run_dir.glob(".*_dcp.*")):  # a sharded save that a kill interrupted
                 from checkpoint.sharded import recover_sharded  # (imported only by runs that have sharded files)
                 recover_sharded(self.run_dir)
         if fresh:
             return None
-        barrier(self.group)
+        self.ranks.barrier()
         path, ckpt = resume_checkpoint(spec, self.run_dir)  # last.pt or last_dcp/, whichever is newer
         self._check_fits(ckpt, path)
         if is_sharded_checkpoint(path):  # DCP: weights + optimizer, resharded onto this world size
@@ -122,13 +123,13 @@ class CheckpointManager:
         if self.sharded:  # the resumable checkpoint is the DCP one; last.pt holds the weights for sample.py
             from checkpoint import sharded
             state["sharded"] = True
-            sharded.save_sharded(self.run_dir / LAST_DCP, model, optimizer, state, group=self.group,
+            sharded.save_sharded(self.run_dir / LAST_DCP, model, optimizer, state, ranks=self.ranks,
                                  best_path=self.run_dir / BEST_DCP if best else None)
             state["model"] = sharded.full_model_state_dict(model)  # gathered on rank 0's CPU
-        elif is_main_rank():
+        elif self.ranks.is_main:
             state["model"] = clean_state_dict(model.state_dict())
             state["optimizer"] = optimizer.state_dict()
-        if is_main_rank():
+        if self.ranks.is_main:
             save_checkpoint(state, last)
             if best:
                 link_checkpoint(last, self.run_dir / "best.pt")

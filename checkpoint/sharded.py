@@ -12,8 +12,8 @@ from typing import Any, Callable
 
 import torch
 
-from checkpoint.file import (BEST_DCP, DCP_META, LAST_DCP, CheckpointError, _distributed, _save_error,  # noqa: F401
-                             barrier, is_main_rank, is_sharded_checkpoint, read_checkpoint, save_checkpoint)
+from checkpoint.file import (BEST_DCP, DCP_META, LAST_DCP, CheckpointError, _save_error,  # noqa: F401
+                             is_sharded_checkpoint, read_checkpoint, save_checkpoint)
 from common.files import replace, replace_dir
 from model.gpt import check_weights, clean_state_dict
 
@@ -22,7 +22,8 @@ _GIVE_SHARDED = "give an FSDP run directory (it holds last_dcp/), or its last_dc
 
 @contextlib.contextmanager
 def _quiet_single_process():
-    """DCP warns on every single-process save/load ("assuming the intent is ..."): that is our intent."""
+    """Without a process group DCP saves and loads in this process alone, and warns each time ("assuming the intent
+    is ..."): that is our intent."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*assuming the intent is to (save|load) in a single process")
         yield
@@ -59,22 +60,22 @@ def _link_dir(src: Path, dst: Path) -> None:
     replace_dir(tmp, dst, _beside(dst, "old"))
 
 
-def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, meta: dict, *,
-                 best_path: str | os.PathLike | None = None, group: Any = None) -> Path:
+def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, meta: dict, *, ranks: Any,
+                 best_path: str | os.PathLike | None = None) -> Path:
     """A DCP checkpoint of model + optimizer (every rank writes its shards) + `meta` (rank 0), swapped in
-    whole; `best_path` also gets it (hard links). Collective: every rank calls it."""
+    whole; `best_path` also gets it (hard links). Collective: every rank calls it; `ranks`: runtime.ranks.Ranks."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
     path = Path(path)
     tmp = _beside(path, "tmp")
     try:
-        if is_main_rank() and tmp.exists():
+        if ranks.is_main and tmp.exists():
             shutil.rmtree(tmp)
-        barrier(group)
+        ranks.barrier()
         msd, osd = get_state_dict(model, optimizer)
         with _quiet_single_process():  # returns once every rank's shards are written
-            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp), no_dist=_distributed() is None)
-        if is_main_rank():
+            dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp))
+        if ranks.is_main:
             save_checkpoint(meta, tmp / DCP_META)
             replace_dir(tmp, path, _beside(path, "old"))
             if best_path is not None:
@@ -82,7 +83,7 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
     except OSError as e:
         raise _save_error(path, e) from None
     finally:
-        barrier(group)
+        ranks.barrier()
     return path
 
 
@@ -96,7 +97,7 @@ def load_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer) -> 
     state = {"model": msd, "optimizer": osd}
     try:
         with _quiet_single_process():
-            dcp.load(state, checkpoint_id=str(path), no_dist=_distributed() is None)
+            dcp.load(state, checkpoint_id=str(path))
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps per-rank failures
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
         raise ValueError(f"the sharded checkpoint {path} does not fit this model ({first}): resume with the "

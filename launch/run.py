@@ -24,8 +24,7 @@ from launch.config import to_dataclass
 from model.device import resolve_device
 from runtime import console
 from runtime.console import to_files, to_stderr
-from runtime import ranks as R  # (pre-merge API)
-from runtime.ranks import DistInfo as Ranks
+from runtime.ranks import Ranks, torchrun_env
 from training.config import Config, train_keys
 from training.loop import TrainResult
 from training.loop import train as train_loop
@@ -62,7 +61,10 @@ CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's C
 def join_job(device: str, parallel: str) -> Ranks:
     """This process's place in the job: a torchrun job's process group (runtime/distributed.py, imported only
     then, or when train.parallel asks for one and is told why not), else one process."""
-    return R.init(device, parallel)
+    if torchrun_env() or parallel != "none":
+        from runtime import distributed
+        return distributed.join(device, parallel)
+    return Ranks()
 
 
 @dataclass
@@ -106,7 +108,7 @@ def set_up(cfg: Any, run_dir: Optional[str | os.PathLike] = None, overrides: Opt
             device = resolve_device(config.train.device, ranks.local_rank)  # the run's, resolved once
         # rank 0's directory for all (by default a dated one); rank 0 checks memory and claims the directory
         dated = datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S")
-        given = str(R.broadcast_object(str(run_dir if run_dir is not None else dated), ranks))
+        given = str(ranks.broadcast_object(str(run_dir if run_dir is not None else dated)))
         run_dir = Path(given)
         problem = memory.check(config, device, ranks.world_size, ranks.local_world_size) if ranks.is_main else None
         claimed, created = None, not run_dir.exists()
@@ -114,10 +116,10 @@ def set_up(cfg: Any, run_dir: Optional[str | os.PathLike] = None, overrides: Opt
             refusal = overwrite_refusal if config.train.resume is False else None
             problem = run_lock.claim(given, "hydra.run.dir", refusal) if claim else refusal and refusal(run_dir)
             claimed = given if claim and not problem else None
-        if problem := R.broadcast_object(problem, ranks):
+        if problem := ranks.broadcast_object(problem):
             raise ValueError(problem)
     except BaseException:
-        R.destroy(ranks)
+        ranks.destroy()
         raise
     return Setup(config, run_dir, ranks, device, overrides, source, claimed, created)
 
@@ -144,7 +146,7 @@ def run(setup: Setup, on_start: Optional[Callable[[], None]] = None) -> TrainRes
                             resume_command=setup.resume_command, on_start=on_start)
         return result
     finally:
-        R.destroy(setup.ranks, together=result is not None and result.clean)
+        setup.ranks.destroy(together=result is not None and result.clean)
 
 
 class HydraRun:

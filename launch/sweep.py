@@ -136,9 +136,9 @@ def run_with_hydra(args: list[str], jobs: list[list[str]], task: Callable[[DictC
     """`task` (train.py's hydra_job: Hydra names the job after its file, so the log is train.log) under hydra.main,
     for a sweep (its directory claimed first and pinned: the default is dated) or Hydra's own flags."""
     from common import run_lock
-    from runtime.ranks import TORCHRUN_ENV
+    from runtime.ranks import torchrun_env
     if {"-m", "--multirun"} & set(args):
-        if any(k in os.environ for k in TORCHRUN_ENV):
+        if torchrun_env():
             raise Failed("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
         if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
             first = jobs[0] if jobs else [a for a in args if a.startswith("hydra.")]

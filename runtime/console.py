@@ -1,13 +1,13 @@
 """The console: the one logging handler that prints a run's lines on stdout (train.log is Hydra's file handler).
-While a progress bar is drawn it writes above it through tqdm.write and leaves the per-interval train lines
-(`extra={"progress": True}`) to the bar's postfix. When stdout's reader leaves (`train.py | head`) it goes quiet
-(stdout then writes to the null device) and `reader_gone()` tells the loop to stop as on Ctrl-C (docs/faults.md),
-even before the next line would have failed: a pipe whose reader closed is seen between two steps. train.py's
-own stderr lines go through `to_stderr`, the same way (`train.py 2>&1 | head`). A failed run's line: launch/run.py.
+It writes through tqdm.write, so lines print above a progress bar; a per-interval train line the bar's postfix
+shows (`extra={"on_bar": True}`) goes to train.log only. When stdout's reader leaves (`train.py | head`) it goes
+quiet (stdout then writes to the null device) and `reader_gone()` tells the loop to stop as on Ctrl-C
+(docs/faults.md), even before the next line would have failed: a pipe whose reader closed is seen between two
+steps. train.py's own stderr lines go through `to_stderr`, the same way (`train.py 2>&1 | head`). A failed run's
+line: launch/run.py.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import select
@@ -16,26 +16,23 @@ import sys
 import threading
 from logging.handlers import MemoryHandler
 
+from tqdm import tqdm
 
 _gone = threading.Event()  # stdout's reader has left
 
 
 class Console(logging.StreamHandler):
-    """stdout, message only; above the bar while one is shown; quiet once the reader has left."""
-    bar = None  # the tqdm bar being drawn (progress_bar), if any
+    """stdout, message only, above any progress bar; quiet once the reader has left."""
 
     def __init__(self):
         super().__init__(sys.stdout)
         self.setFormatter(logging.Formatter("%(message)s"))
 
     def emit(self, record: logging.LogRecord) -> None:
-        if _gone.is_set() or (self.bar is not None and getattr(record, "progress", False)):
+        if _gone.is_set() or getattr(record, "on_bar", False):
             return
         try:
-            if self.bar is not None:
-                self.bar.write(self.format(record), file=self.stream)
-            else:
-                self.stream.write(self.format(record) + self.terminator)
+            tqdm.write(self.format(record), file=self.stream)  # (tqdm.contrib.logging's way; no bar: a plain write)
             self.flush()
         except (BrokenPipeError, ConnectionResetError):
             _left(self.stream)
@@ -88,21 +85,10 @@ def reader_gone() -> bool:
     return _gone.is_set()
 
 
-@contextlib.contextmanager
-def progress_bar(total: int, initial: int, show: bool):
-    """A tqdm bar on stderr (shown only when `show`); the console writes above it while it lasts."""
-    from tqdm import tqdm
-    bar = tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not show, file=sys.stderr,
-               smoothing=0.05, leave=True)
-    consoles = [h for h in logging.getLogger().handlers if isinstance(h, Console)] if show else []
-    for h in consoles:
-        h.bar = bar
-    try:
-        yield bar
-    finally:
-        for h in consoles:
-            h.bar = None
-        bar.close()
+def progress_bar(total: int, initial: int, show: bool) -> tqdm:
+    """A tqdm bar on stderr (drawn only when `show`), to use as a context manager; the console writes above it."""
+    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not show, file=sys.stderr,
+                smoothing=0.05, leave=True)
 
 
 def to_files(message: str, level: int = logging.ERROR) -> None:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Optional
 from runtime import console
 
 if TYPE_CHECKING:
-    from runtime.ranks import DistInfo
+    from runtime.ranks import Ranks
 
 SIGPIPE = 13  # POSIX's SIGPIPE number (Windows has no such signal, but a pipe's reader still leaves)
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143, SIGPIPE: 128 + SIGPIPE}  # 141: what shells report
@@ -24,9 +24,9 @@ PIPE = "a closed output pipe (the output's reader went away)"  # what stopped th
 class StopRequest:
     """SIGINT/SIGTERM -> a flag the loop polls; a second SIGINT aborts; `agreed()`: every rank stops together."""
 
-    def __init__(self, info: Optional[DistInfo] = None):
+    def __init__(self, ranks: Optional[Ranks] = None):
         self.signum: Optional[int] = None
-        self.info, self._previous, self._work, self._buf = info, {}, None, None
+        self.ranks, self._previous, self._pending, self._agreed = ranks, {}, None, 0
 
     def _handler(self, signum, frame):
         if self.signum is not None and signum == signal.SIGINT:
@@ -45,27 +45,22 @@ class StopRequest:
         self._previous.clear()
 
     def agreed(self) -> bool:
-        """Stop now? This process's signal or any rank's, from the async all-reduce the previous call posted."""
+        """Stop now? This process's signal, or under torchrun any rank's as posted at the previous call (each call
+        posts this rank's to an async MAX), so that every rank stops after the same step."""
         if self.signum is None and console.reader_gone():
             self.signum = SIGPIPE
-        agreed = mine = int(self.signum or 0)
-        if self.info is not None and self.info.distributed:
-            self.finish()
-            agreed = int(self._buf.item()) if self._buf is not None else 0
+        agreed = int(self.signum or 0)
+        if self.ranks is not None and self.ranks.distributed:
+            agreed = self._agreed = self._agreed or self.finish()
             if not agreed:
-                import torch
-                import torch.distributed as dist
-                self._buf = torch.tensor([mine], dtype=torch.int64)
-                self._work = dist.all_reduce(self._buf, op=dist.ReduceOp.MAX, group=self.info.control_group,
-                                             async_op=True)
+                self._pending = self.ranks.max_async(int(self.signum or 0))
         self.signum = self.signum or agreed or None
         return bool(agreed)
 
-    def finish(self) -> None:
-        """Wait for the all-reduce in flight (every rank has exactly one), so none is left behind."""
-        if self._work is not None:
-            work, self._work = self._work, None
-            work.wait()
+    def finish(self) -> int:
+        """Wait for the MAX in flight (every rank has exactly one), so none is left behind; its value, else 0."""
+        pending, self._pending = self._pending, None
+        return pending() if pending is not None else 0
 
     @property
     def name(self) -> str:

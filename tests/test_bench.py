@@ -124,13 +124,13 @@ def test_a_failing_preset_is_an_error_row_not_an_abort(tmp_path, monkeypatch):
 
     import torch
 
-    from model.device import setup_device
+    from training.precision import setup_precision
 
     class Broken(torch.nn.Module):
         def forward(self, *a, **kw):
             raise RuntimeError("backend compiler failed\nlong inductor log")
     monkeypatch.setattr(torch, "compile", lambda m, *a, **kw: Broken())
-    bad = inprocess.bench_train_preset("tiny", 2, 1, 0, setup_device(torch.device("cpu"), "float32"), True, tmp_path)
+    bad = inprocess.bench_train_preset("tiny", 2, 1, 0, setup_precision(torch.device("cpu"), "float32"), True, tmp_path)
     assert bad["error"] == "RuntimeError: backend compiler failed (try --compile off)" and "tokens_per_s" not in bad
     out = io.StringIO()
     bench.print_table({"hardware": bench.hardware(torch.device("cpu")), "git": {"commit": None}, "load_avg_start": None,
@@ -195,7 +195,7 @@ def test_quality_budget_stops_the_run(tmp_path, monkeypatch, cache_with_shakespe
 
 def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
     import training.step
-    from model.device import setup_device
+    from training.precision import setup_precision
     calls = []
     real = training.step.train_step
 
@@ -203,7 +203,8 @@ def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
         calls.append(kw)
         return real(*a, **kw)
     monkeypatch.setattr(training.step, "train_step", spy)
-    row = inprocess.bench_train_preset("tiny", 2, 3, 1, setup_device(torch.device("cpu"), "float32"), False, tmp_path)
+    cpu = setup_precision(torch.device("cpu"), "float32")
+    row = inprocess.bench_train_preset("tiny", 2, 3, 1, cpu, False, tmp_path)
     assert "error" not in row and row["measured_steps"] == 3
     assert len(calls) == 1 + 1 + 3 and calls[0]["grad_clip"] == 1.0  # first + warm-up + measured
 

@@ -20,7 +20,7 @@ from checkpoint.manager import CheckpointManager, overwrite_refusal, resume_chec
 from data.tokenizer import describe_tokenizer as describe
 from tests.helpers import REPO, find_non_plain, tiny_model_and_opt, train_steps
 from runtime import distributed as D
-from runtime import ranks as R
+from runtime.ranks import Ranks
 from training import loop as loop_mod
 from launch.config import register_configs
 from launch.run import train
@@ -36,6 +36,8 @@ TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2
         "model.block_size=16", "train.batch_size=4", "train.eval_iters=2", "train.eval_at_start=false",
         "optim.warmup_iters=2", "model.dropout=0.1", "optim.decay_iters=8", "train.eval_interval=3",
         "train.log_interval=2", "data=text"]
+
+ONE = Ranks()  # a one-process run's place
 
 
 def _cfg(corpus, *overrides):
@@ -134,18 +136,18 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
     train_steps(m, opt, 2, seed=1)
     state = TrainState(step=2)
     CheckpointManager(tmp_path / "a", {"model": m, "optimizer": opt, "train_state": state}, _meta(m),
-                      describe).save(2)
+                      describe, ranks=ONE).save(2)
     expected = train_steps(m, opt, 2)
 
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        info = R.DistInfo(parallel="fsdp", backend="gloo")
-        f = D.wrap_model(_model(3), info, torch.device("cpu"))
+        info = D.ProcessGroup(parallel="fsdp", backend="gloo")
+        f = info.wrap_model(_model(3), torch.device("cpu"))
         fopt = _opt(f)  # after sharding: its parameters are the shards
         fs = TrainState()
         mgr = CheckpointManager(tmp_path / "a", {"model": f, "optimizer": fopt, "train_state": fs}, _meta(m),
-                                describe, sharded=True)
+                                describe, ranks=info, sharded=True)
         assert mgr.resume(True) == 2 and fs.step == 2 and mgr.source == tmp_path / "a" / "last.pt"
         mgr.run_dir = tmp_path / "b"
         mgr.save(2, best=True)  # last_dcp/ + best_dcp/ + a weights-only last.pt
@@ -156,7 +158,7 @@ def test_single_file_and_sharded_round_trips_under_fsdp(tmp_path):
 
     g, gopt = _parts(4)
     mgr = CheckpointManager(tmp_path / "b", {"model": g, "optimizer": gopt, "train_state": TrainState()}, _meta(m),
-                            describe)
+                            describe, ranks=ONE)
     assert mgr.resume(True) == 2 and mgr.source == tmp_path / "b" / S.LAST_DCP  # the export holds no optimizer
     assert train_steps(g, gopt, 2) == expected
 
@@ -165,13 +167,13 @@ def test_resume_refusals_name_the_fix(tmp_path):
     m, opt = _parts(0)
     run = tmp_path / "run"
     CheckpointManager(run, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m),
-                      describe).save(1)
+                      describe, ranks=ONE).save(1)
     assert (run / "last.pt").is_file() and not (run / "best.pt").exists()
 
     def manager(meta=None, **states):
         m2, opt2 = _parts(1)
         return CheckpointManager(run, {"model": m2, "optimizer": opt2, "train_state": TrainState(), **states},
-                                 meta or _meta(m2), describe)
+                                 meta or _meta(m2), describe, ranks=ONE)
     with pytest.raises(ValueError, match="already holds last.pt"):
         manager().resume(False)
     with pytest.raises(ValueError, match=r"vocabulary \(char \(3 characters\)\) differs from the checkpoint's "
@@ -194,10 +196,10 @@ def test_resume_with_another_bpe_vocabulary_names_data_vocab_size(tmp_path):
     data = {"name": "text", "path": "t.txt", "tokenizer": "bpe", "vocab_size": 300}
     meta = {**_meta(m), "tokenizer": bpe, "config": {"data": data}}
     CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, meta,
-                      describe).save(1)
+                      describe, ranks=ONE).save(1)
     m2, opt2 = _parts(1)
     mgr = CheckpointManager(tmp_path, {"model": m2, "optimizer": opt2, "train_state": TrainState()},
-                            {**meta, "tokenizer": {**bpe, "vocab_size": 400}}, describe)
+                            {**meta, "tokenizer": {**bpe, "vocab_size": 400}}, describe, ranks=ONE)
     with pytest.raises(ValueError) as e:
         mgr.resume(True)
     assert str(e.value) == ("the prepared data's vocabulary (own BPE (400 tokens)) differs from the checkpoint's (own "
@@ -210,7 +212,7 @@ def test_a_save_that_fails_leaves_the_previous_checkpoint_the_last(tmp_path, mon
     from checkpoint import manager as manager_mod
     m, opt = _parts(0)
     mgr = CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m),
-                            describe)
+                            describe, ranks=ONE)
     mgr.save(1)
 
     def interrupted(obj, path):
@@ -229,7 +231,7 @@ def test_resume_checkpoint_picks_the_freshest_resumable_one(tmp_path):
     meta = {"format": "tinygpt", "version": 1, "model": None, "optimizer": None, "step": 2,
             "model_config": m.config.to_dict(), "config": {}, "sharded": True}
     run = tmp_path / "run"
-    S.save_sharded(run / S.LAST_DCP, m, opt, meta)
+    S.save_sharded(run / S.LAST_DCP, m, opt, meta, ranks=ONE)
     assert resume_checkpoint(True, run) == (run / S.LAST_DCP, meta)
     save_checkpoint({**meta, "model": m.state_dict(), "optimizer": None}, run / "last.pt")
     assert resume_checkpoint(True, run)[0] == run / S.LAST_DCP

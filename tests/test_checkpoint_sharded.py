@@ -8,6 +8,7 @@ import export
 from checkpoint import file as ck
 from checkpoint import sharded as S
 from checkpoint.file import model_from_checkpoint, read_checkpoint
+from runtime.ranks import Ranks
 from tests.helpers import find_non_plain, tiny_model_and_opt, train_steps
 
 
@@ -18,7 +19,7 @@ def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "optimizer": None, "step": 2,
             "model_config": m.config.to_dict(), "config": {"optim": {"lr": 1e-2}}, "sharded": True}
     run = tmp_path / "run"
-    S.save_sharded(run / S.LAST_DCP, m, opt, meta, best_path=run / S.BEST_DCP)
+    S.save_sharded(run / S.LAST_DCP, m, opt, meta, ranks=Ranks(), best_path=run / S.BEST_DCP)
     assert S.is_sharded_checkpoint(run / S.LAST_DCP) and S.is_sharded_checkpoint(run / S.BEST_DCP)
     assert read_checkpoint(run / S.LAST_DCP) == (run / S.LAST_DCP, meta)
     expected = train_steps(m, opt, 2, seed=2)

@@ -13,6 +13,7 @@ import eval as eval_cli
 import sample
 from checkpoint.manager import CheckpointManager
 from data.tokenizer import describe_tokenizer
+from runtime.ranks import Ranks
 
 FIXTURE = Path(__file__).parent / "fixtures" / "run_v1" / "last.pt"
 
@@ -47,7 +48,7 @@ def test_the_old_checkpoint_resumes(tmp_path):
                           device_type="cpu", name=o["name"], muon_lr=o["muon_lr"], muon_momentum=o["muon_momentum"],
                           muon_ns_steps=o["muon_ns_steps"])
     meta = {k: ckpt[k] for k in ("model_config", "tokenizer", "config")}
-    manager = CheckpointManager(run, {"model": model, "optimizer": opt}, meta, describe_tokenizer)
+    manager = CheckpointManager(run, {"model": model, "optimizer": opt}, meta, describe_tokenizer, ranks=Ranks())
     assert manager.resume(True) == 2 and manager.config_diff == []
     assert all(torch.equal(model.state_dict()[k], v) for k, v in ckpt["model"].items())
     assert opt.state_dict()["state"].keys() == ckpt["optimizer"]["state"].keys()

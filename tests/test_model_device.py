@@ -1,20 +1,17 @@
 """model/device.py: the device auto-choice (CUDA > MPS > CPU) and the dtype rules per device, MPS mocked (no Mac
-here), and what an MPS device means for sampling: never a CUDA graph, never the compiled decode; and training on MPS:
-precision, GradScaler's torch version, autocast, MFU, compile=auto."""
+here), and what an MPS device means for sampling: never a CUDA graph, never the compiled decode; and compile=auto on
+MPS (training's precision there: tests/test_training_precision.py)."""
 from __future__ import annotations
 
-import contextlib
 import logging
 import warnings
 
 import pytest
 import torch
-from torch.torch_version import TorchVersion
 
 from model import generate as gen
 from model import device as training_device
-from model.device import resolve_compile, resolve_device, resolve_dtype, setup_device
-from training.config import train_keys
+from model.device import resolve_compile, resolve_device, resolve_dtype
 
 MPS = torch.device("mps")  # a device object only: nothing is allocated on it
 
@@ -84,41 +81,6 @@ def test_mps_compile_warns_and_decodes_eagerly(monkeypatch):
     assert engine.compiled is None and engine.cuda_graphs_work
 
 
-@pytest.fixture
-def mps(monkeypatch):
-    """A Mac as torch reports it: MPS on macOS 15, no CUDA; torch 2.8 unless a test says otherwise."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
-    monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: (15, 0) >= (major, minor))
-    monkeypatch.setattr(torch, "__version__", TorchVersion("2.8.0"))
-    return monkeypatch
-
-
-def test_mps_auto_trains_in_float32_without_autocast(mps):
-    dev = setup_device(resolve_device("auto"), "auto")
-    assert dev.device == MPS and dev.dtype == torch.float32 and not dev.use_grad_scaler
-    assert dev.autocast is contextlib.nullcontext
-    assert dev.name == "MPS" and dev.peak_flops is None  # no datasheet figure: no MFU
-
-
-@pytest.mark.parametrize("dtype, scaler", [("bfloat16", False), ("float16", True)])
-def test_mps_16_bit_autocasts_on_mps(mps, dtype, scaler):
-    dev = setup_device(resolve_device("mps"), dtype)
-    assert dev.dtype == getattr(torch, dtype) and dev.use_grad_scaler is scaler and dev.peak_flops is None
-    ctx = dev.autocast()
-    assert isinstance(ctx, torch.autocast) and ctx.device == "mps" and ctx.fast_dtype == dev.dtype
-
-
-def test_mps_float16_before_torch_2_8_is_refused_in_one_line(mps):
-    """Fails before issue 23: float16 was accepted, and GradScaler's first step failed on MPS (torch < 2.8)."""
-    mps.setattr(torch, "__version__", TorchVersion("2.7.1"))
-    with pytest.raises(ValueError) as e, train_keys():
-        setup_device(resolve_device("mps"), "float16")
-    assert str(e.value) == ("train.dtype=float16 on Apple's MPS needs torch 2.8 or newer (its GradScaler): "
-                            "upgrade torch, or use train.dtype=bfloat16 (macOS 14+) or train.dtype=float32")
-    assert setup_device(resolve_device("mps"), "bfloat16").dtype == torch.bfloat16  # no GradScaler: fine on 2.7
-
-
 def test_compile_auto_is_off_on_mps_with_its_reason(caplog):
     """Fails before issue 23: compile=auto was off on MPS without a word."""
     with caplog.at_level(logging.WARNING, logger=training_device.__name__):
@@ -130,3 +92,29 @@ def test_compile_auto_is_off_on_mps_with_its_reason(caplog):
         assert resolve_compile("auto", torch.device("cpu")) is False  # the CPU: off, and nothing to say
         assert resolve_compile(True, MPS) is True  # asked for: tried
     assert not caplog.records
+
+
+def test_cpu_device_and_dtype():
+    assert resolve_device("cpu").type == "cpu"
+    assert resolve_dtype("auto", torch.device("cpu")) == torch.float32
+    assert resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
+    with pytest.raises(ValueError, match="float16 needs a GPU"):
+        resolve_dtype("float16", torch.device("cpu"))
+    assert resolve_compile("auto", torch.device("cpu")) is False
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA GPU"):
+            resolve_device("cuda")
+
+
+def test_auto_dtype_on_cuda_needs_bf16_in_hardware(monkeypatch):
+    """V100/T4 emulate bf16 (torch says "supported" by default): auto picks fp16 + GradScaler there."""
+    asked = {}
+
+    def supported(including_emulation=True):
+        asked["including_emulation"] = including_emulation
+        return including_emulation  # an emulating GPU
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported)
+    assert resolve_dtype("auto", torch.device("cuda")) == torch.float16
+    assert asked == {"including_emulation": False}
+    assert resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16  # asked for: allowed

@@ -38,11 +38,16 @@ def handler(monkeypatch):
 def test_above_a_bar_the_per_interval_lines_are_left_to_it(handler):
     h, log = handler
     with console.progress_bar(10, 0, show=False):  # not shown: no bar to write above
-        log.info("a train line", extra={"progress": True})
-    h.bar = type("Bar", (), {"write": staticmethod(lambda msg, file: file.write(f"[{msg}]\n"))})()
-    log.info("an eval line")
-    log.info("a train line", extra={"progress": True})  # the bar's postfix shows these
-    assert h.stream.getvalue() == "a train line\n[an eval line]\n"
+        log.info("a train line", extra={"on_bar": False})  # (training.metrics.RunLog says whether it showed it)
+    assert h.stream.getvalue() == "a train line\n"
+    h.stream = drawn = io.StringIO()  # a terminal showing stdout and stderr
+    with console.tqdm(total=10, file=drawn, ncols=80) as bar:
+        bar.update(1)
+        log.info("an eval line")
+        log.info("a train line", extra={"on_bar": True})  # the bar's postfix shows these
+    assert "a train line" not in drawn.getvalue()
+    cleared, line, bar_again = drawn.getvalue().split("\r")[2:5]  # the bar cleared, the line, the bar below it
+    assert (cleared.strip(), line, bar_again[:4]) == ("", "an eval line\n", " 10%")
 
 
 def test_a_closed_pipe_is_quiet_and_stops_the_run(handler, capsys):

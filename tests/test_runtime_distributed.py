@@ -115,29 +115,30 @@ def test_resolve_parallel():
 def test_single_process_needs_no_process_group(monkeypatch):
     for k in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k, raising=False)
-    info = D.init(R.DistInfo(), "cpu", "ddp")
+    info = D.join("cpu", "ddp")
+    assert type(info) is R.Ranks
     assert (info.rank, info.world_size, info.parallel, info.distributed) == (0, 1, "none", False)
     assert not torch.distributed.is_initialized()
     t = torch.tensor([3.0])
-    assert R.all_reduce_mean(t, info).item() == 3.0 and TS.gather_rng_states(info) is None
+    assert info.all_reduce_mean(t).item() == 3.0 and "rng_ranks" not in TS.RNGState(info, 1).state_dict()
     stop = StopRequest(info)
     assert not stop.agreed()
     stop.signum = 15
     assert stop.agreed() and stop.signum == 15  # single process: immediate, no collective
     m = torch.nn.Linear(2, 2)
-    assert D.wrap_model(m, info, torch.device("cpu")) is m
-    with R.grad_sync(m, info, last=False):
+    assert info.wrap_model(m, torch.device("cpu")) is m
+    with info.grad_sync(m, last=False):
         pass
-    R.destroy(info)
+    info.destroy()
 
 
 def test_eval_plan_covers_every_batch_once():
-    ddp = [R.eval_plan(5, R.DistInfo(rank=r, world_size=2, parallel="ddp")) for r in range(2)]
+    ddp = [R.Ranks(rank=r, world_size=2, parallel="ddp").eval_plan(5) for r in range(2)]
     assert ddp == [[(0, True), (2, True), (4, True)], [(1, True), (3, True)]]
-    fsdp = [R.eval_plan(5, R.DistInfo(rank=r, world_size=2, parallel="fsdp")) for r in range(2)]
+    fsdp = [R.Ranks(rank=r, world_size=2, parallel="fsdp").eval_plan(5) for r in range(2)]
     assert [len(p) for p in fsdp] == [3, 3]  # same number of forwards: each is a collective under FSDP
     assert sorted(i for p in fsdp for i, counted in p if counted) == [0, 1, 2, 3, 4]
-    assert R.eval_plan(3, R.DistInfo()) == [(0, True), (1, True), (2, True)]
+    assert R.Ranks().eval_plan(3) == [(0, True), (1, True), (2, True)]
 
 
 @pytest.fixture
@@ -146,7 +147,7 @@ def one_rank_group(tmp_path):
     import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
-        yield R.DistInfo(parallel="fsdp", backend="gloo")
+        yield D.ProcessGroup(parallel="fsdp", backend="gloo")
     finally:
         dist.destroy_process_group()
 
@@ -163,20 +164,20 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
     from training.optim import build_optimizer
     f, _ = tiny_model_and_opt(seed=3)
     f.load_state_dict(sd)  # single-file weights load before sharding ...
-    D.wrap_model(f, info, torch.device("cpu"))
+    info.wrap_model(f, torch.device("cpu"))
     fopt = build_optimizer(f, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     S.load_full_optimizer_state(f, fopt, osd)  # ... the optimizer state after
     assert fopt.param_groups[0]["foreach"] is True
     meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "model_config": m.config.to_dict(),
             "step": 2}
-    S.save_sharded(tmp_path / "s", f, fopt, meta)
+    S.save_sharded(tmp_path / "s", f, fopt, meta, ranks=info)
     assert train_steps(f, fopt, 2, seed=2) == expected
-    assert R.weights_finite(list(f.parameters()), info)
+    assert info.weights_finite(list(f.parameters()))
     full = S.full_model_state_dict(f)
     _assert_close_weights(full, m.state_dict())
 
     g, _ = tiny_model_and_opt(seed=4)
-    D.wrap_model(g, info, torch.device("cpu"))
+    info.wrap_model(g, torch.device("cpu"))
     gopt = build_optimizer(g, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
     S.load_sharded(tmp_path / "s", g, gopt)
     assert train_steps(g, gopt, 2, seed=2) == expected
@@ -188,7 +189,7 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
     stop.signum = None
     assert stop.agreed() and stop.signum == 15  # ... and another rank's signal becomes this one's
     stop.finish()
-    assert len(TS.gather_rng_states(info)) == 1
+    assert len(TS.RNGState(info, 1).state_dict()["rng_ranks"]) == 1
 
 
 # ------------------------------------------------------------------------------------------- torchrun
@@ -387,7 +388,7 @@ def test_torchrun_on_mps_is_refused_before_any_process_group(monkeypatch):
     monkeypatch.setattr(D.dist, "init_process_group", lambda *a, **k: pytest.fail("a process group was started"))
     with pytest.raises(ValueError, match="^multi-process training does not support Apple's MPS device: use "
                                          r"train.device=cpu \(gloo\)"):
-        D.init(R.DistInfo(), "auto", "none")
+        D.join("auto", "none")
     for k in ("WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(k)
-    assert not D.init(R.DistInfo(), "mps", "none").distributed  # one process on MPS: no process group needed
+    assert not D.join("mps", "none").distributed  # one process on MPS: no process group needed

@@ -10,8 +10,8 @@ import torch
 
 from training import metrics as mt
 from training.config import Config
-from model.device import setup_device
-from runtime.ranks import DistInfo
+from runtime.ranks import Ranks
+from training.precision import Precision, setup_precision
 from training.state import TrainState
 
 
@@ -41,16 +41,17 @@ def test_metrics_records_and_plot(tmp_path):
 def test_run_log_from_explicit_values(tmp_path, caplog):
     c = Config()
     c.train.max_iters = 4
-    run_dir, dev = tmp_path / "run", setup_device(torch.device("cpu"), "float32")
+    run_dir, precision = tmp_path / "run", setup_precision(torch.device("cpu"), "float32")
     st = TrainState(tokens_per_step=c.train.batch_size * c.train.grad_accum_steps * c.model.block_size)
     tokenizer = types.SimpleNamespace(describe=lambda: "char (65 characters)")
     data = types.SimpleNamespace(tokenizer=tokenizer, dir=tmp_path / "cache",
                                  token_files=lambda: ([0] * 9000, [0] * 900))  # (train, val) tokens
     report = mt.RunLog(c.train.max_iters)
     with caplog.at_level("INFO"):
-        report.start(c, run_dir, st, data=data, num_params=1_234_567, vocab_size=128, dev=dev, compiled=False,
-                     rt=DistInfo(), source=None, resumed_from=None, config_diff=[])
-        report.train(2, 3.5, 1e-3, 2 * st.tokens_per_step, 1.0, 1000.0, None)
+        model = types.SimpleNamespace(num_params=lambda: 1_234_567, config=c.model.with_vocab(128))
+        report.start(c, run_dir, st, data=data, model=model, precision=precision, compiled=False, ranks=Ranks(),
+                     source=None, resumed_from=None, config_diff=[])
+        report.train(2, 3.5, 1e-3, 2 * st.tokens_per_step, 1.0, 1000.0)
         report.eval(4, {"train": {"loss": 3.0, "bpb": None}, "val": {"loss": 3.25, "bpb": 2.0}}, 1e-3, 1000, 2.0, True)
         st.step, st.tokens, st.best_val_loss, st.best_step = 4, 4 * st.tokens_per_step, 3.25, 4
         report.finish("completed", st, wall=3.0, train_s=2.0, session_tokens=st.tokens, compiled=False,
@@ -59,7 +60,7 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     assert lines[:2] == [f"run dir: {run_dir}", f"data: {c.data.name}, char (65 characters), 9.00K train / 900 val "
                                                  f"tokens ({tmp_path / 'cache'})"]
     assert lines[2].startswith("model: 1.23M parameters (") and "vocab 128" in lines[2]
-    assert lines[3] == "device: cpu (" + dev.name + "), float32, eager (no torch.compile)"
+    assert lines[3] == f"device: cpu ({report.device_name}), float32, eager (no torch.compile)"
     assert lines[4].startswith(f"global batch: {st.tokens_per_step:,} tokens per step (")
     assert "x 1 process); 4 steps to go" in lines[4]
     assert lines[5:7] == ["step 2/4: loss 3.5000 | lr 1.00e-03 | 1.0k tok/s",
@@ -70,7 +71,7 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     assert records[2] == {"type": "summary", "status": "completed", "step": 4, "best_step": 4, "best_val_loss": 3.25,
                           "tokens": st.tokens, "wall_s": 3.0, "train_s": 2.0,
                           "mean_tokens_per_s": round(st.tokens / 2.0, 1), "num_params": 1_234_567,
-                          "device": dev.name, "dtype": "float32", "compiled": False, "early_stopped": False}
+                          "device": report.device_name, "dtype": "float32", "compiled": False, "early_stopped": False}
     assert (run_dir / "loss.png").is_file()
 
 
@@ -81,3 +82,35 @@ def test_flops_and_mfu():
     assert f == 6 * 124e6 + 12 * 12 * 12 * 64 * 1024
     assert mfu(1000.0, f, None) is None
     assert mfu(1e5, f, 312e12) == pytest.approx(1e5 * f / 312e12)
+
+
+@pytest.mark.parametrize("name, expect", [
+    ("NVIDIA H100 80GB HBM3", 989e12),
+    ("NVIDIA H100 PCIe", 756e12),
+    ("NVIDIA H100 NVL", 835e12),
+    ("NVIDIA H200", 989e12),
+    ("NVIDIA A100-SXM4-80GB", 312e12),
+    ("NVIDIA A100 80GB PCIe", 312e12),
+    ("NVIDIA A10", 125e12),
+    ("NVIDIA A10G", None),  # not the A10: unknown -> no MFU rather than a wrong one
+    ("NVIDIA L4", 121e12),
+    ("NVIDIA L40S", 362e12),
+    ("NVIDIA GeForce RTX 4090", 165.2e12),
+    ("NVIDIA GeForce RTX 3090", 71e12),
+    ("NVIDIA GeForce RTX 3090 Ti", None),
+    ("Tesla V100-SXM2-16GB", 125e12),
+    ("Some Future GPU", None),
+    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None),  # a slice: the whole GPU's peak would be wrong
+])
+def test_peak_flops_table(name, expect):
+    got = mt.peak_flops(name)
+    assert (got[1] if got else None) == expect
+
+
+def test_mfu_only_for_a_gpu_in_the_table_in_16_bit(monkeypatch):
+    monkeypatch.setattr(mt, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    gpu = torch.device("cuda", 0)  # a device object only: nothing is allocated on it
+    assert mt.mfu_peak(Precision(gpu, torch.bfloat16), gpus=2) == 2 * 989e12
+    assert mt.mfu_peak(Precision(gpu, torch.float32)) is None  # float32: no datasheet figure, no MFU
+    for device in ("cpu", "mps"):
+        assert mt.mfu_peak(Precision(torch.device(device), torch.bfloat16)) is None

@@ -1,5 +1,5 @@
 """training/optim.py (AdamW groups, LR schedule; Muon: Newton-Schulz, the AdamW half, parameter split, state round
-trip), plus the small pure helpers of device.py."""
+trip)."""
 from __future__ import annotations
 
 import copy
@@ -8,8 +8,6 @@ import math
 import pytest
 import torch
 
-from model import device as dv
-from model.device import resolve_device
 from model.gpt import GPT
 from training.optim import MuonAdamW, build_optimizer, lr_at, muon_param_groups, newton_schulz, param_groups, set_lr
 
@@ -66,43 +64,6 @@ def test_schedule_wsd_holds_then_cools_down():
     assert all(a >= b for a, b in zip(values, values[1:]))
 
 
-@pytest.mark.parametrize("name, expect", [
-    ("NVIDIA H100 80GB HBM3", 989e12),
-    ("NVIDIA H100 PCIe", 756e12),
-    ("NVIDIA H100 NVL", 835e12),
-    ("NVIDIA H200", 989e12),
-    ("NVIDIA A100-SXM4-80GB", 312e12),
-    ("NVIDIA A100 80GB PCIe", 312e12),
-    ("NVIDIA A10", 125e12),
-    ("NVIDIA A10G", None),  # not the A10: unknown -> no MFU rather than a wrong one
-    ("NVIDIA L4", 121e12),
-    ("NVIDIA L40S", 362e12),
-    ("NVIDIA GeForce RTX 4090", 165.2e12),
-    ("NVIDIA GeForce RTX 3090", 71e12),
-    ("NVIDIA GeForce RTX 3090 Ti", None),
-    ("Tesla V100-SXM2-16GB", 125e12),
-    ("Some Future GPU", None),
-    ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None),  # a slice: the whole GPU's peak would be wrong
-])
-def test_peak_flops_table(name, expect):
-    got = dv.peak_flops(name)
-    assert (got[1] if got else None) == expect
-
-
-def test_cpu_device_and_dtype():
-    assert resolve_device("cpu").type == "cpu"
-    assert dv.resolve_dtype("auto", torch.device("cpu")) == torch.float32
-    assert dv.resolve_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
-    with pytest.raises(ValueError, match="float16 needs a GPU"):
-        dv.resolve_dtype("float16", torch.device("cpu"))
-    setup = dv.setup_device(torch.device("cpu"), "auto")
-    assert setup.peak_flops is None and not setup.use_grad_scaler  # no MFU on CPU
-    assert dv.resolve_compile("auto", torch.device("cpu")) is False
-    if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="no CUDA GPU"):
-            resolve_device("cuda")
-
-
 def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):
     """A CPU run's AdamW state (foreach) resumed where AdamW is fused (CUDA): every `step` must follow the
     parameters to their device, which torch decides from the flags in the saved groups."""
@@ -124,20 +85,6 @@ def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):
     assert states and all(s["step"].device.type == "meta" and s["exp_avg"].device.type == "meta" for s in states)
     assert all(g["fused"] is True and g["foreach"] is None for g in dst.param_groups)
     assert [g["lr"] for g in dst.param_groups] == [g["lr"] for g in src.param_groups]
-
-
-def test_auto_dtype_on_cuda_needs_bf16_in_hardware(monkeypatch):
-    """V100/T4 emulate bf16 (torch says "supported" by default): auto picks fp16 + GradScaler there."""
-    asked = {}
-
-    def supported(including_emulation=True):
-        asked["including_emulation"] = including_emulation
-        return including_emulation  # an emulating GPU
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", supported)
-    assert dv.resolve_dtype("auto", torch.device("cuda")) == torch.float16
-    assert asked == {"including_emulation": False}
-    assert dv.resolve_dtype("bfloat16", torch.device("cuda")) == torch.bfloat16  # asked for: allowed
 
 
 def test_schedule_is_the_gpt2_124m_recipes():

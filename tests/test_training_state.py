@@ -10,7 +10,7 @@ import torch
 from checkpoint import file as ck
 from tests.helpers import find_non_plain
 from training import state as TS
-from runtime.ranks import DistInfo
+from runtime.ranks import Ranks
 
 
 def test_rank_rng_state():
@@ -18,14 +18,14 @@ def test_rank_rng_state():
     torch.manual_seed(5)
     other = TS.capture_rng_state()
     ckpt = {"rng": base, "rng_ranks": [base, other], "step": 7}
-    two = [TS.rank_rng_state(ckpt, DistInfo(rank=r, world_size=2, parallel="ddp"), 1) for r in range(2)]
+    two = [TS.rank_rng_state(ckpt, Ranks(rank=r, world_size=2, parallel="ddp"), 1) for r in range(2)]
     assert two[0] is base and two[1] is other  # same world size: each rank its own stream
-    three = [TS.rank_rng_state(ckpt, DistInfo(rank=r, world_size=3, parallel="ddp"), 1) for r in range(3)]
+    three = [TS.rank_rng_state(ckpt, Ranks(rank=r, world_size=3, parallel="ddp"), 1) for r in range(3)]
     assert three[0] is base
     assert not torch.equal(three[1]["torch"], three[2]["torch"])  # fresh, distinct, deterministic streams
-    assert torch.equal(three[1]["torch"], TS.rank_rng_state(ckpt, DistInfo(rank=1, world_size=3), 1)["torch"])
+    assert torch.equal(three[1]["torch"], TS.rank_rng_state(ckpt, Ranks(rank=1, world_size=3), 1)["torch"])
     single = {"rng": base, "step": 3}  # a single-process checkpoint
-    assert TS.rank_rng_state(single, DistInfo(), 1) is base
+    assert TS.rank_rng_state(single, Ranks(), 1) is base
 
 
 def test_train_state_round_trip_and_tokens_of_an_older_checkpoint():
@@ -45,7 +45,7 @@ def test_train_state_round_trip_and_tokens_of_an_older_checkpoint():
 
 
 def test_loss_window_keeps_unlogged_losses_only_where_they_fit():
-    w = TS.LossWindow(4, torch.device("cpu"), DistInfo())
+    w = TS.LossWindow(4, torch.device("cpu"), Ranks())
     w.clear(8)
     for v in (1.0, 2.0):
         w.add(torch.tensor(v))
@@ -53,7 +53,7 @@ def test_loss_window_keeps_unlogged_losses_only_where_they_fit():
     assert sd == {"first_step": 8, "losses": [1.0, 2.0]}
     # kept where they end at the step and fit one window; else dropped (a wrong end, train.log_interval changed)
     for step, size, kept in ((10, 4, 2), (10, 8, 2), (11, 4, 0), (10, 2, 0), (10, 3, 0)):
-        r = TS.LossWindow(size, torch.device("cpu"), DistInfo())
+        r = TS.LossWindow(size, torch.device("cpu"), Ranks())
         r.load_state_dict(sd)
         r.start(step)
         assert (r.n, r.restored) == (kept, kept) and r.first_step == (8 if kept else step)

@@ -15,12 +15,12 @@ from typing import Any, Iterator, Optional
 from common.cli import in_keys
 from data.config import DataConfig
 from model.config import GPTConfig
+from runtime.ranks import PARALLEL_MODES
 
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # accepted spellings -> canonical torch dtype name
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 OPTIMIZERS = ("adamw", "muon")
-PARALLEL_MODES = ("none", "ddp", "fsdp")
 REQUIRED = "required"  # model.init_from in a preset that fine-tunes (YAML's ??? would not survive the merge)
 SEED_MAX = 2**32 - 1  # numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
 

@@ -24,12 +24,12 @@ def check(path: str, tokenizer, block_size: int) -> None:
     hellaswag.check_scorable(examples(path), tokenizer.encode_ordinary, block_size, f"train.hellaswag={path}")
 
 
-def at_eval(path: str, step: int, model, tokenizer, autocast, plan, reduce_sum, is_main: bool, report) -> dict:
-    """Score `path` with the wrapped `model` (every rank; `plan(n)`: its share) and report it on rank 0."""
+def at_eval(path: str, step: int, model, tokenizer, autocast, ranks, report) -> dict:
+    """Score `path` with the wrapped `model` (every rank its share, runtime.ranks.Ranks) and report it on rank 0."""
     t0, ex = time.perf_counter(), examples(path)
     r = hellaswag.score(model, ex, tokenizer.encode_ordinary, vocab_limit=tokenizer.vocab_size, autocast=autocast,
-                        plan=plan(len(ex)), reduce_sum=reduce_sum)
-    if is_main:
+                        plan=ranks.eval_plan(len(ex)), reduce_sum=ranks.all_reduce_sum)
+    if ranks.is_main:
         log.info(f"step {step}: {hellaswag.summary(r)} | {time.perf_counter() - t0:.1f} s")
         report.write({"type": "hellaswag", "step": step, **r})
         report.track({f"eval/hellaswag_{k}": v for k, v in r.items() if k != "examples"}, step=step)

@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from checkpoint.manager import CheckpointManager
-from runtime import ranks
-from training.config import Config, train_keys
+from model.device import resolve_compile
 from runtime.console import progress_bar
-from model.device import resolve_compile, setup_device
-from training.metrics import RunLog, flops_per_token, mfu
-from training.optim import build_optimizer, schedule, set_lr
+from runtime.ranks import Ranks
 from runtime.signals import SIGPIPE, StopRequest, closing_line, run_under_way
+from training.config import Config, train_keys
+from training.metrics import RunLog
+from training.optim import build_optimizer, schedule, set_lr
+from training.precision import setup_precision
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
 
@@ -37,18 +38,17 @@ log = logging.getLogger(__name__)
 class Trainer:
     """One run: setup() builds every part, run() trains, finish() writes the summary (also after errors)."""
 
-    def __init__(self, c: Config, run_dir: Path, rt: ranks.DistInfo, resume_command: Callable[[], str],
+    def __init__(self, c: Config, run_dir: Path, ranks: Ranks, resume_command: Callable[[], str],
                  source: Optional[Source], device: torch.device):
         t, m = c.train, c.model
-        self.c, self.run_dir, self.rt, self.resume_command, self.source = c, run_dir, rt, resume_command, source
+        self.c, self.run_dir, self.ranks, self.resume_command, self.source = c, run_dir, ranks, resume_command, source
         self.device = device  # resolved once, where the run was set up
-        self.stop = StopRequest(rt)
+        self.stop = StopRequest(ranks)
         self.report = RunLog(t.max_iters)  # metrics.jsonl, wandb, log lines (rank 0 starts it)
-        self.tokens_per_step = t.batch_size * t.grad_accum_steps * rt.world_size * m.block_size
+        self.tokens_per_step = t.batch_size * t.grad_accum_steps * ranks.world_size * m.block_size
         self.state = TrainState(tokens_per_step=self.tokens_per_step)
         self.lr_at = schedule(c.optim, t.max_iters)  # step -> learning rate (a pure function: exact on resume)
-        self.dev, self.num_params, self.resumed, self.compiled, self.early_stopped = None, 0, False, False, False
-        self.first_step = None  # the step this session's training started from (run())
+        self.resumed, self.compiled, self.early_stopped, self.first_step = False, False, False, None  # first: run()'s
         self.t_start, self.session_tokens, self.train_seconds, self.t_mark = time.perf_counter(), 0, 0.0, 0.0  # session
 
     def setup(self) -> None:
@@ -56,13 +56,10 @@ class Trainer:
         from data.prepare import prepare
         from data.tokenizer import describe_tokenizer, token_bytes
         from model.gpt import GPT
-        c, rt, t, m, o = self.c, self.rt, self.c.train, self.c.model, self.c.optim
-        self.dev = setup_device(self.device, t.dtype)
-        device = self.dev.device
-        ranks.check_dtype(rt, self.dev.dtype)
-        self.peak_flops = self.dev.peak_flops * rt.world_size if self.dev.peak_flops else None  # all GPUs' MFU
-        with ranks.main_first(rt):  # local rank 0 fills the cache, the other ranks then find it there
-            self.prepared = prepare(c.data, progress=rt.is_main, log=log.info)
+        c, ranks, t, m, o, device = self.c, self.ranks, self.c.train, self.c.model, self.c.optim, self.device
+        self.precision = setup_precision(device, t.dtype, ranks.parallel)
+        with ranks.main_first():  # local rank 0 fills the cache, the other ranks then find it there
+            self.prepared = prepare(c.data, progress=ranks.is_main, log=log.info)
         self.tokenizer = self.prepared.tokenizer
         if self.source is not None:
             from training import init_from
@@ -76,38 +73,36 @@ class Trainer:
         self.model = GPT(self.gpt_config) if self.source is None else \
             init_from.build(GPT, self.gpt_config, self.source, t.resume)
         self.model.to(device)  # the same on every rank
-        if rt.rank:
-            torch.manual_seed(t.seed + rt.rank)  # different dropout masks per process
-        self.wrapped = ranks.wrap_model(self.model, rt, device, self.dev.dtype)  # DDP, or FSDP2 in place
-        self.num_params = self.model.num_params()
-        self.flops_per_token = flops_per_token(self.num_params, m.n_layer, m.n_head, self.gpt_config.head_size,
-                                               m.block_size)  # (model.head_dim: not always n_embd / n_head)
+        if ranks.rank:
+            torch.manual_seed(t.seed + ranks.rank)  # different dropout masks per process
+        # what the steps call uncompiled: DDP(model), or the model itself (FSDP2 shards it in place)
+        self.eager_model = ranks.wrap_model(self.model, device, self.precision.dtype)
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                          device_type=device.type, name=o.name, muon_lr=o.muon_lr,
                                          muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=True) if self.dev.use_grad_scaler else None
+        self.scaler = self.precision.grad_scaler()
         self.loader = BatchLoader(*self.prepared.token_files(), m.block_size, t.batch_size,
-                                  seed=t.seed, grad_accum_steps=t.grad_accum_steps, rank=rt.rank,
-                                  world_size=rt.world_size, device=device)
-        self.window, self.rng = LossWindow(t.log_interval, device, rt), RNGState(rt, t.seed)
+                                  seed=t.seed, grad_accum_steps=t.grad_accum_steps, rank=ranks.rank,
+                                  world_size=ranks.world_size, device=device)
+        self.window, self.rng = LossWindow(t.log_interval, device, ranks), RNGState(ranks, t.seed)
         parts = {"model": self.model, "optimizer": self.optimizer, "scaler": self.scaler, "loader": self.loader,
                  "loss_window": self.window, "rng": self.rng, "train_state": self.state}
         meta = {"model_config": self.gpt_config.to_dict(), "tokenizer": self.tokenizer.to_dict(),
                 "config": dataclasses.asdict(c)}
-        self.ckpt = CheckpointManager(self.run_dir, parts, meta, describe_tokenizer, sharded=rt.parallel == "fsdp",
-                                      group=rt.control_group)
+        self.ckpt = CheckpointManager(self.run_dir, parts, meta, describe_tokenizer, ranks=ranks,
+                                      sharded=ranks.parallel == "fsdp")
         self.resumed = self.ckpt.resume(t.resume) is not None
         self.window.start(self.state.step)
         self.compiled = resolve_compile(t.compile, device)  # compile(DDP(model)): its graph breaks overlap all-reduces
-        self.module = torch.compile(self.wrapped) if self.compiled else self.wrapped  # the one handle steps call
+        self.step_model = torch.compile(self.eager_model) if self.compiled else self.eager_model  # what steps call
         self.guard = CompileGuard(self.compiled, self._to_eager, rewound=[self.loader])  # a failing compiler: eager
-        if rt.is_main:
+        if ranks.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if c.logger.name == "wandb":
                 self.state.wandb_run_id = self.state.wandb_run_id or secrets.token_hex(4)
-            self.report.start(c, self.run_dir, self.state, data=self.prepared, num_params=self.num_params,
-                              vocab_size=self.gpt_config.vocab_size, dev=self.dev, compiled=self.compiled, rt=rt,
-                              source=self.source, resumed_from=self.ckpt.source, config_diff=self.ckpt.config_diff)
+            self.report.start(c, self.run_dir, self.state, data=self.prepared, model=self.model,
+                              precision=self.precision, compiled=self.compiled, ranks=ranks, source=self.source,
+                              resumed_from=self.ckpt.source, config_diff=self.ckpt.config_diff)
             if self.resumed and (old := self.ckpt.source_tokens_per_step) not in (None, self.tokens_per_step):
                 log.warning(f"the global batch changes from the checkpoint's {old:,} to {self.tokens_per_step:,} "
                             f"tokens per step: the learning-rate schedule and the step count stay as they were")
@@ -118,22 +113,21 @@ class Trainer:
         st.started = self.t_mark = time.perf_counter()
         self.first_step = st.step
         if (st.step >= t.max_iters or self._out_of_patience()) and not st.eval_pending:
-            if self.rt.is_main:
+            if self.ranks.is_main:
                 self.report.nothing_to_train(st, t)
             return self._result()
-        show_bar = self.rt.is_main and sys.stderr.isatty()
         self.stop.install()
         try:
-            with progress_bar(t.max_iters, st.step, show_bar) as self.report.bar:
+            with progress_bar(t.max_iters, st.step, show=self.ranks.is_main and sys.stderr.isatty()) as self.report.bar:
                 if st.eval_pending or (t.eval_at_start and not self.resumed):  # pending: a stop cut it short
                     self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
                     set_lr(self.optimizer, self.lr_at(st.step))
-                    # (self.module, not bound once: after a failed compile the guard retries on the eager model)
+                    # (self.step_model, not bound once: after a failed compile the guard retries on the eager model)
                     loss = self.guard.run("train", lambda: train_step(
-                        self.module, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
-                        autocast=self.dev.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
-                        grad_sync=partial(ranks.grad_sync, self.wrapped, self.rt)))
+                        self.step_model, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
+                        autocast=self.precision.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
+                        grad_sync=partial(self.ranks.grad_sync, self.eager_model)))
                     self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
                     st.tokens += self.tokens_per_step
@@ -150,7 +144,7 @@ class Trainer:
                     self._save(st.step)  # to save (a step-0 last.pt would only block rerunning the command)
         finally:
             self.stop.restore()
-        if self.early_stopped and self.rt.is_main:
+        if self.early_stopped and self.ranks.is_main:
             log.info(f"early stop at step {st.step}: val loss has not improved for train.patience={t.patience} "
                      f"evaluations (best {st.best_val_loss:.4f} at step {st.best_step})")
         return self._result()
@@ -161,17 +155,16 @@ class Trainer:
             st.step - st.best_step >= t.patience * t.eval_interval
 
     def _evaluate(self) -> dict[str, dict]:
-        plan = ranks.eval_plan(self.c.train.eval_iters, self.rt)  # this rank's share of the batches
-        stop = lambda: self.stop.signum is not None and not self.rt.distributed  # noqa: E731
-        return {split: eval_stats(self.module, partial(self.loader.eval_batch, split), plan, stop=stop,
-                                  autocast=self.dev.autocast, reduce_sum=partial(ranks.all_reduce_sum, info=self.rt),
+        plan = self.ranks.eval_plan(self.c.train.eval_iters)  # this rank's share of the batches
+        stop = lambda: self.stop.signum is not None and not self.ranks.distributed  # noqa: E731
+        return {split: eval_stats(self.step_model, partial(self.loader.eval_batch, split), plan, stop=stop,
+                                  autocast=self.precision.autocast, reduce_sum=self.ranks.all_reduce_sum,
                                   token_bytes=self.token_bytes) for split in ("train", "val")}
 
     def _to_eager(self) -> None:  # the compile guard's fallback
-        self.module, self.compiled = self.wrapped, False
+        self.step_model, self.compiled = self.eager_model, False
         self.optimizer.zero_grad(set_to_none=True)
-        if self.dev.device.type == "cuda":
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()  # (a no-op where CUDA is not in use)
 
     def _eval_and_save(self, save: bool = True) -> None:
         st, step = self.state, self.state.step
@@ -181,7 +174,7 @@ class Trainer:
             stats = self.guard.run("eval", self._evaluate)
         except EvalInterrupted:
             st.eval_pending = True  # saved with the stop's checkpoint: the resumed run redoes it
-            if self.rt.is_main:
+            if self.ranks.is_main:
                 log.info(f"evaluation at step {step} skipped: stopping")
             return
         st.eval_pending = False
@@ -201,23 +194,18 @@ class Trainer:
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         if self.c.train.hellaswag:  # after the save: a failing benchmark never costs the checkpoint
             from training import eval_hellaswag
-            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.wrapped, self.tokenizer, self.dev.autocast,
-                                   partial(ranks.eval_plan, info=self.rt),
-                                   partial(ranks.all_reduce_sum, info=self.rt), self.rt.is_main, self.report)
+            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.eager_model, self.tokenizer,
+                                   self.precision.autocast, self.ranks, self.report)
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights
-        if not ranks.weights_finite(self.model.parameters(), self.rt):
+        if not self.ranks.weights_finite(self.model.parameters()):
             self._diverged(step, float("nan"))
         self.ckpt.save(step, best)
 
     def _diverged(self, step: int, value: float) -> None:
-        kept, then = ((f"the last good checkpoint {self.ckpt.last} (step {self.ckpt.last_step}) is intact",
-                       "then start again or resume from that checkpoint") if self.ckpt.last is not None else
-                      ("no checkpoint had been written yet", "then start again"))
-        raise TrainingDiverged(f"the loss became {value} at step {step} (lr {self.lr_at(step - 1):.3g}): training "
-                               f"stopped and {kept}: lower optim.lr (now {self.c.optim.lr:g}) or keep "
-                               f"optim.grad_clip > 0, {then}")
+        raise TrainingDiverged.at(step, value, self.lr_at(step - 1), self.c.optim.lr, self.ckpt.last,
+                                  self.ckpt.last_step)
 
     def _log_train(self, write: bool = True) -> None:
         """Read the window (NaN check, every rank), time it; a stop's (`write` False) stays unlogged, for last.pt."""
@@ -229,8 +217,7 @@ class Trainer:
             self.window.clear(st.step)
         if vals and write:
             tps = timed * self.tokens_per_step / dt if dt > 0 else 0.0
-            self.report.train(st.step, sum(vals) / len(vals), self.lr_at(st.step - 1), st.tokens, st.elapsed(),
-                              tps, mfu(tps, self.flops_per_token, self.peak_flops))
+            self.report.train(st.step, sum(vals) / len(vals), self.lr_at(st.step - 1), st.tokens, st.elapsed(), tps)
 
     def _result(self, aborted: bool = False) -> TrainResult:
         stopped = aborted or self.stop.signum is not None
@@ -239,10 +226,10 @@ class Trainer:
 
     def closing(self, result: Optional[TrainResult]) -> TrainResult:
         """The last line of a run a signal or closed pipe stopped (`result`), or aborted mid-step (None: 130, 141)."""
-        if result is not None and not (result.exit_code and self.rt.is_main):
+        if result is not None and not (result.exit_code and self.ranks.is_main):
             return result  # (ran to its end: nothing to say)
         ckpt = getattr(self, "ckpt", None)
-        if self.rt.is_main:
+        if self.ranks.is_main:
             log.info(closing_line(self.stop.name, self.state.step, self.run_dir, ckpt and ckpt.last,
                                   ckpt and ckpt.last_step, self.resume_command(),
                                   aborted=result is None, stepped=self.state.step != self.first_step))
@@ -257,7 +244,7 @@ class Trainer:
 
 
 @train_keys()  # the data and model libraries' errors, told in this config's keys (data.path, model.block_size)
-def train(c: Config, run_dir: Path, *, ranks: ranks.DistInfo, device: torch.device, source: Optional[Source] = None,
+def train(c: Config, run_dir: Path, *, ranks: Ranks, device: torch.device, source: Optional[Source] = None,
           resume_command: Callable[[], str] = lambda: "", on_start: Optional[Callable[[], None]] = None) -> TrainResult:
     """Train a run set up by the edge (launch/run.py: config validated, `source` opened, job joined, `device` resolved,
     `run_dir` claimed) into `run_dir`. `on_start`: called once the run is set up (a resume accepted), before its

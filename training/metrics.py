@@ -1,6 +1,7 @@
-"""What rank 0 reports as a run goes: metrics.jsonl records, wandb, the log lines and the closing summary.
-Records are flushed as they happen (a killed run keeps them); a resumed run first cuts the file back to its
-checkpoint's step, so it ends with the same records as an uninterrupted run.
+"""What rank 0 reports as a run goes: metrics.jsonl records, wandb, the log lines and the closing summary, and
+the MFU in them (FLOPs per token against the datasheet's peak: shown only for a GPU in the table and 16-bit
+training, never a wrong one). Records are flushed as they happen (a killed run keeps them); a resumed run first
+cuts the file back to its checkpoint's step, so it ends with the same records as an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -8,18 +9,21 @@ import contextlib
 import json
 import logging
 import math
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from common.files import atomic_write
 from common.platform import command_line
+from model.device import device_name
 
 if TYPE_CHECKING:
     from data.cache import Prepared
+    from model.gpt import GPT
+    from runtime.ranks import Ranks
     from training.config import Config
-    from model.device import DeviceSetup
-    from runtime.ranks import DistInfo
     from training.init_from import Source
+    from training.precision import Precision
     from training.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -49,6 +53,44 @@ def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, blo
     """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N for the weights + 12·L·H·Q·T for
     attention (N parameters, L layers, H heads, Q head size, T context)."""
     return 6.0 * n_params + 12.0 * n_layer * n_head * head_dim * block_size
+
+
+# (regex on the device name, readable name, dense bf16 FLOP/s from the datasheet). First match wins,
+# so the more specific names come first. Datasheets quote "with sparsity" numbers too: those are 2x.
+PEAK_FLOPS: list[tuple[str, str, float]] = [
+    (r"\bGH200\b", "NVIDIA GH200", 989e12),
+    (r"\bH200\b.*\bNVL\b", "NVIDIA H200 NVL", 835e12),
+    (r"\bH200\b", "NVIDIA H200 SXM", 989e12),
+    (r"\bH100\b.*\bPCIe\b", "NVIDIA H100 PCIe", 756e12),
+    (r"\bH100\b.*\bNVL\b", "NVIDIA H100 NVL", 835e12),
+    (r"\bH100\b", "NVIDIA H100 SXM", 989e12),
+    (r"\bB200\b", "NVIDIA B200", 2250e12),
+    (r"\bA100\b", "NVIDIA A100", 312e12),
+    (r"\bA10\b", "NVIDIA A10", 125e12),  # \b: not A10G (a different, lower-clocked part) nor A100
+    (r"\bL40S\b", "NVIDIA L40S", 362e12),
+    (r"\bL4\b", "NVIDIA L4", 121e12),
+    (r"\bRTX A6000\b", "NVIDIA RTX A6000", 154.8e12),
+    (r"\bRTX 4090\b(?!\s*D\b)", "NVIDIA GeForce RTX 4090", 165.2e12),  # fp32 accumulate (what PyTorch uses)
+    (r"\bRTX 3090\b(?!\s*Ti\b)", "NVIDIA GeForce RTX 3090", 71e12),
+    (r"\bV100\b", "NVIDIA V100", 125e12),  # fp16 (no bf16 on Volta)
+    (r"\bT4\b", "NVIDIA T4", 65e12),  # fp16 (no bf16 on Turing)
+]
+
+
+def peak_flops(name: str) -> Optional[tuple[str, float]]:
+    """(readable GPU name, dense 16-bit peak FLOP/s) for a CUDA device name, or None if not in the table."""
+    if "MIG" in name:  # a slice of the GPU: the whole GPU's peak would understate MFU
+        return None
+    return next(((readable, flops) for pattern, readable, flops in PEAK_FLOPS if re.search(pattern, name)), None)
+
+
+def mfu_peak(precision: Precision, gpus: int = 1) -> Optional[float]:
+    """The peak FLOP/s that MFU divides by: `gpus` of this GPU in 16-bit; None (no MFU) for a CPU, MPS, float32
+    training or a GPU not in the table."""
+    if precision.device.type != "cuda" or precision.dtype_name == "float32":
+        return None
+    match = peak_flops(device_name(precision.device))
+    return match[1] * gpus if match else None
 
 
 def mfu(tokens_per_s: float, flops_per_tok: float, peak: Optional[float]) -> Optional[float]:
@@ -81,11 +123,14 @@ class RunLog:
         self.file = None  # metrics.jsonl, once started (rank 0)
         self.wandb, self.bar = None, None  # wandb: a training.wandb_run.WandbRun, with logger=wandb only
 
-    def start(self, c: "Config", run_dir: Path, st: "TrainState", *, data: "Prepared", num_params: int,
-              vocab_size: int, dev: "DeviceSetup", compiled: bool, rt: "DistInfo", source: Optional["Source"],
+    def start(self, c: "Config", run_dir: Path, st: "TrainState", *, data: "Prepared", model: "GPT",
+              precision: "Precision", compiled: bool, ranks: "Ranks", source: Optional["Source"],
               resumed_from: Optional[Path], config_diff: list[str]) -> None:
         """wandb first (a missing API key must not leave files behind), then metrics.jsonl, then the opening lines."""
-        self.model, self.num_params, self.dev = c.model, num_params, dev  # for the summary
+        self.model, self.num_params, self.precision = c.model, model.num_params(), precision  # for the summary
+        self.device_name, self.peak = device_name(precision.device), mfu_peak(precision, ranks.world_size)
+        g = model.config  # (its head_dim: not always n_embd / n_head)
+        self.flops_per_token = flops_per_token(self.num_params, g.n_layer, g.n_head, g.head_size, g.block_size)
         if c.logger.name == "wandb":
             from training.wandb_run import WandbRun
             self.wandb = WandbRun()
@@ -96,18 +141,18 @@ class RunLog:
         log.info(f"run dir: {run_dir}")
         log.info(f"data: {c.data.name}, {data.tokenizer.describe()}, {format_count(len(train))} train / "
                  f"{format_count(len(val))} val tokens ({data.dir})")
-        log.info(f"model: {num_params / 1e6:.2f}M parameters ({m.n_layer} layers, {m.n_head} heads, "
-                 f"{m.n_embd} wide, context {m.block_size}, vocab {vocab_size}, dropout {m.dropout:g})")
+        log.info(f"model: {self.num_params / 1e6:.2f}M parameters ({m.n_layer} layers, {m.n_head} heads, "
+                 f"{m.n_embd} wide, context {m.block_size}, vocab {g.vocab_size}, dropout {m.dropout:g})")
         if source is not None and resumed_from is None:
             log.info(f"init from {source.describe(m.block_size)}")
-        log.info(f"device: {dev.device} ({dev.name}), {dev.dtype_name}{' + GradScaler' if dev.use_grad_scaler else ''}"
-                 ", " + ("torch.compile on" if compiled else "eager (no torch.compile)"))
-        if rt.distributed:
-            from runtime.distributed import describe
-            log.info(f"parallel: {describe(rt)}")
+        log.info(f"device: {precision.device} ({self.device_name}), {precision.dtype_name}"
+                 f"{' + GradScaler' if precision.use_grad_scaler else ''}, "
+                 + ("torch.compile on" if compiled else "eager (no torch.compile)"))
+        if ranks.distributed:
+            log.info(f"parallel: {ranks.describe()}")
         log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x {m.block_size} tokens x "
-                 f"{c.train.grad_accum_steps} accumulation x {rt.world_size} process"
-                 f"{'es' if rt.world_size > 1 else ''}); {togo} steps to go = {format_count(togo * n)} tokens")
+                 f"{c.train.grad_accum_steps} accumulation x {ranks.world_size} process"
+                 f"{'es' if ranks.world_size > 1 else ''}); {togo} steps to go = {format_count(togo * n)} tokens")
         if resumed_from is not None:
             best = st.best_val_loss
             log.info(f"resumed from {resumed_from} at step {st.step} "
@@ -128,10 +173,10 @@ class RunLog:
     def started(self) -> bool:
         return self.file is not None or (self.wandb is not None and self.wandb.run is not None)
 
-    def train(self, step: int, loss: float, lr: float, tokens: int, elapsed: float, tps: float,
-              util: Optional[float]) -> None:
+    def train(self, step: int, loss: float, lr: float, tokens: int, elapsed: float, tps: float) -> None:
         if self.file is None:
             return
+        util = mfu(tps, self.flops_per_token, self.peak)
         self.write({"type": "train", "step": step, "loss": loss, "lr": lr, "tokens": tokens,
                     "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
                     **({"mfu": round(util, 4)} if util is not None else {})})
@@ -139,9 +184,10 @@ class RunLog:
                     **({"mfu": util} if util is not None else {})}, step=step)
         line = f"loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s" + \
             (f" | mfu {util * 100:.1f}%" if util is not None else "")
-        if self.bar is not None and not self.bar.disable:
+        on_bar = self.bar is not None and not self.bar.disable
+        if on_bar:
             self.bar.set_postfix_str(line, refresh=False)
-        log.info(f"step {step}/{self.max_iters}: {line}", extra={"progress": True})  # train.log only, under a bar
+        log.info(f"step {step}/{self.max_iters}: {line}", extra={"on_bar": on_bar})  # on the bar: train.log only
 
     def nothing_to_train(self, st: "TrainState", t) -> None:
         """A resumed run with no step left: why, and which setting continues it."""
@@ -178,7 +224,7 @@ class RunLog:
                     "best_val_loss": best if math.isfinite(best) else None, "tokens": st.tokens,
                     "wall_s": round(wall, 3), "train_s": round(train_s, 3),
                     "mean_tokens_per_s": round(session_tokens / train_s, 1) if train_s else None,
-                    "num_params": self.num_params, "device": self.dev.name, "dtype": self.dev.dtype_name,
+                    "num_params": self.num_params, "device": self.device_name, "dtype": self.precision.dtype_name,
                     "compiled": compiled, "early_stopped": early_stopped})
                 self.file.close()
                 from viz.loss_plot import plot_loss

@@ -9,15 +9,16 @@ import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from checkpoint.file import tokens_per_step
 from common.rng import seed_for
-from runtime.ranks import DistInfo, all_reduce_mean
+
+if TYPE_CHECKING:
+    from runtime.ranks import Ranks
 
 
 @dataclass
@@ -100,9 +101,9 @@ class TrainState:
 class LossWindow:
     """The per-step losses since the last log line, on the device; saved, so a resume logs them as a straight run."""
 
-    def __init__(self, size: int, device: torch.device, rt: DistInfo):
+    def __init__(self, size: int, device: torch.device, ranks: Ranks):
         self.buf = torch.zeros(max(1, size), device=device, dtype=torch.float32)
-        self.rt, self.n, self.first_step = rt, 0, 0
+        self.ranks, self.n, self.first_step = ranks, 0, 0
         self.restored = 0  # losses that came from the checkpoint (trained, and timed, before the resume)
         self._saved: dict = {}
 
@@ -113,7 +114,7 @@ class LossWindow:
     def read(self, on_bad: Optional[Callable[[int, float], None]] = None) -> list[float]:
         """The losses since the last clear(), averaged over ranks; `on_bad(step, value)` for the first NaN/inf."""
         window = self.buf[: self.n]
-        vals = all_reduce_mean(window.clone(), self.rt).tolist() if self.n else []
+        vals = self.ranks.all_reduce_mean(window.clone()).tolist() if self.n else []
         bad = next((i for i, v in enumerate(vals) if not math.isfinite(v)), None)
         if bad is not None and on_bad is not None:
             on_bad(self.first_step + bad + 1, vals[bad])
@@ -139,38 +140,29 @@ class LossWindow:
             self.first_step = first
 
 
-def gather_rng_states(info: DistInfo) -> Optional[list]:
-    """Every rank's RNG states (capture_rng_state dicts) on every rank; None in a single process."""
-    if not info.distributed:
-        return None
-    out = [None] * info.world_size
-    dist.all_gather_object(out, capture_rng_state(), group=info.control_group)
-    return out
-
-
-def rank_rng_state(ckpt: dict, info: DistInfo, seed: int) -> Optional[dict]:
+def rank_rng_state(ckpt: dict, ranks: Ranks, seed: int) -> Optional[dict]:
     """The RNG state this rank restores from `ckpt` (another world size: docs/design.md, "Distributed")."""
-    base, ranks = ckpt.get("rng"), ckpt.get("rng_ranks")
-    if ranks and len(ranks) == info.world_size:
-        return ranks[info.rank]
-    if base is None or info.rank == 0:
+    base, every_rank = ckpt.get("rng"), ckpt.get("rng_ranks")
+    if every_rank and len(every_rank) == ranks.world_size:
+        return every_rank[ranks.rank]
+    if base is None or ranks.rank == 0:
         return base
-    g = torch.Generator().manual_seed(seed_for(int(seed), "dropout", info.rank, int(ckpt.get("step", 0))))
+    g = torch.Generator().manual_seed(seed_for(int(seed), "dropout", ranks.rank, int(ckpt.get("step", 0))))
     return {**base, "torch": g.get_state(), "cuda": None}
 
 
 class RNGState:
     """The generators: "rng" (rank 0's in a file), "rng_ranks" under torchrun; a load waits for restore()."""
 
-    def __init__(self, rt: DistInfo, seed: int):
-        self.rt, self.seed, self.pending = rt, seed, None
+    def __init__(self, ranks: Ranks, seed: int):
+        self.ranks, self.seed, self.pending = ranks, seed, None
 
-    def state_dict(self) -> dict:
-        ranks = gather_rng_states(self.rt)  # a collective: every rank calls it
-        return {"rng": capture_rng_state(), **({"rng_ranks": ranks} if ranks is not None else {})}
+    def state_dict(self) -> dict:  # under torchrun a collective: every rank calls it
+        mine = capture_rng_state()
+        return {"rng": mine, **({"rng_ranks": self.ranks.all_gather_object(mine)} if self.ranks.distributed else {})}
 
     def load_state_dict(self, ckpt: dict) -> None:
-        self.pending = rank_rng_state(ckpt, self.rt, self.seed)
+        self.pending = rank_rng_state(ckpt, self.ranks, self.seed)
 
     def restore(self) -> None:
         if self.pending is not None:

@@ -19,8 +19,16 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 
 class TrainingDiverged(ValueError):
-    """The loss became NaN/inf; the message names the step and the last good checkpoint."""
+    """The loss became NaN/inf; the message (`at`) names the step and the last good checkpoint."""
     status = "diverged"  # (a sweep's table)
+
+    @classmethod
+    def at(cls, step: int, value: float, lr: float, optim_lr: float, last: Any, last_step: Optional[int]):
+        kept, then = ((f"the last good checkpoint {last} (step {last_step}) is intact",
+                       "then start again or resume from that checkpoint") if last is not None else
+                      ("no checkpoint had been written yet", "then start again"))
+        return cls(f"the loss became {value} at step {step} (lr {lr:.3g}): training stopped and {kept}: lower "
+                   f"optim.lr (now {optim_lr:g}) or keep optim.grad_clip > 0, {then}")
 
 
 class EvalInterrupted(BaseException):
