@@ -1,5 +1,5 @@
 """model/generate.py, the sampling ladder: logits_to_probs filters, reproducible sampling, cached == uncached
-generation past the context."""
+generation past the context; nanoGPT's `from model import GPT, GPTConfig` and model.generate (docs/model.md)."""
 import dataclasses
 
 import pytest
@@ -324,3 +324,47 @@ def test_the_cache_holds_only_the_slots_a_generation_can_fill(monkeypatch):
     generate(small, idx, 9, temperature=0)  # longer than the context: block_size slots, the window slides
     assert sizes[-1] == 4
 
+
+# ---- nanoGPT's habits: `from model import GPT, GPTConfig` and model.generate ---------------------------
+
+def test_model_generate_is_nanogpts(tiny_gpt_config):
+    """model.generate(idx, max_new_tokens, temperature, top_k): the prompt and the new tokens, (B, T + N), drawn with
+    torch's global generator (reproducible under torch.manual_seed), greedy at temperature 0, no grad recorded."""
+    import model as package
+    assert package.GPT is GPT and package.GPTConfig is type(tiny_gpt_config)
+    with pytest.raises(AttributeError, match="has no attribute 'Gpt'"):
+        package.Gpt
+    model = spiky_model(tiny_gpt_config).requires_grad_(True)
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    n = 2 * tiny_gpt_config.block_size  # the window slides
+    out = model.generate(idx, n, temperature=0)
+    assert out.shape == (2, 3 + n) and torch.equal(out, generate(model, idx, n, temperature=0))
+    assert not out.requires_grad and torch.is_grad_enabled()
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        runs.append(model.generate(idx, 20, temperature=0.9, top_k=5))
+    assert torch.equal(*runs) and not torch.equal(runs[0], out[:, :23])
+
+
+@pytest.mark.slow  # over ~1 s: the 10.7M model of the first snippet, and a fresh interpreter
+def test_the_snippets_in_model_md_run_as_written(capsys):
+    """docs/model.md's snippets in order, in one namespace, as a reader pastes them (not the one that needs
+    transformers: tests/test_model_hf.py): they print what their comments say. And `import model.config` (which
+    sample.py does before checking its arguments) still imports no torch."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+    doc = (REPO / "docs" / "model.md").read_text(encoding="utf-8")
+    snippets = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "transformers" not in b]
+    assert any("from model import GPT, GPTConfig" in b and "model.generate(" in b for b in snippets)
+    namespace: dict = {}
+    for snippet in snippets:
+        exec(compile(snippet, "model.md", "exec"), namespace)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["10.67M parameters", "torch.Size([1, 28])"]
+    assert out[2:] == ["torch.Size([1, 1])"] * 5
+    code = "import sys, model.config; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)
