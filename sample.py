@@ -175,7 +175,7 @@ def stream_text(tokens, tokenizer, write, stop: str | None = None) -> int:
 
 
 def decode_step(args, device):
-    """The one-token decode step: on CUDA model/fast_decode.py's (CUDA graphs, or --compile), elsewhere the eager one."""
+    """The one-token decode step: on CUDA model/fast_decode.py's (CUDA graphs, or --compile), else the eager one."""
     from model.generate import next_token_probs
     if device.type == "cuda":
         from model.fast_decode import pick_decode

@@ -93,7 +93,7 @@ class FastDecode:
                                ("CUDA graph capture failed", "CUDA graphs"))
             # stacklevel: past generate.py's loop and inference_mode's generator wrapper, to whoever asked for a token
             warnings.warn(f"{failed} ({failure_reason(e)}): decoding without {without}", RuntimeWarning, stacklevel=4)
-        return next_token_probs(model, tok, pos, cache, **kw)  # rewrites the cache slot the failed call may have written
+        return next_token_probs(model, tok, pos, cache, **kw)  # rewrites the cache slot a failed call may have written
 
     def _first_call(self, model, tok, pos, cache, **kw) -> torch.Tensor:
         """Compile or capture over a new cache, and run this token."""
@@ -105,7 +105,8 @@ class FastDecode:
                 torch._dynamo.mark_static_address(t, guard=False)
             out = self.compiled(model, tok, pos, cache, **kw)
         else:
-            self.graph = GraphedStep(partial(next_token_probs, model, cache=cache, **kw), tok, pos, capture=self.capture)
+            step = partial(next_token_probs, model, cache=cache, **kw)
+            self.graph = GraphedStep(step, tok, pos, capture=self.capture)
             out = self.graph(tok, pos)
         self.cache = cache  # only once it worked
         return out

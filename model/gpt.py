@@ -12,7 +12,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model import generate as sampling  # the decode ladder, which imports nothing of this file
 from model.attention import CausalSelfAttention, rope_cos_sin
 from model.config import GPTConfig
 
@@ -151,7 +150,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
         """nanoGPT's model.generate: idx (B, T) followed by max_new_tokens sampled tokens, (B, T + max_new_tokens);
         temperature 0 is greedy. With the KV cache; top_p, a seeded generator and more: model.generate.generate."""
-        return sampling.generate(self, idx, max_new_tokens, temperature, top_k)
+        from model.generate import generate  # here: training never loads the sampler (it imports nothing of this file)
+        return generate(self, idx, max_new_tokens, temperature, top_k)
 
     @torch.no_grad()
     def attention_maps(self, idx) -> torch.Tensor:

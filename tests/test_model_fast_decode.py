@@ -1,5 +1,5 @@
-"""model/fast_decode.py: the decode step picked per device, the CUDA graph (its step, run uncaptured or on a stand-in GPU,
-and for real on a GPU), torch.compile, and the one warning with which either falls back to eager decoding."""
+"""model/fast_decode.py: the decode step picked per device, the CUDA graph (its step, run uncaptured or on a stand-in
+GPU, and for real on a GPU), torch.compile, and the one warning with which either falls back to eager decoding."""
 import contextlib
 import shutil
 import warnings
