@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None = None):
                      "(config.json + weights; GPT-2 BPE, its tokenizer.json, or a char model exported by export.py); "
                      f"GPT-2's: {GET_GPT2}")
     pr = p.add_mutually_exclusive_group()
-    pr.add_argument("--prompt", metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t understood)')
+    pr.add_argument("--prompt", type=unescape, metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t '
+                    'understood)')
     pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file (- = stdin)")
     p.add_argument("--max-new-tokens", type=int, default=500, metavar="N", help="tokens per sample (default 500)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
@@ -43,7 +44,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--num-samples", type=int, default=1, metavar="N", help="number of samples (default 1)")
     p.add_argument("--seed", type=int, help="random seed, for reproducible samples")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
-    p.add_argument("--stop", metavar="STRING", help="stop a sample when STRING appears (\\n, \\t understood)")
+    p.add_argument("--stop", type=unescape, metavar="STRING", help="stop a sample when STRING appears (\\n, \\t "
+                   "understood)")
     p.add_argument("--no-kv-cache", dest="kv_cache", action="store_false", help="recompute the whole window per token")
     p.add_argument("--no-stream", dest="stream", action="store_false", help="print each sample whole when done")
     p.add_argument("--compile", action="store_true", help="CUDA: decode with a torch.compile'd step (longest runs)")
@@ -74,7 +76,6 @@ def check_args(a):
     for wrong, message in mistakes:
         if wrong:
             raise ValueError(message)
-    a.stop, a.prompt = (unescape(t) if t is not None else None for t in (a.stop, a.prompt))
     if a.run is not None and Path(a.run).is_file():  # --run RUN/best.pt: that file
         a.checkpoint, a.run = a.run, None
     if a.checkpoint is not None:
