@@ -34,7 +34,8 @@ def parse_args(argv: list[str] | None = None):
                      "(config.json + weights; GPT-2 BPE, its tokenizer.json, or a char model exported by export.py); "
                      f"GPT-2's: {GET_GPT2}")
     pr = p.add_mutually_exclusive_group()
-    pr.add_argument("--prompt", metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t understood)')
+    pr.add_argument("--prompt", type=unescape, metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t '
+                    'understood)')
     pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file (- = stdin)")
     p.add_argument("--max-new-tokens", type=int, default=500, metavar="N", help="tokens per sample (default 500)")
     p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
@@ -43,7 +44,8 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--num-samples", type=int, default=1, metavar="N", help="number of samples (default 1)")
     p.add_argument("--seed", type=int, help="random seed, for reproducible samples")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
-    p.add_argument("--stop", metavar="STRING", help="stop a sample when STRING appears (\\n, \\t understood)")
+    p.add_argument("--stop", type=unescape, metavar="STRING", help="stop a sample when STRING appears (\\n, \\t "
+                   "understood)")
     p.add_argument("--no-kv-cache", dest="kv_cache", action="store_false", help="recompute the whole window per token")
     p.add_argument("--no-stream", dest="stream", action="store_false", help="print each sample whole when done")
     p.add_argument("--compile", action="store_true", help="CUDA: decode with a torch.compile'd step (longest runs)")
@@ -74,28 +76,31 @@ def check_args(a):
     for wrong, message in mistakes:
         if wrong:
             raise ValueError(message)
-    a.stop, a.prompt = (unescape(t) if t is not None else None for t in (a.stop, a.prompt))
     if a.run is not None and Path(a.run).is_file():  # --run RUN/best.pt: that file
         a.checkpoint, a.run = a.run, None
-    ckpt, png = Path(a.checkpoint or "."), Path(a.attention_map or ".")
-    if a.checkpoint is not None and (ckpt.is_dir() or not ckpt.exists()):
-        raise (IsADirectoryError(f"--checkpoint {ckpt} is a directory: give a .pt file in it, or pass a run directory "
-                                 "with --run DIR") if ckpt.is_dir() else
-               FileNotFoundError(f"checkpoint {ckpt} does not exist: check the path, or use --run DIR"))
-    if a.init is not None and not Path(a.init).expanduser().exists():
-        raise FileNotFoundError(f"--init {a.init} is not a local directory: download GPT-2's with `{GET_GPT2}` and "
-                                "pass --init gpt2, or give the directory export.py --hf wrote")
+    if a.checkpoint is not None:
+        ckpt = Path(a.checkpoint)
+        if ckpt.is_dir():
+            raise IsADirectoryError(f"--checkpoint {ckpt} is a directory: give a .pt file in it, or pass a run "
+                                    "directory with --run DIR")
+        if not ckpt.exists():
+            raise FileNotFoundError(f"checkpoint {ckpt} does not exist: check the path, or use --run DIR")
     if a.init is not None:
+        if not Path(a.init).expanduser().exists():
+            raise FileNotFoundError(f"--init {a.init} is not a local directory: download GPT-2's with `{GET_GPT2}` "
+                                    "and pass --init gpt2, or give the directory export.py --hf wrote")
         check_hf_dir(a.init, "--init")
-    if a.attention_map is not None and png.is_dir():
-        raise IsADirectoryError(f"--attention-map {png} is a directory: give a file name, e.g. {png / 'att.png'}")
-    if a.attention_map is not None and not png.resolve().parent.is_dir():
-        raise FileNotFoundError(f"cannot write --attention-map {png}: its directory does not exist")
-    prompt = a.prompt if a.prompt_file is None else read_text_file(a.prompt_file, "--prompt-file")
-    if prompt == "":
+    if a.attention_map is not None:
+        png = Path(a.attention_map)
+        if png.is_dir():
+            raise IsADirectoryError(f"--attention-map {png} is a directory: give a file name, e.g. {png / 'att.png'}")
+        if not png.resolve().parent.is_dir():
+            raise FileNotFoundError(f"cannot write --attention-map {png}: its directory does not exist")
+    if a.prompt_file is not None:
+        a.prompt = read_text_file(a.prompt_file, "--prompt-file")
+    if a.prompt == "":
         source = "--prompt" if a.prompt_file is None else f"--prompt-file {a.prompt_file}"
         raise ValueError(f"{source} is empty: give some text, or leave out the prompt to start from a newline")
-    a.prompt = prompt
     return a
 
 
@@ -170,22 +175,31 @@ def stream_text(tokens, tokenizer, write, stop: str | None = None) -> int:
     return n
 
 
+def decode_step(args, device):
+    """The one-token decode step: on CUDA model/fast_decode.py's (CUDA graphs, or --compile), else the eager one."""
+    from model.generate import next_token_probs
+    if device.type == "cuda":
+        from model.fast_decode import pick_decode
+        return pick_decode(device, args.compile, args.cuda_graphs, args.kv_cache)
+    if args.compile:
+        print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
+    return next_token_probs
+
+
 def run(argv: list[str] | None = None) -> int:
     """The whole CLI; raises ValueError/OSError for user mistakes (main() turns them into one line)."""
     args, out = parse_args(argv), sys.stdout
     source = args.init if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
     import torch
     from model.device import resolve_device
-    from model.generate import generate_tokens
+    from model.generate import generate_tokens, next_token_probs
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
     model, tokenizer = load(args.init, source, device)
     ids = encode_prompt(tokenizer, args.prompt, model.config.block_size)
     head = args.prompt if args.prompt is not None else tokenizer.decode(ids)  # the prompt is printed in full
-    compiled = args.compile and device.type == "cuda"
-    if args.compile and not compiled:
-        print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
+    decode = decode_step(args, device)
     if args.attention_map:
         from viz.attention_map import draw_attention_map
         draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(source))
@@ -202,16 +216,13 @@ def run(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens,
                                  temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                 use_kv_cache=args.kv_cache, generator=generator, compile=compiled,
-                                 vocab_limit=tokenizer.vocab_size,  # padded vocabulary ids: never sampled
-                                 cuda_graphs=args.cuda_graphs)
+                                 use_kv_cache=args.kv_cache, generator=generator, decode=decode,
+                                 vocab_limit=tokenizer.vocab_size)  # padded vocabulary ids: never sampled
         n_tokens += stream_text(tokens, tokenizer, write, args.stop)
         seconds += time.perf_counter() - t0  # no sync needed: every token has been read back to print it
         out.write("" if sink is out else sink.getvalue())
     print(end="" if tail == "\n" else "\n", file=out, flush=True)  # end the last line, never add one (--stop '\n')
-    graphs = device.type == "cuda" and args.kv_cache and args.cuda_graphs
-    mode = f"kv cache {'on' if args.kv_cache else 'off'}" + (", compiled" if compiled else ", CUDA graphs" if graphs
-                                                              else "")
+    mode = f"kv cache {'on' if args.kv_cache else 'off'}" + ("" if decode is next_token_probs else f", {decode.kind}")
     print(f"generated {n_tokens} tokens in {seconds:.2f} s ({n_tokens / max(seconds, 1e-9):.1f} tokens/s, {mode})",
           file=sys.stderr)
     return 0

@@ -125,6 +125,7 @@ def section_train(args, precision) -> dict:
 
 def section_decode(args, precision) -> dict:
     import torch
+    from model.fast_decode import pick_decode
     from model.generate import generate
     from model.gpt import GPT
     from model.device import cuda_bf16_native
@@ -136,8 +137,9 @@ def section_decode(args, precision) -> dict:
     if device.type == "cuda" and cuda_bf16_native():
         model, dtype = model.to(torch.bfloat16), "bfloat16"  # as sample.py: decoding is memory-bound
     idx = torch.zeros((1, 1), dtype=torch.long, device=device)
-    modes = [("kv_cache_compiled", dict(use_kv_cache=True, compile=True))] * (device.type == "cuda") + \
-        [("kv_cache", dict(use_kv_cache=True)), ("no_cache", dict(use_kv_cache=False))]
+    modes = [("kv_cache", dict(decode=pick_decode(device))), ("no_cache", dict(use_kv_cache=False))]  # CUDA: graphs
+    if device.type == "cuda":
+        modes.insert(0, ("kv_cache_compiled", dict(decode=pick_decode(device, compile=True))))
     res = {"model": shape, "model_config": cfg.to_dict(), "dtype": dtype, "batch_size": 1, "prompt_tokens": 1,
            "new_tokens": n, "temperature": 1.0, "rows": [], "load_avg_before": load_avg()}
 
@@ -151,7 +153,7 @@ def section_decode(args, precision) -> dict:
     for mode, kw in modes:
         say("decode", f"{shape}, {mode}, {n} tokens")
         try:
-            first = timed(kw, n if kw.get("compile") else min(n, 16))  # warm-up (compile + graph capture)
+            first = timed(kw, n if mode == "kv_cache_compiled" else min(n, 16))  # warm-up (compile + graph capture)
             reps = 1 if mode == "no_cache" else args.decode_reps
             best = statistics.median(timed(kw, n) for _ in range(reps))
             row = dict(warmup_s=round(first, 3), seconds=round(best, 3), runs=reps, tokens_per_s=round(n / best, 1))

@@ -1,17 +1,14 @@
-"""Sampling from a GPT: a ladder of small functions, each built on the one below (as gpt-fast's generate.py), over
-a KVCache (per-layer key/value buffers allocated once, written in place at explicit positions). The ladder, the
-sliding window and the engine's CUDA-graph/compile fallback: docs/design.md, Model and generation.
+"""Sampling from a GPT as a ladder of small functions, each built on the one below (gpt-fast's generate.py): a KVCache
+written at explicit positions, next_token_probs (a prefill or one decode step), the random draw, the token loop.
+A faster decode step (model/fast_decode.py, CUDA) is chosen by the caller and passed in: this file never imports it.
+The window past block_size and the exact draw: docs/design.md, Model and generation.
 """
 from __future__ import annotations
 
-import warnings
-from functools import partial
 from typing import Iterator
 
 import torch
 import torch.nn.functional as F
-
-from common.cli import failure_reason
 
 
 class KVCache:
@@ -106,159 +103,63 @@ def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None, vocab_limit
     return probs
 
 
-def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None, vocab_limit=None) -> torch.Tensor:
-    """logits (B, V) -> next tokens (B, 1); a greedy temperature (0, see `greedy`) is argmax, with no random draw."""
-    _check_sampling(temperature, top_k, top_p, vocab_limit)
+def draw(probs, temperature=1.0, generator=None) -> torch.Tensor:
+    """probs (B, V) -> tokens (B, 1): the most probable if greedy(temperature), with no random draw, else drawn ~ probs
+    by the exponential race argmax(p / E), exact like torch.multinomial but with no host sync."""
     if greedy(temperature):
-        return limit_vocab(logits, vocab_limit).argmax(dim=-1, keepdim=True)
-    return draw(logits_to_probs(logits, temperature, top_k, top_p, vocab_limit), generator)
-
-
-def draw(probs, generator=None) -> torch.Tensor:
-    """probs (B, V) -> tokens (B, 1) drawn ~ probs by the exponential race (no host sync; see docs/design.md)."""
-    e = (torch.empty_like(probs).exponential_(1.0) if generator is None
-         else _exponential(probs.shape, generator).to(probs.device))
+        return probs.argmax(dim=-1, keepdim=True)
+    # on the generator's device, so a CPU generator gives the same draws whatever the model's device
+    e = (torch.empty_like(probs).exponential_(1.0) if generator is None else
+         torch.empty(probs.shape, device=generator.device).exponential_(1.0, generator=generator).to(probs.device))
     return (probs / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(dim=-1, keepdim=True)
 
 
-def _exponential(shape, generator) -> torch.Tensor:
-    if torch.compiler.is_compiling():  # a user's Generator cannot be captured in a CUDA graph: draw eagerly
-        return torch.compiler.disable(_exponential)(shape, generator)  # (not a decorator: ~1.3 s import at start)
-    # on the generator's device, so a CPU generator gives the same draws whatever the model's device
-    return torch.empty(shape, device=generator.device).exponential_(1.0, generator=generator)
+def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None, vocab_limit=None) -> torch.Tensor:
+    """logits (B, V) -> next tokens (B, 1); a greedy temperature (0, see `greedy`) is argmax, with no random draw."""
+    return draw(logits_to_probs(logits, temperature, top_k, top_p, vocab_limit), temperature, generator)
 
 
-def prefill(model, idx, cache, **kw) -> torch.Tensor:
-    """Run the window idx (B, T) at positions 0..T-1, writing the cache; return the next token (B, 1)."""
-    logits, _ = model(idx, cache=cache, input_pos=torch.arange(idx.size(1), device=idx.device), last_only=True)
-    return sample(logits[:, -1], **kw)
+def next_token_probs(model, idx, input_pos, cache=None, **kw) -> torch.Tensor:
+    """Run idx (B, T) at positions input_pos (T,), writing its keys and values into the cache (if any) and attending
+    to the cache's earlier ones: the next token's probabilities (B, V) (kw: logits_to_probs's). A prefill is the whole
+    window at 0..T-1, a decode step one token at its position: the step model/fast_decode.py makes fast."""
+    logits, _ = model(idx, cache=cache, input_pos=input_pos, last_only=True)  # (B, 1, V)
+    return logits_to_probs(logits[:, -1], **kw)
 
 
-def decode_one_token(model, tok, pos, cache, **kw) -> torch.Tensor:
-    """Feed tok (B, 1) at position pos (a (1,) LongTensor), attending to the cache; return the next token (B, 1)."""
-    logits, _ = model(tok, cache=cache, input_pos=pos)  # (B, 1, V)
-    return sample(logits[:, -1], **kw)
-
-
-def _step_before_draw(model, tok, pos, cache, temperature, top_k, top_p, vocab_limit) -> torch.Tensor:
-    """decode_one_token up to its random draw: the next token (B, 1) if greedy(temperature), else probs (B, V)."""
-    logits, _ = model(tok, cache=cache, input_pos=pos)
-    if greedy(temperature):
-        return sample(logits[:, -1], 0, vocab_limit=vocab_limit)
-    return logits_to_probs(logits[:, -1], temperature, top_k, top_p, vocab_limit)
-
-
-class GraphedDecode:
-    """decode_one_token with the step up to the (eager) draw replayed as a CUDA graph captured at the first call
-    (capture=False: uncaptured). One per generation: the graph holds the first call's model and static cache."""
-
-    def __init__(self, capture: bool = True):
-        self.capture, self.step, self.cache = capture, None, None
-
-    def __call__(self, model, tok, pos, cache, temperature=1.0, top_k=None, top_p=None, generator=None,
-                 vocab_limit=None) -> torch.Tensor:
-        if self.step is None:
-            assert cache.static, "a graph needs fixed shapes: KVCache(static=True)"
-            from model.cuda_graph import GraphedStep  # CUDA only: a sampling run on the CPU never imports it
-            fn = partial(_step_before_draw, model, cache=cache, temperature=temperature, top_k=top_k,
-                         top_p=top_p, vocab_limit=vocab_limit)
-            self.step, self.cache = GraphedStep(fn, tok, pos, capture=self.capture), cache
-        assert cache is self.cache, "one GraphedDecode per generation"
-        out = self.step(tok, pos)
-        return out if greedy(temperature) else draw(out, generator)
-
-
-class DecodeEngine:
-    """Runs generations: prefill, then the one-token step picked here (eager, a GraphedDecode, or torch.compile'd
-    once per engine). A failed capture or compile warns once, then this engine decodes eagerly."""
-
-    def __init__(self):
-        self.cuda_graphs_work = True  # False once a capture has failed
-        self.compiled = None  # the compiled decode_one_token; decode_one_token itself once compiling failed
-
-    def pick(self, device, compile, cuda_graphs, use_kv_cache):
-        """The decode step for a generation on `device` (see generate_tokens)."""
-        if compile and device.type != "cuda":
-            warnings.warn(f"compile=True uses CUDA graphs and needs a CUDA device; running the eager cached "
-                          f"decode on {device.type}", RuntimeWarning, stacklevel=3)
-        elif compile:
-            if self.compiled is None:
-                self.compiled = torch.compile(decode_one_token, mode="reduce-overhead")
-            return self.compiled
-        elif (cuda_graphs and use_kv_cache and device.type == "cuda" and self.cuda_graphs_work
-              and not torch.is_autocast_enabled("cuda")):  # autocast's weight-cast cache outlives no graph
-            return GraphedDecode()
-        return decode_one_token
-
-    # inference_mode: no_grad minus per-op bookkeeping (~5% of a CPU step); not leaked to the caller between yields
-    @torch.inference_mode()
-    def tokens(self, model, idx, max_new_tokens, use_kv_cache, decode, kw) -> Iterator[torch.Tensor]:
-        """Yield max_new_tokens (B, 1) tokens continuing idx (B, T), decoding with `decode` (from pick)."""
-        block_size = model.config.block_size
-        keep = max(1, block_size // 2)  # tokens kept when the window slides
-        B, T0 = idx.shape
-        tokens = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)  # no per-token cat
-        tokens[:, :T0] = idx
-        n, start = T0, max(0, T0 - block_size)  # tokens so far; the window is tokens[:, start:n]
-        untried = decode is not decode_one_token  # a compiled/graphed decode's first call compiles/captures
-        # static (fixed-shape) off the CPU too, so eager runs the graph's kernels; a CPU cache reads only its prefix
-        static = untried or idx.device.type != "cpu"
-        # as many slots as this generation can fill: a 40,960-token context (Qwen3) would otherwise be allocated whole
-        max_len = min(block_size, T0 + max_new_tokens)
-        cache = KVCache.for_model(model, B, max_len=max_len, device=idx.device, static=static) if use_kv_cache else None
-        if cache is not None and untried and decode is self.compiled:  # fixed addresses let inductor's CUDA
-            for t in (*cache.k, *cache.v):  # graphs write the cache in place; guard=False: a new cache re-records
-                torch._dynamo.mark_static_address(t, guard=False)
-        positions = torch.arange(block_size, device=idx.device)  # views of it: no host->device copy per token
-        for i in range(max_new_tokens):
-            slide = n - start > block_size  # the window cannot hold token n-1 at a known position
-            if slide:
-                start = n - keep
-            if not use_kv_cache:  # recompute the whole window
-                tok = sample(model(tokens[:, start:n], last_only=True)[0][:, -1], **kw)
-            elif i == 0 or slide:
-                tok = prefill(model, tokens[:, start:n], cache, **kw)
-            else:
-                p = n - 1 - start  # position of token n-1 in the window
-                args = (model, tokens[:, n - 1:n], positions[p:p + 1], cache)
-                tok = self._first_call(decode, args, kw) if untried else decode(*args, **kw)
-                if tok is None:  # compiling/capturing failed (warned): decode this token and the rest eagerly
-                    decode = decode_one_token
-                    tok = decode(*args, **kw)  # rewrites the cache slots the failed call may have written
-                untried = False
-            tokens[:, n] = tok[:, 0]  # copy out: a CUDA graph's output is overwritten by the next replay
-            n += 1
-            yield tokens[:, n - 1:n]
-
-    def _first_call(self, decode, args, kw):
-        """A compiled/graphed decode's first call: its token, or None (warned, generator rewound) if that failed."""
-        g = kw.get("generator")
-        state = g.get_state() if g is not None else None
-        try:
-            return decode(*args, **kw)
-        except torch.OutOfMemoryError:
-            raise  # not a compiler problem, and an eager retry needs more memory, not less
-        except Exception as e:  # noqa: BLE001 - inductor/Triton/C-compiler/capture failures take many forms
-            why = failure_reason(e)
-        if isinstance(decode, GraphedDecode):
-            msg, self.cuda_graphs_work = f"CUDA graph capture failed ({why}): decoding without CUDA graphs", False
-        else:
-            msg, self.compiled = f"torch.compile failed ({why}): decoding without compilation", decode_one_token
-        # later generations skip the compiler/capture too (warned once); stacklevel: past tokens() and
-        # inference_mode's generator wrapper, to whoever asked for the token
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
-        if g is not None:
-            g.set_state(state)
-        return None
-
-
-ENGINE = DecodeEngine()
+# inference_mode: no_grad minus per-op bookkeeping (~5% of a CPU step); not leaked to the caller between yields
+@torch.inference_mode()
+def _token_loop(model, idx, max_new_tokens, use_kv_cache, decode, generator, kw) -> Iterator[torch.Tensor]:
+    """Prefill the window, then decode one token at a time (with `decode`), drawing each; past block_size the window
+    restarts at its last half, re-prefilled. Without the cache every token is a prefill of the same windows."""
+    block_size, (B, T0) = model.config.block_size, idx.shape
+    tokens = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)  # no per-token cat
+    tokens[:, :T0] = idx
+    n, start = T0, max(0, T0 - block_size)  # tokens so far; the window is tokens[:, start:n]
+    # static (fixed shapes) for a fast step, and off the CPU so that eager runs its kernels; a CPU cache reads only its
+    # prefix. As many slots as this generation fills: a 40,960-token context (Qwen3) is not allocated whole.
+    static = decode is not next_token_probs or idx.device.type != "cpu"
+    cache = KVCache.for_model(model, B, max_len=min(block_size, T0 + max_new_tokens), device=idx.device,
+                              static=static) if use_kv_cache else None
+    positions = torch.arange(block_size, device=idx.device)  # views of it: no host->device copy per token
+    for i in range(max_new_tokens):
+        slide = n - start > block_size  # token n-1 would have no position: keep the window's last half
+        if slide:
+            start = n - max(1, block_size // 2)
+        if cache is None or i == 0 or slide:  # prefill: the window at 0..T-1
+            probs = next_token_probs(model, tokens[:, start:n], positions[:n - start], cache, **kw)
+        else:  # decode: token n-1 at its position, the earlier ones from the cache
+            probs = decode(model, tokens[:, n - 1:n], positions[n - 1 - start:n - start], cache, **kw)
+        tokens[:, n] = draw(probs, kw["temperature"], generator)[:, 0]  # the draw stays eager: see fast_decode.py
+        n += 1
+        yield tokens[:, n - 1:n]
 
 
 def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-                    generator=None, compile=False, vocab_limit=None, cuda_graphs=True) -> Iterator[torch.Tensor]:
+                    generator=None, vocab_limit=None, decode=next_token_probs) -> Iterator[torch.Tensor]:
     """Yield max_new_tokens (B, 1) LongTensors continuing idx (B, T), never an id >= vocab_limit; arguments are
-    checked now, not at the first token; call model.eval() first. CUDA graphs and compile: docs/design.md."""
+    checked now, not at the first token; call model.eval() first. `decode`: the one-token step, next_token_probs or
+    a faster one from model.fast_decode.pick_decode (CUDA graphs, torch.compile)."""
     _check_sampling(temperature, top_k, top_p, vocab_limit)
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.is_floating_point():
         raise ValueError("idx must be a (batch, time) tensor of token ids: e.g. torch.tensor([[0]])")
@@ -266,15 +167,15 @@ def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
         raise ValueError("the prompt is empty: give at least one token (e.g. a newline or the end-of-text token)")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} is invalid: use a non-negative integer")
-    if compile and not use_kv_cache:
-        raise ValueError("compile=True needs the KV cache: drop use_kv_cache=False or compile=True")
-    decode = ENGINE.pick(idx.device, compile, cuda_graphs, use_kv_cache)
-    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, generator=generator, vocab_limit=vocab_limit)
-    return ENGINE.tokens(model, idx.long(), max_new_tokens, use_kv_cache, decode, kw)
+    if decode is not next_token_probs and not use_kv_cache:
+        raise ValueError("a compiled or CUDA-graph decode step needs the KV cache: drop use_kv_cache=False, or the "
+                         "decode step")
+    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, vocab_limit=vocab_limit)
+    return _token_loop(model, idx.long(), max_new_tokens, use_kv_cache, decode, generator, kw)
 
 
 def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-             generator=None, compile=False, vocab_limit=None, cuda_graphs=True) -> torch.Tensor:
+             generator=None, vocab_limit=None, decode=next_token_probs) -> torch.Tensor:
     """idx (B, T) -> (B, T + max_new_tokens): the prompt followed by the generated tokens."""
     return torch.cat([idx.long(), *generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
-                                                  use_kv_cache, generator, compile, vocab_limit, cuda_graphs)], dim=1)
+                                                  use_kv_cache, generator, vocab_limit, decode)], dim=1)

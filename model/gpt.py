@@ -1,6 +1,7 @@
 """GPT: a decoder-only transformer (nanoGPT's layout, GPT-2's module names so HF weights map 1:1; the modern
 settings of model/config.py swap its pieces): the norms, the MLP, the block, the model, and the one way weights get
-into it (checkpoint, Hugging Face, fine-tune). Attention lives in model/attention.py, sampling in model/generate.py.
+into it (checkpoint, Hugging Face, fine-tune). Attention lives in model/attention.py, sampling in model/generate.py
+(GPT.generate, nanoGPT's, is a call into it).
 """
 from __future__ import annotations
 
@@ -146,6 +147,13 @@ class GPT(nn.Module):
         if self.config.position == "learned":
             return x + self.transformer.wpe(input_pos), None  # + (T, C)
         return x, rope_cos_sin(input_pos, self.config.head_size, self.config.rope_theta)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+        """nanoGPT's model.generate: idx (B, T) followed by max_new_tokens sampled tokens, (B, T + max_new_tokens);
+        temperature 0 is greedy. With the KV cache; top_p, a seeded generator and more: model.generate.generate."""
+        from model.generate import generate  # here: training never loads the sampler (it imports nothing of this file)
+        return generate(self, idx, max_new_tokens, temperature, top_k)
 
     @torch.no_grad()
     def attention_maps(self, idx) -> torch.Tensor:

@@ -9,7 +9,8 @@ import warnings
 import pytest
 import torch
 
-from model import generate as gen
+from model.fast_decode import pick_decode
+from model.generate import next_token_probs
 from model import device as training_device
 from model.device import resolve_compile, resolve_device, resolve_dtype
 
@@ -63,22 +64,19 @@ def test_float16_on_the_cpu_is_still_refused():
         resolve_dtype("float16", torch.device("cpu"))
 
 
-# Sampling on MPS (model/generate.py's DecodeEngine.pick): the CUDA-graph and compiled paths are CUDA's alone.
+# Sampling on MPS (model/fast_decode.py's pick_decode): the CUDA-graph and compiled paths are CUDA's alone.
 
 @pytest.mark.parametrize("cuda_graphs, use_kv_cache", [(True, True), (False, True), (True, False)])
 def test_mps_decodes_eagerly_without_cuda_graphs(cuda_graphs, use_kv_cache):
-    engine = gen.DecodeEngine()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and says nothing: eager is the plain path there
-        assert engine.pick(MPS, False, cuda_graphs, use_kv_cache) is gen.decode_one_token
+        assert pick_decode(MPS, False, cuda_graphs, use_kv_cache) is next_token_probs
 
 
 def test_mps_compile_warns_and_decodes_eagerly(monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda *a, **k: pytest.fail("torch.compile was called for MPS"))
-    engine = gen.DecodeEngine()
     with pytest.warns(RuntimeWarning, match="needs a CUDA device; running the eager cached decode on mps"):
-        assert engine.pick(MPS, True, True, True) is gen.decode_one_token
-    assert engine.compiled is None and engine.cuda_graphs_work
+        assert pick_decode(MPS, True, True, True) is next_token_probs
 
 
 def test_compile_auto_is_off_on_mps_with_its_reason(caplog):

@@ -1,15 +1,12 @@
-"""Sampling ladder: logits_to_probs filters, reproducible sampling, cached == uncached generation."""
+"""model/generate.py, the sampling ladder: logits_to_probs filters, reproducible sampling, cached == uncached
+generation past the context; nanoGPT's `from model import GPT, GPTConfig` and model.generate (docs/model.md)."""
 import dataclasses
-import shutil
-import warnings
 
 import pytest
 import torch
 
 from model.gpt import GPT
 from model.generate import generate, generate_tokens, logits_to_probs, sample
-
-
 
 
 def spiky_model(config, seed=0):
@@ -296,417 +293,13 @@ def test_generation_does_not_leak_no_grad(tiny_gpt_config):
     (dict(max_new_tokens=-1), "max_new_tokens"),
     (dict(idx=torch.zeros(1, 0, dtype=torch.long)), "empty"),
     (dict(idx=torch.zeros(4, dtype=torch.long)), "batch, time"),
-    (dict(compile=True, use_kv_cache=False), "compile"),
+    (dict(decode=lambda *args, **kw: None, use_kv_cache=False), "a compiled or CUDA-graph decode step needs the KV"),
 ])
 def test_bad_generation_arguments_raise_at_call_time(tiny_gpt_config, kwargs, match):
     model = GPT(tiny_gpt_config)
     args = {"idx": torch.zeros(1, 1, dtype=torch.long), "max_new_tokens": 2, **kwargs}
     with pytest.raises(ValueError, match=match):
         generate_tokens(model, **args)  # an iterator, but validated before the first token
-
-
-def test_compile_on_cpu_falls_back_with_a_warning(tiny_gpt_config):
-    model = spiky_model(tiny_gpt_config)
-    idx = torch.zeros(1, 2, dtype=torch.long)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = generate(model, idx, 20, temperature=0, compile=True)
-    assert any("CUDA" in str(w.message) for w in caught)
-    assert torch.equal(out, generate(model, idx, 20, temperature=0))
-
-
-def _compiled(engine):
-    """The engine's compiled decode step, as compile=True on a CUDA device picks it (nothing runs on CUDA)."""
-    return engine.pick(torch.device("cuda"), compile=True, cuda_graphs=True, use_kv_cache=True)
-
-
-def _failing_compiled_decode(calls, exc):
-    """Stands in for a compiled decode that fails after drawing random numbers and writing its cache slot
-    (as a half-run graph could): the eager retry must undo both."""
-    def decode(model, tok, pos, cache, generator=None, **kw):
-        calls.append(pos.item())
-        if generator is not None:
-            torch.rand(100, generator=generator)
-        for t in (*cache.k, *cache.v):
-            t.index_fill_(2, pos, 123.0)
-        raise exc
-    return decode
-
-
-@pytest.mark.parametrize("temperature, seed", [(0, None), (0.8, 5)])
-def test_failed_compile_warns_once_and_decodes_eagerly(tiny_gpt_config, temperature, seed):
-    """compile=True's fallback, on CPU: the compiled decode's first call fails -> one warning, that token and
-    the rest decode eagerly (same tokens, same generator draws), and later generations skip the compiler."""
-    from model import generate as gen
-
-    calls, engine = [], gen.DecodeEngine()
-    engine.compiled = _failing_compiled_decode(calls, RuntimeError("no Triton\ndetails"))
-    model = spiky_model(tiny_gpt_config)
-    idx = torch.tensor([[1, 2, 3]])
-    n = 2 * tiny_gpt_config.block_size  # the window slides: decoding resumes after re-prefills
-
-    def run(decode):
-        g = None if seed is None else torch.Generator().manual_seed(seed)
-        kw = dict(temperature=temperature, top_k=10, top_p=0.9, generator=g)
-        return torch.cat([idx, *engine.tokens(model, idx, n, True, decode, kw)], dim=1)
-
-    eager = run(gen.decode_one_token)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert torch.equal(run(_compiled(engine)), eager)
-        assert torch.equal(run(_compiled(engine)), eager)  # a later generation: no compile
-    assert calls == [3]  # one try: the first decode step (position 3) of the first generation
-    assert [str(w.message) for w in caught] == [
-        "torch.compile failed (RuntimeError: no Triton): decoding without compilation"]
-    assert caught[0].category is RuntimeWarning and caught[0].filename == __file__  # points at the caller
-    assert engine.compiled is gen.decode_one_token and engine.cuda_graphs_work  # capture's state is its own
-
-
-def test_out_of_memory_in_compiled_decode_is_not_a_compile_failure(tiny_gpt_config):
-    from model import generate as gen
-
-    engine = gen.DecodeEngine()
-    engine.compiled = _failing_compiled_decode([], torch.OutOfMemoryError("OOM"))
-    model = spiky_model(tiny_gpt_config)
-    kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # no "torch.compile failed" warning either
-        with pytest.raises(torch.OutOfMemoryError):
-            list(engine.tokens(model, torch.tensor([[1]]), 5, True, _compiled(engine), kw))
-    assert engine.compiled is not gen.decode_one_token
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                    reason="torch.compile's CPU backend needs a C compiler")
-def test_compiled_static_cache_decode_traces_once_and_matches_eager(tiny_gpt_config):
-    """The step CUDA graphs capture (compile=True on CUDA), compiled here on CPU: one graph with no graph
-    break, no recompilation as positions advance or the window slides, and the eager decode's tokens."""
-    import torch._dynamo
-
-    from model import generate as gen
-
-    model = spiky_model(tiny_gpt_config)
-    idx = torch.tensor([[1, 2, 3]])
-    n = 2 * tiny_gpt_config.block_size  # long enough for the window to slide (re-prefill) twice
-    kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
-    engine = gen.DecodeEngine()
-    eager = torch.cat([idx, *engine.tokens(model, idx, n, True, gen.decode_one_token, kw)], dim=1)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    compiled = torch.cat([idx, *engine.tokens(model, idx, n, True, _compiled(engine), kw)], dim=1)
-    assert torch.equal(compiled, eager)
-    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1
-    assert not torch._dynamo.utils.counters["graph_break"]
-    # with a user's Generator the draw stays eager (the one graph break, by design): same tokens as eager
-    kw = dict(temperature=0.8, top_k=10, top_p=0.9)
-    eager = torch.cat([idx, *engine.tokens(model, idx, n, True, gen.decode_one_token,
-                                           dict(kw, generator=torch.Generator().manual_seed(5)))], dim=1)
-    compiled = torch.cat([idx, *engine.tokens(model, idx, n, True, _compiled(engine),
-                                              dict(kw, generator=torch.Generator().manual_seed(5)))], dim=1)
-    assert torch.equal(compiled, eager)
-    assert sum(torch._dynamo.utils.counters["graph_break"].values()) >= 1
-    assert engine.compiled is not gen.decode_one_token  # compiled for real, no silent fallback
-
-
-@pytest.mark.slow
-def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config):
-    """As on a GPU image without a C compiler: inductor really fails -> one warning and eager tokens."""
-    import torch._dynamo
-    import torch._inductor.config
-
-    from model import generate as gen
-
-    engine = gen.DecodeEngine()  # a fresh torch.compile'd decode
-    model = spiky_model(tiny_gpt_config)
-    idx = torch.tensor([[1, 2, 3]])
-
-    def run(decode):
-        kw = dict(temperature=0.8, top_k=10, top_p=None, generator=torch.Generator().manual_seed(3))
-        return torch.cat([idx, *engine.tokens(model, idx, 20, True, decode, kw)], dim=1)
-
-    eager = run(gen.decode_one_token)
-    torch._dynamo.reset()
-    # config.patch restores the options on exit; monkeypatch's undo deletes options that torch defines
-    # lazily, which made every later compile in the session fail (an order-dependent suite)
-    try:
-        with torch._inductor.config.patch({"cpp.cxx": ("/nonexistent/c++",), "fx_graph_cache": False}):
-            # torch 2.13 wraps the reason in InductorError, 2.7 raises it bare: the warning names it either way
-            reason = r"^torch.compile failed \((InductorError: )?InvalidCxxCompiler: No working C\+\+ compiler"
-            with pytest.warns(RuntimeWarning, match=reason):
-                assert torch.equal(run(_compiled(engine)), eager)
-    finally:
-        torch._dynamo.reset()
-    assert engine.compiled is gen.decode_one_token
-
-
-# ---- failure reasons (the one warning that says why compiling or capturing failed) ----------------
-
-class BackendCompilerFailed(RuntimeError):
-    """torch 2.6's torch._dynamo.exc.BackendCompilerFailed, as it builds its message."""
-
-    def __init__(self, backend_fn, inner_exception):
-        self.inner_exception = inner_exception
-        super().__init__(f"backend={backend_fn.__name__!r} raised:\n{type(inner_exception).__name__}: {inner_exception}")
-
-
-class InductorError(RuntimeError):
-    pass
-
-
-def inductor():
-    pass
-
-
-def test_failure_reason_finds_the_line_that_says_something():
-    from common.cli import failure_reason
-
-    wrapped = BackendCompilerFailed(inductor, InductorError("RuntimeError: Failed to find C++ compiler.\nmore"))
-    assert failure_reason(wrapped) == "InductorError: RuntimeError: Failed to find C++ compiler."  # not "raised:"
-    assert failure_reason(RuntimeError("no Triton\ndetails")) == "RuntimeError: no Triton"
-    empty = RuntimeError()
-    empty.__cause__ = InductorError("\n  InvalidCxxCompiler: No working C++ compiler found\n")
-    assert failure_reason(empty) == "InductorError: InvalidCxxCompiler: No working C++ compiler found"
-    assert failure_reason(RuntimeError("  \n")) == "RuntimeError"
-
-
-def test_compile_fallback_warning_carries_the_reason_of_a_wrapped_failure(tiny_gpt_config):
-    """As torch 2.6 reports inductor failures: the first line is only "backend='inductor' raised:"."""
-    from model import generate as gen
-
-    exc = BackendCompilerFailed(inductor, InductorError("InvalidCxxCompiler: No working C++ compiler found"))
-    engine = gen.DecodeEngine()
-    engine.compiled = _failing_compiled_decode([], exc)
-    model = spiky_model(tiny_gpt_config)
-    kw = dict(temperature=0, top_k=None, top_p=None, generator=None)
-    with pytest.warns(RuntimeWarning, match=r"^torch.compile failed \(InductorError: .*C\+\+ compiler") as caught:
-        list(engine.tokens(model, torch.tensor([[1]]), 5, True, _compiled(engine), kw))
-    assert len(caught) == 1
-
-
-# ---- CUDA graphs: the captured step, checked where it can be without a GPU -------------------------
-
-def _run(model, idx, n, decode, kw, seed=None, engine=None):
-    from model import generate as gen
-    kw = dict(kw, generator=None if seed is None else torch.Generator().manual_seed(seed))
-    return torch.cat([idx, *(engine or gen.DecodeEngine()).tokens(model, idx, n, True, decode, kw)], dim=1)
-
-
-SAMPLINGS = [dict(temperature=0, top_k=None, top_p=None), dict(temperature=1.5, top_k=20, top_p=0.95)]
-
-
-@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_graphed_step_on_fixed_buffers_gives_eager_tokens(decoder_config, monkeypatch, kw):
-    """The function a CUDA graph captures, run uncaptured: called with the same input tensors and the same
-    static cache every token (as a replay is), it gives eager decoding's tokens, the window sliding twice."""
-    from model import generate as gen
-
-    model = spiky_model(decoder_config)
-    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    n = 3 * decoder_config.block_size
-    seen, step = [], gen._step_before_draw
-
-    def spy(model, tok, pos, cache, **skw):
-        seen.append((tok, pos, tok.data_ptr(), pos.data_ptr(), cache, cache.k[0].data_ptr(), pos.item()))
-        return step(model, tok, pos, cache, **skw)
-    monkeypatch.setattr(gen, "_step_before_draw", spy)
-    graphed = _run(model, idx, n, gen.GraphedDecode(capture=False), kw, seed=7)
-    assert torch.equal(graphed, _run(model, idx, n, gen.decode_one_token, kw, seed=7))
-    assert torch.equal(graphed, generate(model, idx, n, **kw, generator=torch.Generator().manual_seed(7)))
-    first = seen[0]
-    assert all(s[0] is first[0] and s[1] is first[1] and s[2:4] == first[2:4] for s in seen)  # same buffers
-    assert all(s[4] is first[4] and s[5] == first[5] and s[4].static for s in seen)  # one static cache
-    positions = [s[6] for s in seen]  # decode steps only: the first token and each slide's come from a prefill
-    assert max(positions) == decoder_config.block_size - 1 and n - 1 - len(seen) >= 2  # the window slid
-
-
-@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_capture_and_replay_protocol_on_a_stand_in_gpu(decoder_config, monkeypatch, kw):
-    """GraphedStep's CUDA calls, with CPU stand-ins: warm-up on a side stream, one capture, then per token
-    copy in + replay, which rewrites the one output tensor (as a real graph does). Tokens still equal eager
-    decoding's: each output is copied out before the next replay, and re-prefills keep the graph valid."""
-    import contextlib
-
-    from model import cuda_graph, generate as gen
-
-    steps, events, init = [], [], cuda_graph.GraphedStep.__init__
-
-    def register(self, *args, **kwargs):
-        steps.append(self)
-        init(self, *args, **kwargs)
-
-    class Graph:
-        def replay(self):
-            events.append("replay")
-            steps[-1].out.copy_(steps[-1].fn(*steps[-1].inputs))  # into the captured output, in place
-
-    class Stream:
-        def wait_stream(self, other):
-            pass
-
-    @contextlib.contextmanager
-    def graph(g, stream=None):
-        assert isinstance(g, Graph) and isinstance(stream, Stream)
-        events.append("capture")
-        yield
-    monkeypatch.setattr(cuda_graph.GraphedStep, "__init__", register)
-    for name, value in dict(CUDAGraph=Graph, graph=graph, Stream=Stream, current_stream=Stream,
-                            stream=lambda s: contextlib.nullcontext(),
-                            device=lambda d: contextlib.nullcontext()).items():
-        monkeypatch.setattr(torch.cuda, name, value)
-    model = spiky_model(decoder_config)
-    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
-    n = 3 * decoder_config.block_size
-    graphed = _run(model, idx, n, gen.GraphedDecode(), kw, seed=2)
-    assert torch.equal(graphed, _run(model, idx, n, gen.decode_one_token, kw, seed=2))
-    assert len(steps) == 1 and steps[0].graph is not None
-    assert events[0] == "capture" and events.count("capture") == 1 and len(events) > n // 2
-
-
-SYNC_OPS = {"_local_scalar_dense", "item", "nonzero", "masked_select", "is_nonzero", "equal", "_unique2",
-            "unique_consecutive", "unique_dim", "_assert_async"}  # ops whose result the host must wait for
-
-
-def _host_reads(fn) -> list[str]:
-    """Names of the aten ops run by fn that need a tensor's data on the host (a sync on a GPU)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Spy(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func._overloadpacket.__name__ in SYNC_OPS:
-                reads.append(func._overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-    reads: list[str] = []
-    with Spy():
-        fn()
-    return reads
-
-
-@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_graphed_decoding_never_waits_on_the_device(decoder_config, kw):
-    """No host read anywhere in a generation over the static cache (prefills, window slides, decode steps):
-    a CUDA graph replays back to back, and the only sync is the caller's, to print a token."""
-    from model import generate as gen
-
-    model = spiky_model(decoder_config)
-    idx = torch.tensor([[1, 2, 3]])
-    n = 2 * decoder_config.block_size
-    assert _host_reads(lambda: _run(model, idx, n, gen.GraphedDecode(capture=False), kw, seed=1)) == []
-    # sensitivity: the CPU's dynamic cache reads its fill level on the host (free there), and is caught
-    assert {"item", "_local_scalar_dense"} & set(_host_reads(lambda: _run(model, idx, n, gen.decode_one_token, kw)))
-
-
-@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_config, monkeypatch, kw):
-    from model import generate as gen
-    from model.cuda_graph import GraphedStep
-
-    def fail(self, warmup):
-        self.fn(*self.inputs)  # as a warm-up would: writes the cache slot, draws nothing
-        raise RuntimeError("CUDA error: operation not permitted when stream is capturing\nCUDA kernel errors ...")
-    monkeypatch.setattr(GraphedStep, "_capture", fail)
-    engine = gen.DecodeEngine()
-    model = spiky_model(tiny_gpt_config)
-    idx = torch.tensor([[1, 2, 3]])
-    n = 2 * tiny_gpt_config.block_size
-    eager = _run(model, idx, n, gen.decode_one_token, kw, seed=4)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert torch.equal(_run(model, idx, n, gen.GraphedDecode(), kw, seed=4, engine=engine), eager)
-    assert [str(w.message) for w in caught] == [
-        "CUDA graph capture failed (RuntimeError: CUDA error: operation not permitted when stream is capturing): "
-        "decoding without CUDA graphs"]
-    assert caught[0].category is RuntimeWarning and caught[0].filename == __file__
-    assert engine.cuda_graphs_work is False  # later generations decode eagerly, without a second warning
-    assert engine.pick(torch.device("cuda"), False, True, True) is gen.decode_one_token
-    assert engine.compiled is None  # the compiler's state is its own
-
-
-@pytest.mark.parametrize("kw", [dict(top_k=None, top_p=None), dict(top_k=5, top_p=0.9)], ids=["plain", "filtered"])
-def test_every_decode_path_gives_the_greedy_tokens_at_a_tiny_temperature(decoder_config, kw):
-    """Cached, uncached and the CUDA graph's step (run uncaptured) follow the one rule: a temperature too small to
-    divide by decodes greedily, past the context too (was: NaN probabilities, a token per NaN)."""
-    from model import generate as gen
-
-    model = spiky_model(decoder_config)
-    idx, n = torch.tensor([[1, 2, 3], [4, 5, 6]]), 2 * decoder_config.block_size
-    want = generate(model, idx, n, temperature=0)
-    for t in (1e-45, 5e-324):
-        tiny = dict(kw, temperature=t)
-        assert torch.equal(generate(model, idx, n, **tiny), want), t
-        assert torch.equal(generate(model, idx, n, **tiny, use_kv_cache=False), want), t
-        assert torch.equal(_run(model, idx, n, gen.GraphedDecode(capture=False), tiny, seed=1), want), t
-
-
-def test_cuda_graphs_are_off_the_cpu_and_optional(tiny_gpt_config):
-    """cuda_graphs=True is the default and a no-op without CUDA (no warning); graphs need the cache."""
-    model = spiky_model(tiny_gpt_config)
-    idx = torch.tensor([[1, 2]])
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        out = generate(model, idx, 20, temperature=0)
-        assert torch.equal(out, generate(model, idx, 20, temperature=0, cuda_graphs=False))
-        assert torch.equal(out, generate(model, idx, 20, temperature=0, use_kv_cache=False, cuda_graphs=True))
-
-
-@pytest.mark.cuda
-@pytest.mark.slow
-def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
-    """The real thing: the baby shape in bf16 on a GPU, 400 tokens (the window slides at 256)."""
-    import time
-
-    from model import generate as gen
-    from model.config import GPTConfig
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=65, block_size=256, n_layer=6, n_head=6, n_embd=384)).cuda().bfloat16().eval()
-    idx = torch.zeros(1, 1, dtype=torch.long, device="cuda")
-
-    def run(cuda_graphs, **kw):  # -> (tokens, tokens/s after the first 10: past the capture)
-        g = torch.Generator(device="cuda").manual_seed(3)
-        out, times = [], []
-        for t in generate_tokens(model, idx, 400, generator=g, cuda_graphs=cuda_graphs, **kw):
-            out.append(t.item())  # a sync per token, as sample.py's printing
-            times.append(time.perf_counter())
-        return out, 390 / (times[-1] - times[9])
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95), dict(temperature=1.0)):
-            run(True, **kw), run(False, **kw)  # warm-up: CUDA context, cuBLAS, allocator
-            (graphed, graphed_rate), (eager, eager_rate) = run(True, **kw), run(False, **kw)
-            assert graphed == eager, kw
-            assert graphed_rate > eager_rate, (graphed_rate, eager_rate)
-    assert gen.ENGINE.cuda_graphs_work
-
-
-@pytest.mark.cuda
-@pytest.mark.slow
-def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
-    """conf/model/modern.yaml (rope, GQA, qk_norm, swiglu, untied) in bf16 on a GPU: graphed == eager tokens over
-    3 x block_size (the window slides twice), greedy and sampled."""
-    from omegaconf import OmegaConf
-
-    from model import generate as gen
-    from model.config import GPTConfig
-    from tests.helpers import REPO
-
-    preset = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "modern.yaml"))
-    config = GPTConfig(vocab_size=65, **{k: v for k, v in preset.items() if k != "pad_vocab_to"})
-    assert (config.position, config.qk_norm, config.kv_heads < config.n_head) == ("rope", True, True)
-    model = spiky_model(config).cuda().bfloat16().eval()
-    idx = torch.tensor([[1, 2, 3]], device="cuda")
-    n = 3 * config.block_size
-
-    def run(cuda_graphs, **kw):
-        g = torch.Generator(device="cuda").manual_seed(3)
-        return torch.cat([idx, *generate_tokens(model, idx, n, generator=g, cuda_graphs=cuda_graphs, **kw)], dim=1)
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95)):
-            assert torch.equal(run(True, **kw), run(False, **kw)), kw
-    assert gen.ENGINE.cuda_graphs_work
 
 
 def test_the_cache_holds_only_the_slots_a_generation_can_fill(monkeypatch):
@@ -730,3 +323,48 @@ def test_the_cache_holds_only_the_slots_a_generation_can_fill(monkeypatch):
     small = GPT(GPTConfig(vocab_size=11, block_size=4, n_layer=1, n_head=2, n_embd=16, position="rope")).eval()
     generate(small, idx, 9, temperature=0)  # longer than the context: block_size slots, the window slides
     assert sizes[-1] == 4
+
+
+# ---- nanoGPT's habits: `from model import GPT, GPTConfig` and model.generate ---------------------------
+
+def test_model_generate_is_nanogpts(tiny_gpt_config):
+    """model.generate(idx, max_new_tokens, temperature, top_k): the prompt and the new tokens, (B, T + N), drawn with
+    torch's global generator (reproducible under torch.manual_seed), greedy at temperature 0, no grad recorded."""
+    import model as package
+    assert package.GPT is GPT and package.GPTConfig is type(tiny_gpt_config)
+    with pytest.raises(AttributeError, match="has no attribute 'Gpt'"):
+        package.Gpt
+    model = spiky_model(tiny_gpt_config).requires_grad_(True)
+    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    n = 2 * tiny_gpt_config.block_size  # the window slides
+    out = model.generate(idx, n, temperature=0)
+    assert out.shape == (2, 3 + n) and torch.equal(out, generate(model, idx, n, temperature=0))
+    assert not out.requires_grad and torch.is_grad_enabled()
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(5)
+        runs.append(model.generate(idx, 20, temperature=0.9, top_k=5))
+    assert torch.equal(*runs) and not torch.equal(runs[0], out[:, :23])
+
+
+@pytest.mark.slow  # over ~1 s: the 10.7M model of the first snippet, and a fresh interpreter
+def test_the_snippets_in_model_md_run_as_written(capsys):
+    """docs/model.md's snippets in order, in one namespace, as a reader pastes them (not the one that needs
+    transformers: tests/test_model_hf.py): they print what their comments say. And `import model.config` (which
+    sample.py does before checking its arguments) still imports no torch."""
+    import re
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+    doc = (REPO / "docs" / "model.md").read_text(encoding="utf-8")
+    snippets = [b for b in re.findall(r"```python\n(.*?)```", doc, re.S) if "transformers" not in b]
+    assert any("from model import GPT, GPTConfig" in b and "model.generate(" in b for b in snippets)
+    namespace: dict = {}
+    for snippet in snippets:
+        exec(compile(snippet, "model.md", "exec"), namespace)
+    out = capsys.readouterr().out.splitlines()
+    assert out[:2] == ["10.67M parameters", "torch.Size([1, 28])"]
+    assert out[2:] == ["torch.Size([1, 1])"] * 5
+    code = "import sys, model.config; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True, timeout=120)

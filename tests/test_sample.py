@@ -263,6 +263,33 @@ def test_no_cuda_graphs_and_one_host_read_per_token(trained, capsys, monkeypatch
         assert calls == ["tolist"] * 50
 
 
+def test_cuda_decodes_with_the_fast_step_the_flags_choose(monkeypatch):
+    """On CUDA sample.py passes model/fast_decode.py's step (CUDA graphs by default, --compile, eager with
+    --no-cuda-graphs or --no-kv-cache), and the report's last words name it; elsewhere the eager step."""
+    import argparse
+
+    from model.generate import next_token_probs
+
+    def step(device="cuda", **flags):
+        args = argparse.Namespace(**{"compile": False, "cuda_graphs": True, "kv_cache": True, **flags})
+        return sample.decode_step(args, torch.device(device))
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: fn)  # nothing is compiled here
+    assert step().kind == "CUDA graphs" and step(compile=True).kind == "compiled"
+    assert step(cuda_graphs=False) is step(kv_cache=False) is step("cpu") is next_token_probs
+    assert REPORT.match("generated 5 tokens in 0.10 s (50.0 tokens/s, kv cache on, CUDA graphs)")
+
+
+@pytest.mark.slow
+def test_a_cpu_run_never_loads_the_cuda_fast_path(trained, tmp_path):
+    argv = ["--checkpoint", str(trained[1]), "--max-new-tokens", "3", "--device", "cpu"]
+    code = ("import sys, sample\n"
+            f"assert sample.main({argv!r}) == 0\n"
+            "print('fast path loaded:', 'model.fast_decode' in sys.modules)\n")
+    proc = run_cli(["-c", code], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "fast path loaded: False"
+
+
 def assert_png(path: Path, min_side: int = 100) -> None:
     import matplotlib.image
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
