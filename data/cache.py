@@ -36,6 +36,12 @@ def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:60] or "host"
 
 
+def _elsewhere(tmp: Path) -> bool:
+    """Whether another machine started `tmp` (a shared file system): not ours to judge, its lock may not reach us."""
+    m = re.fullmatch(r"\.tmp-(.+)-\d+-[0-9a-f]{12}", tmp.name)
+    return m is not None and m.group(1) != _host()
+
+
 def _take(tmp: Path) -> FileLock | None:
     """`tmp`'s lock, now this process's: None while another run builds in it. The lock file lies beside the cache
     (`prepared.locks/`): Windows renames no directory with an open file inside."""
@@ -57,17 +63,19 @@ def _let_go(lock: FileLock, tmp: Path) -> None:
 def _claim(root: Path, key: str) -> tuple[Path, FileLock] | None:
     """A dead run's `.tmp-*` of `key` to continue, with its lock (of two racing runs, one takes it); dead ones of
     other keys are removed when they have nothing to continue from, or are older than STALE_PARTIAL_S."""
+    mine = None
     for stale in root.glob(".tmp-*"):
         with suppress(OSError):
-            if not stale.is_dir() or (lock := _take(stale)) is None:
-                continue  # its run is at work (the OS dropped a dead run's lock)
+            if not stale.is_dir() or _elsewhere(stale) or (lock := _take(stale)) is None:
+                continue  # its run is at work (the OS dropped a dead run's lock), or another machine's
             other = saved_head(stale).get("key")
-            if other == key:
-                return stale, lock
+            if mine is None and other == key:
+                mine = stale, lock
+                continue
             if other is None or time.time() - stale.stat().st_mtime > STALE_PARTIAL_S:
                 shutil.rmtree(stale, ignore_errors=True)
             _let_go(lock, stale)
-    return None
+    return mine
 
 
 def _new(root: Path) -> tuple[Path, FileLock]:

@@ -83,12 +83,13 @@ HOLD = ("import sys, time\nfrom pathlib import Path\nfrom data.cache import _tak
 @pytest.mark.slow
 def test_a_live_builders_directory_is_left_alone_and_a_killed_ones_removed(tiny_corpus):
     """Whether a `.tmp-*`'s builder lives is its lock: held (another process at work: not adopted, even of the same
-    key), or dropped by the OS (a killed run: with nothing to continue from, removed)."""
+    key), or dropped by the OS (a killed run: with nothing to continue from, removed). Another machine's is left."""
     cfg = DataConfig(name="text", path=str(tiny_corpus))
     p = prepare(cfg, progress=False)
     shutil.rmtree(p.dir)
     live, killed = p.dir.parent / ".tmp-live", p.dir.parent / ".tmp-killed"
-    for d in (live, killed):
+    elsewhere = p.dir.parent / ".tmp-another_host-1234-0123456789ab"  # its lock may not reach here: left alone
+    for d in (live, killed, elsewhere):
         d.mkdir()
         (d / "train-00000.bin").write_bytes(b"\0" * 100)  # a half-written shard
     (live / "progress.json").write_text(json.dumps({"head": {"key": p.meta["key"]}, "shards": []}))
@@ -100,7 +101,7 @@ def test_a_live_builders_directory_is_left_alone_and_a_killed_ones_removed(tiny_
         builders[1].wait()
         p2 = prepare(cfg, progress=False)
         assert not killed.exists() and p2.dir == p.dir and TokenFile(p2.train_path).count == p2.train_tokens
-        assert sorted(f.name for f in live.iterdir()) == ["progress.json", "train-00000.bin"]
+        assert sorted(f.name for f in live.iterdir()) == ["progress.json", "train-00000.bin"] and elsewhere.is_dir()
     finally:
         for b in builders:
             b.kill()
