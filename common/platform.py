@@ -253,28 +253,6 @@ def compile_unsupported(device_type: str) -> Optional[str]:
     return None
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether process `pid` runs on this machine. Not os.kill(pid, 0) on Windows: signal 0 is CTRL_C_EVENT
-    there, and os.kill would interrupt (or end) the process it asks about."""
-    if is_windows():
-        k32 = _kernel32()
-        handle = k32.OpenProcess(0x1000, False, pid)  # PROCESS_QUERY_LIMITED_INFORMATION
-        if not handle:
-            return ctypes.get_last_error() == 5  # ERROR_ACCESS_DENIED: it exists, someone else's
-        code = ctypes.c_uint32()
-        try:
-            return bool(k32.GetExitCodeProcess(handle, ctypes.byref(code))) and code.value == 259  # STILL_ACTIVE
-        finally:
-            k32.CloseHandle(handle)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def command_line(parts: list[str]) -> str:
     """`parts` as one command the user can paste into this system's shell (POSIX quoting, or Windows')."""
     return subprocess.list2cmdline(parts) if is_windows() else " ".join(shlex.quote(p) for p in parts)

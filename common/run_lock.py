@@ -1,10 +1,9 @@
 """One run per directory: an exclusive lock on `<dir>/.lock`, held until the process exits.
 
-POSIX: `flock` on the file. Windows: msvcrt's lock on one byte far past the record, since Windows locks are
-mandatory and the record must stay readable. Either way the OS drops the lock when its holder dies (kill -9
-too), so a dead run's lock is taken over with no clean-up. The file records who holds it (pid, host, start,
-command) for the refusal to name, and stays after the run: removing it could let two runs lock two
-different files of the same name.
+filelock locks the file (flock; on Windows LockFileEx on byte 0), so the OS drops the lock when its holder dies
+(kill -9 too) and a dead run's lock is taken over with no clean-up. The file records who holds it (pid, host,
+start, command) for the refusal to name, from byte 1 on: Windows locks are mandatory, so others cannot read byte 0.
+It stays after the run: removing it could let two runs lock two different files of the same name.
 """
 from __future__ import annotations
 
@@ -17,20 +16,12 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-try:
-    import fcntl
-    msvcrt = None
-    BUSY = (errno.EWOULDBLOCK, errno.EAGAIN)
-except ImportError:  # Windows
-    import msvcrt
-    fcntl = None
-    BUSY = (errno.EACCES, errno.EDEADLOCK)  # what msvcrt.locking raises while another process holds the byte
+from filelock import lock_descriptor, unlock_descriptor
 
 LOCK_NAME = ".lock"
-WINDOWS_LOCK_AT = 1 << 30  # the byte msvcrt locks: far past any record, so readers never touch it
+NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)  # a filesystem that cannot lock files
 _BINARY = getattr(os, "O_BINARY", 0)  # Windows: no newline translation
-_held: dict[str, int] = {}  # resolved directory -> the open, locked file descriptor
-_before: dict[str, bytes | None] = {}  # resolved directory -> its lock file's bytes before acquire (None: none)
+_held: dict[str, tuple[int, bytes | None]] = {}  # resolved directory -> (its locked descriptor, its bytes before)
 
 
 class DirectoryInUse(Exception):
@@ -46,26 +37,42 @@ def _describe(raw: bytes) -> str | None:
         return None
 
 
-def _lock(fd: int, shared: bool = False) -> None:
-    """Lock `fd` without waiting; OSError with an errno in BUSY while another process holds it."""
-    if fcntl is not None:
-        fcntl.flock(fd, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
-    else:  # no shared locks on Windows: a probe takes the byte for a moment
-        os.lseek(fd, WINDOWS_LOCK_AT, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+def _open(path: Path, create: bool) -> int:
+    """os.open's descriptors are not inherited by child processes (PEP 446)."""
+    try:
+        return os.open(path, os.O_RDWR | (os.O_CREAT if create else 0) | _BINARY, 0o644)
+    except PermissionError:  # someone else's lock file: it can still be locked, not written
+        return os.open(path, os.O_RDONLY | _BINARY)
+
+
+def _lock(fd: int) -> bool:
+    """Lock `fd` without waiting, in a few tries (another process may probe it for a moment, see holder()); False
+    while another process holds it, OSError where it cannot be locked."""
+    for attempt in range(3):
+        if lock_descriptor(fd, blocking=False):
+            return True
+        if attempt < 2:
+            time.sleep(0.05)
+    return False
 
 
 def _close(fd: int, locked: bool) -> None:
-    """Close `fd`, dropping its lock (Windows unlocks first: a closed handle's lock may linger a moment)."""
-    if locked and msvcrt is not None:
-        os.lseek(fd, WINDOWS_LOCK_AT, os.SEEK_SET)
-        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+    """Close `fd`, dropping its lock (unlocked first: on Windows a closed handle's lock may linger a moment)."""
+    if locked:
+        unlock_descriptor(fd)
     os.close(fd)
 
 
-def _record(fd: int) -> bytes:
-    os.lseek(fd, 0, os.SEEK_SET)
+def _read(fd: int, start: int) -> bytes:
+    os.lseek(fd, start, os.SEEK_SET)
     return os.read(fd, 4096)
+
+
+def _write(fd: int, data: bytes) -> None:
+    """The file's bytes become `data` (truncated after it, never before byte 1: byte 0 is Windows' lock)."""
+    os.lseek(fd, 0, os.SEEK_SET)
+    os.write(fd, data)
+    os.ftruncate(fd, len(data))
 
 
 def acquire(directory: str | os.PathLike) -> bool:
@@ -77,33 +84,23 @@ def acquire(directory: str | os.PathLike) -> bool:
     if key in _held:
         return True
     existed = (d / LOCK_NAME).exists()
-    try:  # os.open's descriptors are not inherited by child processes (PEP 446)
-        fd = os.open(d / LOCK_NAME, os.O_RDWR | os.O_CREAT | _BINARY, 0o644)
-    except PermissionError:  # someone else's lock file: it can still be locked, not written
-        fd = os.open(d / LOCK_NAME, os.O_RDONLY | _BINARY)
-    for attempt in range(3):  # a few tries: holder() may be probing the lock for a moment
-        try:
-            _lock(fd)
-            break
-        except OSError as e:
-            if e.errno in BUSY and attempt < 2:
-                time.sleep(0.05)
-                continue
-            raw = _record(fd)
-            os.close(fd)
-            if e.errno in BUSY:
-                raise DirectoryInUse(_describe(raw) or "details not yet written") from None
-            if e.errno in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                return False
-            raise
-    _held[key] = fd
-    _before[key] = _record(fd) if existed else None
+    fd = _open(d / LOCK_NAME, create=True)
+    try:
+        locked = _lock(fd)
+    except OSError as e:
+        os.close(fd)
+        if e.errno in NO_LOCKS:
+            return False
+        raise
+    if not locked:
+        raw = _read(fd, 1)
+        os.close(fd)
+        raise DirectoryInUse(_describe(raw) or "details not yet written")
+    _held[key] = fd, _read(fd, 0) if existed else None  # None: no lock file before (release(undo=True))
     me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%d %H:%M:%S"),
           "command": " ".join([os.path.basename(sys.executable), *sys.argv])}
     try:
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, (json.dumps(me) + "\n").encode())
+        _write(fd, ("\n" + json.dumps(me) + "\n").encode())  # the record from byte 1 on
     except OSError:  # read-only lock file: the lock holds all the same
         pass
     return True
@@ -115,16 +112,15 @@ def holder(directory: str | os.PathLike) -> str | None:
     if os.path.realpath(directory) in _held or not lock.is_file():
         return None
     try:
-        fd = os.open(lock, os.O_RDONLY | _BINARY)
+        fd = _open(lock, create=False)
     except OSError:
         return None
     locked = False
     try:
-        _lock(fd, shared=True)
-        locked = True
+        locked = _lock(fd)
+        return None if locked else _describe(_read(fd, 1))
+    except OSError:  # no locks here (acquire says so)
         return None
-    except OSError as e:
-        return _describe(_record(fd)) if e.errno in BUSY else None
     finally:
         _close(fd, locked)
 
@@ -163,14 +159,11 @@ def claim(given: str, key: str, refusal: Optional[Callable[[Path], Optional[str]
 def release(directory: str | os.PathLike, *, undo: bool = False) -> None:
     """Unlock now (tests); exiting the process does the same. undo: the lock file as it was before acquire (a
     refused resume leaves its directory byte-identical)."""
-    key = os.path.realpath(directory)
-    fd, before = _held.pop(key, None), _before.pop(key, None)
+    fd, before = _held.pop(os.path.realpath(directory), (None, None))
     if fd is None:
         return
     if undo and before is not None:
-        os.ftruncate(fd, 0)
-        os.lseek(fd, 0, os.SEEK_SET)
-        os.write(fd, before)
+        _write(fd, before)
     _close(fd, locked=True)
     if undo and before is None:
         Path(directory, LOCK_NAME).unlink(missing_ok=True)

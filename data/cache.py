@@ -1,6 +1,7 @@
 """Filling the prepared-data cache on a miss: `prepared/<name>-<tokenizer>-<key>/` gets each split's token shards
 and meta.json. It is built in `.tmp-<host>-<pid>-<random>` and renamed once complete, so a killed run never leaves
-one a later run would trust; a later run of the same key adopts a dead run's `.tmp-*` and keeps its closed shards.
+one a later run would trust. The builder holds a lock on it (filelock), which the OS drops when the builder dies:
+a later run of the same key then adopts that `.tmp-*` and keeps its closed shards.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Callable, Iterator
 
+from filelock import FileLock, Timeout
 from tqdm import tqdm
 
 from common.files import fsync_dir, write_text_atomic
-from common.platform import pid_alive
 from common.cli import setting_error
 from data import bpe, corpus, sources
 from data.config import Corpus, DataConfig
@@ -29,73 +30,85 @@ from data.shards import PROGRESS, ShardWriter, saved_head
 from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer_from_dict
 
 STALE_PARTIAL_S = 7 * 24 * 3600  # a dead run's closed shards are kept this long for a rerun to continue from
-_BUILDING: set[str] = set()  # the `.tmp-*` names this process is building now
-
-
-def _owner_alive(tmp: Path) -> bool:
-    """Whether the run that owns `tmp` may still be at work (its name says host and pid; older ones: `.owner`)."""
-    m = re.fullmatch(r"\.tmp-(.+)-(\d+)-[0-9a-f]{12}", tmp.name)
-    try:
-        host, pid = (m.group(1), m.group(2)) if m else (tmp / ".owner").read_text().split()
-        pid = int(pid)
-    except (OSError, ValueError):
-        return time.time() - tmp.stat().st_mtime < 24 * 3600  # unknown owner: keep for a day
-    if host not in (_host(), socket.gethostname()):
-        return True  # another machine on a shared file system: not ours to judge
-    if pid == os.getpid():  # ours: released by an interrupt unless this process is building it now
-        return tmp.name in _BUILDING
-    return pid > 0 and pid_alive(pid)  # pid 0: released by an interrupted run of an older version
 
 
 def _host() -> str:
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname())[:60] or "host"
 
 
-def _own_name(root: Path) -> Path:
-    return root / f".tmp-{_host()}-{os.getpid()}-{os.urandom(6).hex()}"
+def _elsewhere(tmp: Path) -> bool:
+    """Whether another machine started `tmp` (a shared file system): not ours to judge, its lock may not reach us."""
+    m = re.fullmatch(r"\.tmp-(.+)-\d+-[0-9a-f]{12}", tmp.name)
+    return m is not None and m.group(1) != _host()
 
 
-def _claim(root: Path, key: str) -> Path | None:
-    """Adopt the `.tmp-*` of a dead run of `key` by renaming it to our own name (of two racing runs, one wins);
-    remove dead ones of other keys that have nothing to continue from, or are older than STALE_PARTIAL_S."""
+def _take(tmp: Path) -> FileLock | None:
+    """`tmp`'s lock, now this process's: None while another run builds in it. The lock file lies beside the cache
+    (`prepared.locks/`): Windows renames no directory with an open file inside."""
+    lock = FileLock(tmp.parent.with_name(tmp.parent.name + ".locks") / tmp.name, blocking=False)
+    try:
+        lock.acquire()
+    except Timeout:
+        return None
+    return lock
+
+
+def _let_go(lock: FileLock, tmp: Path) -> None:
+    """Release `tmp`'s lock; its file goes too once `tmp` is gone (published or removed)."""
+    lock.release()
+    if not tmp.exists():
+        Path(lock.lock_file).unlink(missing_ok=True)
+
+
+def _claim(root: Path, key: str) -> tuple[Path, FileLock] | None:
+    """A dead run's `.tmp-*` of `key` to continue, with its lock (of two racing runs, one takes it); dead ones of
+    other keys are removed when they have nothing to continue from, or are older than STALE_PARTIAL_S."""
     mine = None
     for stale in root.glob(".tmp-*"):
         with suppress(OSError):
-            if not stale.is_dir() or _owner_alive(stale):
-                continue
+            if not stale.is_dir() or _elsewhere(stale) or (lock := _take(stale)) is None:
+                continue  # its run is at work (the OS dropped a dead run's lock), or another machine's
             other = saved_head(stale).get("key")
             if mine is None and other == key:
-                target = _own_name(root)
-                os.rename(stale, target)  # FileNotFoundError when another run adopted it first
-                mine = target
-            elif other is None or time.time() - stale.stat().st_mtime > STALE_PARTIAL_S:
+                mine = stale, lock
+                continue
+            if other is None or time.time() - stale.stat().st_mtime > STALE_PARTIAL_S:
                 shutil.rmtree(stale, ignore_errors=True)
+            _let_go(lock, stale)
     return mine
+
+
+def _new(root: Path) -> tuple[Path, FileLock]:
+    """A new `.tmp-<host>-<pid>-<random>`, locked before it exists (so no other run takes it for a dead one's)."""
+    tmp = root / f".tmp-{_host()}-{os.getpid()}-{os.urandom(6).hex()}"
+    lock = _take(tmp)  # a new name: free
+    try:
+        tmp.mkdir()
+    except BaseException:
+        _let_go(lock, tmp)
+        raise
+    return tmp, lock
 
 
 @contextmanager
 def staging(root: Path, key: str) -> Iterator[Path]:
-    """Our own `root/.tmp-<host>-<pid>-<random>/`: a dead run's of the same `key` when there is one (its closed
-    shards continue), else a new one. An error removes it; an interrupt (Ctrl-C) keeps it for a rerun."""
+    """Our own `root/.tmp-*/`, locked while we build in it: a dead run's of the same `key` when there is one (its
+    closed shards continue), else a new one. An error removes it; an interrupt (Ctrl-C) keeps it for a rerun."""
     try:
         root.mkdir(parents=True, exist_ok=True)
-        tmp = _claim(root, key)
-        if tmp is None:
-            tmp = _own_name(root)
-            tmp.mkdir()
+        tmp, lock = _claim(root, key) or _new(root)
     except OSError as e:
         raise type(e)(f"the data cache {root} is not writable ({e.strerror or e}): make it writable, or set "
                       f"TINYGPT_CACHE to a writable directory") from None
-    _BUILDING.add(tmp.name)
     try:
         yield tmp
     except KeyboardInterrupt:
-        raise  # kept: a rerun (even in this process, see _owner_alive) continues from it
+        raise  # kept, its lock released: a rerun (even in this process) continues from it
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     finally:
-        _BUILDING.discard(tmp.name)
+        _let_go(lock, tmp)
 
 
 def publish(tmp: Path, final: Path, meta: dict) -> bool:

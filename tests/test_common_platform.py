@@ -5,8 +5,6 @@ from __future__ import annotations
 import ast
 import ctypes
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -141,34 +139,6 @@ def test_compile_unsupported_names_what_stands_in_the_way(monkeypatch, device, t
     monkeypatch.setattr(platform, "has_triton", lambda: triton)
     monkeypatch.setattr(platform, "is_windows", lambda: windows)
     assert platform.compile_unsupported(device) == reason
-
-
-@pytest.mark.slow
-def test_pid_alive_never_signals_on_windows(monkeypatch):
-    assert platform.pid_alive(os.getpid())
-    p = subprocess.Popen([sys.executable, "-c", "pass"])
-    p.wait()
-    assert not platform.pid_alive(p.pid)
-
-    class K32:
-        def __init__(self, handle, code=259, error=0):
-            self.handle, self.code, self.error, self.closed = handle, code, error, False
-
-        def OpenProcess(self, access, inherit, pid):
-            return self.handle
-
-        def GetExitCodeProcess(self, handle, ref):
-            ref._obj.value = self.code
-            return 1
-
-        def CloseHandle(self, handle):
-            self.closed = True
-    monkeypatch.setattr(platform, "is_windows", lambda: True)
-    monkeypatch.setattr(os, "kill", lambda *a: pytest.fail("os.kill(pid, 0) is CTRL_C_EVENT on Windows"))
-    for k32, alive in ((K32(7), True), (K32(7, code=0), False), (K32(0, error=5), True), (K32(0, error=87), False)):
-        monkeypatch.setattr(platform, "_kernel32", lambda: k32)
-        monkeypatch.setattr(ctypes, "get_last_error", lambda: k32.error, raising=False)  # Windows only
-        assert platform.pid_alive(1234) is alive and k32.closed == bool(k32.handle)
 
 
 def test_command_line_quotes_for_this_systems_shell(monkeypatch):

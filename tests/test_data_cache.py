@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,6 +17,7 @@ from data.config import DataConfig
 from data.loader import TokenFile
 from data.shards import TokenWriter
 from data.prepare import load_prepared, prepare
+from tests.helpers import REPO
 from tests.test_data_prepare import small_chunks
 
 
@@ -75,18 +76,37 @@ def test_interrupted_preparation_leaves_nothing_trusted(tiny_corpus, monkeypatch
     assert [d.name for d in root.iterdir()] == [p.dir.name]
 
 
+HOLD = ("import sys, time\nfrom pathlib import Path\nfrom data.cache import _take\nlock = _take(Path(sys.argv[1]))\n"
+        "print('held', flush=True)\ntime.sleep(600)\n")
+
+
 @pytest.mark.slow
-def test_killed_preparation_tmp_dir_is_ignored_and_cleaned(tiny_corpus):
-    root = sources.cache_dir() / "prepared"
-    stale = root / ".tmp-deadbeef"
-    stale.mkdir(parents=True)
-    (stale / "train.bin").write_bytes(b"\0" * 100)  # a half-written file from a killed run
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    (stale / ".owner").write_text(f"{socket.gethostname()} {dead.pid}\n")
-    p = prepare(DataConfig(name="text", path=str(tiny_corpus)), progress=False)
-    assert not stale.exists() and p.dir.is_dir()
-    assert TokenFile(p.train_path).count == p.train_tokens
+def test_a_live_builders_directory_is_left_alone_and_a_killed_ones_removed(tiny_corpus):
+    """Whether a `.tmp-*`'s builder lives is its lock: held (another process at work: not adopted, even of the same
+    key), or dropped by the OS (a killed run: with nothing to continue from, removed). Another machine's is left."""
+    cfg = DataConfig(name="text", path=str(tiny_corpus))
+    p = prepare(cfg, progress=False)
+    shutil.rmtree(p.dir)
+    live, killed = p.dir.parent / ".tmp-live", p.dir.parent / ".tmp-killed"
+    elsewhere = p.dir.parent / ".tmp-another_host-1234-0123456789ab"  # its lock may not reach here: left alone
+    for d in (live, killed, elsewhere):
+        d.mkdir()
+        (d / "train-00000.bin").write_bytes(b"\0" * 100)  # a half-written shard
+    (live / "progress.json").write_text(json.dumps({"head": {"key": p.meta["key"]}, "shards": []}))
+    builders = [subprocess.Popen([sys.executable, "-c", HOLD, str(d)], stdout=subprocess.PIPE, text=True,
+                                 env=dict(os.environ, PYTHONPATH=str(REPO))) for d in (live, killed)]
+    try:
+        assert [b.stdout.readline().strip() for b in builders] == ["held", "held"]
+        builders[1].kill()  # SIGKILL; TerminateProcess on Windows
+        builders[1].wait()
+        p2 = prepare(cfg, progress=False)
+        assert not killed.exists() and p2.dir == p.dir and TokenFile(p2.train_path).count == p2.train_tokens
+        assert sorted(f.name for f in live.iterdir()) == ["progress.json", "train-00000.bin"] and elsewhere.is_dir()
+    finally:
+        for b in builders:
+            b.kill()
+            b.wait()
+    assert [f.name for f in (p.dir.parent.parent / "prepared.locks").iterdir()] == [live.name]
 
 
 def test_load_prepared_checks_meta(tiny_corpus):
