@@ -17,6 +17,7 @@ from pathlib import Path
 
 from checkpoint.file import add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, in_keys, read_text_file
+from model.config import check_sampling
 from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
@@ -62,13 +63,9 @@ def unescape(text: str) -> str:
 
 def check_args(a):
     """Cheap checks (no torch) so that mistakes are reported before anything heavy is loaded."""
-    mistakes = [(not 0 <= a.temperature < float("inf"), f"--temperature {a.temperature} is invalid: use 0 (greedy) or "
-                 "a positive number like 0.8"),  # (also nan)
-                (a.top_p is not None and not 0 < a.top_p <= 1, f"--top-p {a.top_p} is outside (0, 1]: use e.g. "
-                 "--top-p 0.9 (1 keeps every token)"),
-                (a.top_k is not None and a.top_k < 1, f"--top-k {a.top_k} is invalid: use a whole number >= 1 (e.g. "
-                 "--top-k 50), or leave it out"),
-                (a.max_new_tokens < 0, f"--max-new-tokens {a.max_new_tokens} is negative: use 0 or more (default 500)"),
+    with in_keys({"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}):
+        check_sampling(a.temperature, a.top_k, a.top_p)
+    mistakes = [(a.max_new_tokens < 0, f"--max-new-tokens {a.max_new_tokens} is negative: use 0 or more (default 500)"),
                 (a.num_samples < 1, f"--num-samples {a.num_samples} is invalid: use 1 or more"),
                 (a.seed is not None and not 0 <= a.seed < 2**64,  # torch.Generator.manual_seed's range
                  f"--seed {a.seed} is out of range: use a whole number from 0 to {2**64 - 1}"),

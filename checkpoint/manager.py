@@ -40,9 +40,7 @@ class CheckpointManager:
     def resume(self, spec: Any) -> Optional[int]:
         """Load what `train.resume` names (False; True: this run dir; a file, sharded dir or run dir) into
         the states. Returns the checkpoint's step, or None when the run starts afresh."""
-        fresh = spec is False or spec is None
-        if fresh and (refusal := overwrite_refusal(self.run_dir)):
-            raise ValueError(refusal)
+        fresh = spec is False or spec is None  # (a fresh run into a directory holding last.pt: refused at set-up)
         if self.ranks.is_main and self.run_dir.is_dir():
             remove_stale_temp_files(self.run_dir)  # of saves a kill cut short
             if not fresh and any(self.run_dir.glob(".*_dcp.*")):  # a sharded save that a kill interrupted

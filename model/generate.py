@@ -10,6 +10,8 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
+from model.config import check_sampling
+
 
 class KVCache:
     """Static: all max_len slots, fixed shapes for CUDA graphs and torch.compile; dynamic: only the filled prefix."""
@@ -48,15 +50,9 @@ class KVCache:
 
 
 def _check_sampling(temperature, top_k, top_p, vocab_limit=None) -> None:
-    def number(x, whole=False):  # bool is an int, but True is a typo, not 1
-        return not isinstance(x, bool) and isinstance(x, int if whole else (int, float))
-    if not (number(temperature) and 0 <= temperature < float("inf")):  # also rejects NaN
-        raise ValueError(f"temperature={temperature!r} is invalid: use 0 (greedy) or a positive number such as 0.8")
-    if top_k is not None and not (number(top_k, whole=True) and top_k >= 1):
-        raise ValueError(f"top_k={top_k!r} is invalid: use a positive integer (e.g. top_k=50) or None")
-    if top_p is not None and not (number(top_p) and 0.0 < top_p <= 1.0):
-        raise ValueError(f"top_p={top_p!r} is outside (0, 1]: use e.g. top_p=0.9, or None to disable")
-    if vocab_limit is not None and not (number(vocab_limit, whole=True) and vocab_limit >= 1):
+    check_sampling(temperature, top_k, top_p)
+    if vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
+                                    or vocab_limit < 1):
         raise ValueError(f"vocab_limit={vocab_limit!r} is invalid: use the tokenizer's vocabulary size, or None")
 
 

@@ -37,8 +37,7 @@ def launched_by_torchrun() -> bool:
 
 def resolve_parallel(spec: str, world_size: int, launched: bool) -> str:
     """`train.parallel` -> the mode this process runs: none | ddp | fsdp."""
-    if spec not in PARALLEL_MODES:
-        raise ValueError(f"train.parallel={spec!r} is not valid: use none (DDP under torchrun), ddp or fsdp")
+    assert spec in PARALLEL_MODES, spec  # (training.config.validate told the user)
     if world_size > 1 and not launched:
         raise ValueError(f"WORLD_SIZE={world_size} is set but MASTER_ADDR/MASTER_PORT are not: launch with "
                          f"torchrun (torchrun --standalone --nproc_per_node={world_size} train.py ...)")

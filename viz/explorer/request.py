@@ -8,6 +8,8 @@ from __future__ import annotations
 import collections
 import json
 
+from model.config import check_sampling
+
 FIELDS = {"text", "ids", "layers", "temperature", "top_k", "model", "scores", "logits"}
 
 
@@ -99,9 +101,9 @@ def parse_request(body: bytes, views: list) -> dict:
         twice = next(l for l, count in collections.Counter(layers).items() if count > 1)
         raise RequestError(f"layer {twice} is asked twice: list each layer once")
     temperature, top_k = req.get("temperature", 1.0), req.get("top_k")
-    if not _number(temperature) or not temperature >= 0 or temperature == float("inf"):
-        raise RequestError(f"temperature {temperature!r} is invalid: use 0 (greedy) or a positive number like 0.8")
-    if "top_k" in req and (not _whole(top_k) or top_k < 1):
-        raise RequestError(f"top_k {top_k!r} is invalid: use a whole number >= 1, or leave it out")
+    try:
+        check_sampling(temperature, top_k)  # (top_k null: as if left out)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
     return {"view": view, "ids": ids, "layers": layers, "temperature": float(temperature), "top_k": top_k,
             "scores": _flag(req, "scores"), "logits": _flag(req, "logits")}
