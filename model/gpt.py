@@ -73,9 +73,14 @@ class GPT(nn.Module):
         if config.vocab_size is None:
             raise ValueError("GPTConfig.vocab_size is not set: give GPTConfig(vocab_size=...), e.g. the tokenizer's")
         self.config = config
-        self.transformer = nn.ModuleDict(dict(wte=nn.Embedding(config.vocab_size, config.n_embd)))
+        # under torch.device("meta") (a shape to load weights into) nothing is initialised: random init of a meta
+        # tensor runs torch's Python meta kernels, whose import (torch._dynamo, sympy) costs 1-4 s at start-up
+        shapes_only = torch.empty(0).is_meta
+        table = lambda n: nn.Embedding(n, config.n_embd, _weight=torch.empty(n, config.n_embd) if shapes_only  # noqa
+                                       else None)
+        self.transformer = nn.ModuleDict(dict(wte=table(config.vocab_size)))
         if config.position == "learned":  # rope has no table: positions enter as rotations of q and k
-            self.transformer.wpe = nn.Embedding(config.block_size, config.n_embd)
+            self.transformer.wpe = table(config.block_size)
         self.transformer.update(dict(
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList([Block(config, i) for i in range(config.n_layer)]),
@@ -85,6 +90,8 @@ class GPT(nn.Module):
         if config.tie_weights:
             self.transformer.wte.weight = self.lm_head.weight  # one matrix: embeds tokens and scores them
 
+        if shapes_only:
+            return
         self.apply(self._init_weights)  # GPT-2's: weights ~ N(0, 0.02), biases 0
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # 2 residual adds per block: keep the stream's variance ~constant
