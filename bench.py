@@ -1,4 +1,5 @@
-"""tinygpt's benchmark: `python bench.py [--quick] [--only train,quality,decode,prep,startup,sample] [--out PATH]`.
+"""tinygpt's benchmark: `python bench.py [--quick] [--only train,quality,decode,prep,startup,sample] [--out PATH]`,
+and on a GPU machine `python bench.py --gpu-check [--nanogpt DIR]` (benchmarks/gpu_check.py).
 
 Prints a table and writes JSON (hardware, torch, git commit, load average, every setting) to --out, default
 bench_results/<timestamp>.json. The sections live in benchmarks/; docs/benchmarks.md says what each measures.
@@ -145,11 +146,22 @@ def parse_args(argv=None):
     add("--quality-overrides", nargs="*", default=[], help="extra Hydra overrides for train.py")
     add("--keep", action="store_true", help="keep the time-to-quality run directory")
     add("--startup-runs", type=int, default=None, help="interleaved start-up runs, median (default 5; --quick 3)")
+    add("--gpu-check", action="store_true", help="on a CUDA GPU: the cuda tests, the default run beside nanoGPT's, "
+        "start-up, decode and GPT-2 training throughput, in one JSON and table (docs/benchmarks.md)")
+    add("--nanogpt", metavar="DIR", help="--gpu-check: a nanoGPT checkout to run side by side")
+    add("--skip", default="", help="--gpu-check: comma-separated steps to leave out (tests, default, nanogpt, "
+        "startup, decode, throughput)")
+    add("--step-timeout", type=float, default=600.0, help="--gpu-check: seconds before one step's command is killed")
     args = ap.parse_args(argv)
 
     def check(ok: bool, msg: str) -> None:
         if not ok:
             raise ValueError(msg)
+    from benchmarks.gpu_check import STEPS
+    args.skip = [s.strip() for s in args.skip.split(",") if s.strip()]
+    check(set(args.skip) <= set(STEPS), f"--skip {','.join(args.skip)}: choose from {','.join(STEPS)}")
+    check(args.nanogpt is None or (Path(args.nanogpt) / "train.py").is_file(),
+          f"--nanogpt {args.nanogpt} is not a nanoGPT checkout (no train.py in it): give the directory of a clone")
     args.sections = [s.strip() for s in args.only.split(",") if s.strip()]
     bad = sorted(set(args.sections) - set(SECTIONS))
     check(args.sections and not bad,
@@ -200,12 +212,28 @@ def run(args) -> dict:
     return result
 
 
+def gpu_check(args, out: Path) -> int:
+    import torch
+    from benchmarks.gpu_check import run_gpu_check, table
+    if not torch.cuda.is_available():
+        raise ValueError("--gpu-check needs a CUDA GPU: run it on a GPU machine (python bench.py --gpu-check "
+                         "--nanogpt DIR), or run bench.py's sections here without it")
+    started = {"format": "tinygpt-gpu-check", "version": 1, "started": datetime.now().isoformat(timespec="seconds"),
+               "argv": sys.argv[1:], "git": git_info(), "hardware": hardware(torch.device("cuda"))}
+    result = run_gpu_check(args, out, started)
+    print(table(result))
+    print(f"\nJSON: {out}")
+    return 1 if result["errors"] else 0
+
+
 def main(argv=None) -> int:
     configure_threads()  # before torch loads: OpenMP threads sleep, as in train.py and sample.py
     try:
         args = parse_args(argv)
-        result = run(args)
         out = Path(args.out) if args.out else REPO / "bench_results" / f"{datetime.now():%Y%m%d-%H%M%S}.json"
+        if args.gpu_check:
+            return gpu_check(args, out)
+        result = run(args)
         write_text_atomic(out, json.dumps(result, indent=2) + "\n")
     except (ValueError, OSError) as e:
         print(f"error: {one_line(e)}", file=sys.stderr)

@@ -176,7 +176,9 @@ def decode_step(args, device):
     """The one-token decode step: on CUDA model/fast_decode.py's (CUDA graphs, or --compile), else the eager one."""
     from model.generate import next_token_probs
     if device.type == "cuda":
+        from common.files import keep_tool_caches
         from model.fast_decode import pick_decode
+        keep_tool_caches()  # --compile's graphs and kernels, kept for the next run
         return pick_decode(device, args.compile, args.cuda_graphs, args.kv_cache)
     if args.compile:
         print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)

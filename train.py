@@ -15,12 +15,11 @@ from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (so the imports below come after it): see common/platform.py
 
-import os
 import sys
 
 import torch
 
-from common.files import cache_dir
+from common.files import keep_tool_caches
 from launch.config import ERRORS, compose, register_configs
 from launch.overrides import check_command_line, with_override
 from launch.run import CPU_NOTE, Failed, HydraRun, say_failure
@@ -37,10 +36,11 @@ def hydra_job(cfg):
 
 
 def main(args: list[str]) -> int:
-    os.environ.setdefault("MPLCONFIGDIR", str(cache_dir() / "matplotlib"))  # matplotlib's font cache: ours
-    # no CUDA GPU and no experiment chosen: experiment=cpu, so a laptop never starts a multi-hour run
-    auto_cpu = not (torch.cuda.is_available() or any(
-        a in HELP or a.lstrip("+~").split("=")[0].split("@")[0] == "experiment" for a in args))
+    keep_tool_caches()  # matplotlib's font cache, torch.compile's graphs and kernels: in tinygpt's cache
+    # no experiment chosen: experiment=gpu on a CUDA GPU, else experiment=cpu (a laptop never starts an hours-long run)
+    chosen = any(a in HELP or a.lstrip("+~").split("=")[0].split("@")[0] == "experiment" for a in args)
+    cuda = torch.cuda.is_available()
+    auto_cpu = not (cuda or chosen)
     multirun, run = bool({"-m", "--multirun"} & set(args)), None
     try:
         if not all("=" in a and not a.startswith("-") for a in args):  # nanoGPT's habits, a value the shell split
@@ -48,7 +48,7 @@ def main(args: list[str]) -> int:
             if hint := habit_hint(args):
                 raise Failed(hint)
         register_configs(sweep=multirun)
-        args = with_override(args, "experiment=cpu") if auto_cpu else args
+        args = args if chosen else with_override(args, f"experiment={'gpu' if cuda else 'cpu'}")
         jobs = check_command_line(args, multirun)  # compose + check: every job's overrides, before anything runs
         if not multirun and not any(a.startswith("-") for a in args):
             run = HydraRun(compose(args, return_hydra_config=True), auto_cpu)  # set up: checked, its dir claimed

@@ -46,15 +46,17 @@ def _step_times(step, n: int, device) -> list[float]:
     return [a.elapsed_time(b) / 1e3 for a, b in events]
 
 
-def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision, compile_model: bool, tmp: Path,
+def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision, compile_model: str, tmp: Path,
                        optim: str = "adamw") -> dict:
+    """One preset's training steps; compile_model: "off", "regions" (what train.py compiles: training/step.py) or
+    "whole" (the whole model, as nanoGPT compiles it)."""
     import numpy as np
     import torch
     from data.loader import BatchLoader, write_token_file
     from model.gpt import GPT
     from training.metrics import flops_per_token, mfu, mfu_peak
     from training.optim import build_optimizer
-    from training.step import train_step
+    from training.step import compile_regions, train_step
 
     cfg, device, vocab = gpt_config(name), precision.device, VOCAB[name]
     row = {"preset": name, "batch_size": batch, "block_size": cfg.block_size, "tokens_per_step": batch * cfg.block_size,
@@ -70,7 +72,9 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
     fpt = flops_per_token(row["params"], cfg.n_layer, cfg.n_head, cfg.head_size, cfg.block_size)
     opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), device_type=device.type, name=optim)
     loader = BatchLoader(*paths, cfg.block_size, batch, seed=0, device=device)
-    model_c = torch.compile(model) if compile_model else model
+    model_c = torch.compile(model) if compile_model == "whole" else model
+    if compile_model == "regions":
+        compile_regions(model)
     scaler, peak = precision.grad_scaler(), mfu_peak(precision)
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -88,7 +92,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
         row["error"] = f"out of memory at batch_size={batch}: pass --batch {name}=N with a smaller N"
         return row
     except Exception as e:  # noqa: BLE001 - e.g. a compiler failure: record it, measure the other presets
-        row["error"] = failure_reason(e) + " (try --compile off)" * compile_model
+        row["error"] = failure_reason(e) + " (try --compile off)" * (compile_model != "off")
         return row
     finally:  # CPU: no allocator statistics (see the process's RSS instead)
         cuda = device.type == "cuda"
@@ -96,7 +100,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
     med = statistics.median(times)
     tps = row["tokens_per_step"] / med
     return {**row, "first_step_s": round(first, 3),
-            "compile_s": round(max(0.0, first - med), 3) if compile_model else None,
+            "compile_s": round(max(0.0, first - med), 3) if compile_model != "off" else None,
             "step_ms_median": round(med * 1e3, 2), "step_ms_min": round(min(times) * 1e3, 2),
             "step_ms_max": round(max(times) * 1e3, 2), "tokens_per_s": round(tps, 1),
             "tokens_per_s_wall": round(steps * row["tokens_per_step"] / wall, 1), "flops_per_token": fpt,
@@ -110,14 +114,14 @@ def section_train(args, precision) -> dict:
     presets = args.presets or (["tiny", "baby"] if (args.quick and cpu) else list(PRESETS))
     steps = args.steps or (10 if (args.quick and cpu) else 20 if cpu else 50)
     warmup = args.warmup if args.warmup is not None else (2 if cpu else 10)
-    compile_model = {"auto": not cpu, "on": True, "off": False}[args.compile]
+    compile_model = {"auto": "off" if cpu else "regions", "on": "regions", "off": "off"}[args.compile]
     rows = []
     with tempfile.TemporaryDirectory(prefix="tinygpt-bench-") as tmp:
         for name in presets:
             batch = args.batch.get(name) or default_batch(name, precision.device.type, args.quick)
             say("train", f"{name}: batch {batch}, {warmup} warm-up + {steps} measured steps")
             rows.append(bench_train_preset(name, batch, steps, warmup, precision, compile_model, Path(tmp), args.optim))
-            if compile_model:
+            if compile_model != "off":
                 torch._dynamo.reset()
     return {"rows": rows, "notes": [f"--quick on CPU: presets {', '.join(presets)}, {steps} measured steps (the full "
                                     f"run uses >= 20)"] if args.quick and cpu else []}

@@ -36,6 +36,15 @@ def cache_dir(check: bool = False) -> Path:
     return d
 
 
+def keep_tool_caches() -> None:
+    """matplotlib's font cache and torch.compile's (inductor's graphs and kernels, Triton's binaries) under the tinygpt
+    cache, not in ~/.cache or /tmp: a second run of the same shapes then compiles in seconds. Before they are used;
+    a variable the user set wins."""
+    for var, sub in (("MPLCONFIGDIR", "matplotlib"), ("TORCHINDUCTOR_CACHE_DIR", "compile/inductor"),
+                     ("TRITON_CACHE_DIR", "compile/triton")):
+        os.environ.setdefault(var, str(cache_dir() / sub))
+
+
 REPLACE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0)  # seconds between tries: ~4.5 s in all
 
 

@@ -14,6 +14,14 @@ import torch.nn.functional as F
 from model.config import GPTConfig
 
 
+class RMSNorm(nn.RMSNorm):
+    """x / rms(x) * w, with w cast to x's dtype: under bf16 autocast x is bf16 and w fp32, and torch's fused kernel
+    wants both alike (else it warns "Mismatch dtype between input and weight" and takes a slower path)."""
+
+    def forward(self, x):
+        return F.rms_norm(x, self.normalized_shape, self.weight.to(x.dtype), self.eps)
+
+
 def rope_cos_sin(input_pos: torch.Tensor, head_dim: int, theta: float):
     """cos, sin (T, head_dim) in fp32 for positions input_pos (T,): angle pos * theta^(-2i/head_dim), each
     frequency twice (cat(freqs, freqs): the rotate_half layout of Hugging Face's Llama/Qwen3)."""
@@ -47,8 +55,8 @@ class CausalSelfAttention(nn.Module):
         self.c_attn = nn.Linear(config.n_embd, q_dim + 2 * kv_dim, bias=config.bias)  # fused q, k, v rows
         self.c_proj = nn.Linear(q_dim, config.n_embd, bias=config.bias)
         # qk_norm (Qwen3): a learned RMSNorm over head_dim, shared by the heads, on q and on k
-        self.q_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
-        self.k_norm = nn.RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
+        self.q_norm = RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, eps=config.norm_eps) if config.qk_norm else None
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         # hook point (no weights): the manual path's raw scores q·k/sqrt(hs), before the mask, pass through it, so a

@@ -12,14 +12,14 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from model.attention import CausalSelfAttention, rope_cos_sin
+from model.attention import CausalSelfAttention, RMSNorm, rope_cos_sin
 from model.config import GPTConfig
 
 
 def norm(config: GPTConfig, dim: int) -> nn.Module:
     """LayerNorm (x - mean) / std * w [+ b], or RMSNorm x / rms(x) * w (no centring, no bias)."""
     if config.norm == "rmsnorm":
-        return nn.RMSNorm(dim, eps=config.norm_eps)
+        return RMSNorm(dim, eps=config.norm_eps)
     return nn.LayerNorm(dim, eps=config.norm_eps, bias=config.bias)
 
 
@@ -136,15 +136,18 @@ class GPT(nn.Module):
         x = self.transformer.drop(x)
         for block in self.transformer.h:  # one rotation for all layers: positions advance per step, not per layer
             x, _ = block(x, rope=rope, cache=cache, input_pos=input_pos, mask=mask)
-        x = self.transformer.ln_f(x)
-        logits = self.lm_head(x[:, -1:] if last_only else x)  # (B, 1 or T, V)
+        assert not (last_only and targets is not None), "a loss needs every position's logits"
+        return self.output(x[:, -1:] if last_only else x, targets)
+
+    def output(self, x, targets=None):
+        """The residual stream x (B, T, C) -> (logits (B, T, V), loss or None): the final norm, the head, the softcap
+        and the loss. A method of its own: training compiles it as one region (training/step.py)."""
+        logits = self.lm_head(self.transformer.ln_f(x))
         if self.config.logit_softcap is not None:  # smooth cap to (-c, c), in fp32 (bf16 tanh saturates early)
             c = self.config.logit_softcap
             logits = c * torch.tanh(logits.float() / c)
-
         loss = None
         if targets is not None:
-            assert not last_only, "a loss needs every position's logits"
             loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return logits, loss
 

@@ -6,6 +6,7 @@ ignored and is signalled only once its own handler is in (/proc/PID/status); it 
 whether it had already finished is known, not guessed: every try must hold, however fast or busy the machine."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -85,6 +86,18 @@ def _caught(pid: int) -> bool:
     return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
 
 
+def _threads(pid: int) -> str:
+    """Each thread's state, wait channel and signal masks, for the message of a lost Ctrl-C."""
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        with contextlib.suppress(OSError):
+            fields = dict(ln.split(":", 1) for ln in (task / "status").read_text().splitlines() if ":" in ln)
+            wchan = (task / "wchan").read_text() if (task / "wchan").exists() else "?"
+            out.append(f"{task.name} {fields['State'].strip()} {wchan} pnd={fields['SigPnd'].strip()} "
+                       f"shd={fields['ShdPnd'].strip()} blk={fields['SigBlk'].strip()} cgt={fields['SigCgt'].strip()}")
+    return "; ".join(out)
+
+
 def _state(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -124,7 +137,10 @@ def _ctrl_c(argv: list[str], cwd: Path, delay: float, marker=None, finished=None
                     done = finished is not None and finished()
                     os.kill(proc.pid, signal.SIGINT)
                     os.kill(proc.pid, signal.SIGCONT)
-                    status = proc.wait(timeout=90)  # a lost Ctrl-C: it runs on, and this fails
+                    try:
+                        status = proc.wait(timeout=90)  # a lost Ctrl-C: it runs on, and this fails
+                    except subprocess.TimeoutExpired:
+                        raise AssertionError(f"a Ctrl-C was lost ({argv}, {delay} s in): {_threads(proc.pid)}")
                     status = None if done and status == 0 else status  # (done first: exit 0 is right)
             assert status is not None or proc.wait(timeout=90) == 0, (argv, delay, proc.returncode)
         finally:

@@ -85,7 +85,7 @@ def test_bounded_memory_streaming(tmp_path):
     size = big.stat().st_size
     script = textwrap.dedent(f"""
         import resource, numpy, tqdm, json, tracemalloc
-        import data.corpus as C
+        import data.cache, data.corpus as C  # (imports before tracemalloc: what is measured is the streaming)
         import data.prepare as P
         from data.config import DataConfig
         calls = []

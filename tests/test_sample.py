@@ -542,3 +542,18 @@ def test_init_with_a_model_name_says_how_to_get_the_weights(capsys, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(*sample_main(capsys, "--init", "gpt2")[::2], "--init gpt2 is not a local directory",
                           "hf download openai-community/gpt2 config.json model.safetensors --local-dir gpt2")
+
+
+@pytest.mark.slow  # starts Python processes
+def test_sampling_imports_no_compiler_and_no_fsdp(trained, tmp_path):
+    """Issue 37: a sample that does not compile imports no torch._dynamo, sympy or FSDP (seconds on a GPU machine's
+    first token): `python -X importtime` lists every module a process imports."""
+    path, text = trained[1], tmp_path / "text.txt"
+    text.write_text(_corpus()[:2000], encoding="utf-8")
+    for script in (["sample.py", "--checkpoint", str(path), "--max-new-tokens", "3"],
+                   ["eval.py", "--checkpoint", str(path), "--file", str(text)]):
+        proc = subprocess.run([sys.executable, "-X", "importtime", str(REPO / script[0]), *script[1:]], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+        assert "torch" in imported and not {"torch._dynamo", "sympy", "torch.distributed.fsdp"} & imported, script[0]

@@ -230,3 +230,15 @@ def test_cpu_gpt2_experiment_is_the_cpu_run_with_gpt2s_decoder_at_the_same_size(
     from model.gpt import GPT
     sizes = [GPT(c.model.with_vocab(65)).num_params(non_embedding=False) for c in (cpu, gpt2)]
     assert abs(sizes[1] / sizes[0] - 1) < 0.01, sizes  # the same parameter count
+
+
+def test_the_gpu_experiment_is_the_baby_size_with_the_modern_decoder_and_muon():
+    """Issue 37: what `python train.py` runs on a CUDA GPU (train.py adds experiment=gpu when none is given)."""
+    c = to_dataclass(_compose("experiment=gpu"))
+    m, o, t = c.model, c.optim, c.train
+    assert (m.n_layer, m.n_head, m.n_embd, m.block_size, m.n_kv_head) == (6, 6, 384, 256, 3)
+    assert (m.position, m.norm, m.mlp, m.qk_norm, m.tie_weights, m.mlp_size) == ("rope", "rmsnorm", "swiglu", True,
+                                                                                  False, 1024)
+    assert (o.name, o.warmup_iters, o.schedule) == ("muon", 0, "linear")
+    assert (t.max_iters, t.eval_interval, t.eval_iters, t.batch_size) == (1000, 250, 20, 64)
+    assert to_dataclass(_compose("experiment=gpu", "model=tiny")).model.n_layer == 4  # a model= preset still wins

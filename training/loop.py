@@ -27,7 +27,8 @@ from training.metrics import RunLog
 from training.optim import build_optimizer, schedule, set_lr
 from training.precision import setup_precision
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
-from training.step import CompileGuard, EvalInterrupted, TrainingDiverged, eval_stats, train_step
+from training.step import (CompileGuard, EvalInterrupted, TrainingDiverged, compile_regions, eval_stats,
+                           train_step)
 
 if TYPE_CHECKING:
     from training.init_from import Source
@@ -75,8 +76,8 @@ class Trainer:
         self.model.to(device)  # the same on every rank
         if ranks.rank:
             torch.manual_seed(t.seed + ranks.rank)  # different dropout masks per process
-        # what the steps call uncompiled: DDP(model), or the model itself (FSDP2 shards it in place)
-        self.eager_model = ranks.wrap_model(self.model, device, self.precision.dtype)
+        # what the steps call: DDP(model), or the model itself (FSDP2 shards it in place)
+        self.step_model = ranks.wrap_model(self.model, device, self.precision.dtype)
         self.optimizer = build_optimizer(self.model, lr=o.lr, weight_decay=o.weight_decay, betas=(o.beta1, o.beta2),
                                          device_type=device.type, name=o.name, muon_lr=o.muon_lr,
                                          muon_momentum=o.muon_momentum, muon_ns_steps=o.muon_ns_steps)
@@ -93,8 +94,9 @@ class Trainer:
                                       sharded=ranks.parallel == "fsdp")
         self.resumed = self.ckpt.resume(t.resume) is not None
         self.window.start(self.state.step)
-        self.compiled = resolve_compile(t.compile, device)  # compile(DDP(model)): its graph breaks overlap all-reduces
-        self.step_model = torch.compile(self.eager_model) if self.compiled else self.eager_model  # what steps call
+        self.compiled = resolve_compile(t.compile, device)
+        if self.compiled:  # its blocks and output, as regions (training/step.py): the steps still call step_model
+            compile_regions(self.model)
         self.guard = CompileGuard(self.compiled, self._to_eager, rewound=[self.loader])  # a failing compiler: eager
         if ranks.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -123,11 +125,10 @@ class Trainer:
                     self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
                     set_lr(self.optimizer, self.lr_at(st.step))
-                    # (self.step_model, not bound once: after a failed compile the guard retries on the eager model)
                     loss = self.guard.run("train", lambda: train_step(
                         self.step_model, self.optimizer, self.loader.next_batch, accum=t.grad_accum_steps,
                         autocast=self.precision.autocast, scaler=self.scaler, grad_clip=c.optim.grad_clip,
-                        grad_sync=partial(self.ranks.grad_sync, self.eager_model)))
+                        grad_sync=partial(self.ranks.grad_sync, self.step_model)))
                     self.window.add(loss)  # a device tensor: read (one sync) at the log interval
                     st.step += 1
                     st.tokens += self.tokens_per_step
@@ -161,8 +162,8 @@ class Trainer:
                                   autocast=self.precision.autocast, reduce_sum=self.ranks.all_reduce_sum,
                                   token_bytes=self.token_bytes) for split in ("train", "val")}
 
-    def _to_eager(self) -> None:  # the compile guard's fallback
-        self.step_model, self.compiled = self.eager_model, False
+    def _to_eager(self) -> None:  # the compile guard's fallback (it then runs the steps with compiling off)
+        self.compiled = False
         self.optimizer.zero_grad(set_to_none=True)
         torch.cuda.empty_cache()  # (a no-op where CUDA is not in use)
 
@@ -194,7 +195,7 @@ class Trainer:
             self.early_stopped = step < self.c.train.max_iters and self._out_of_patience()  # same on every rank
         if self.c.train.hellaswag:  # after the save: a failing benchmark never costs the checkpoint
             from training import eval_hellaswag
-            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.eager_model, self.tokenizer,
+            eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.step_model, self.tokenizer,
                                    self.precision.autocast, self.ranks, self.report)
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 

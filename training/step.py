@@ -94,13 +94,27 @@ def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iter
         model.train()
 
 
+def compile_regions(model: torch.nn.Module) -> None:
+    """torch.compile each block and the output (final norm, head, loss) as regions of their own. The blocks share
+    their code and shapes, so one compiled graph serves every layer: compiling costs about one block's, not the whole
+    model's, and inductor's caches (under the tinygpt cache) make the next run's nearly free. The steps keep calling
+    the model itself, so DDP and FSDP2 wrap it as before and its state_dict names do not change."""
+    for block in model.transformer.h:
+        block.compile()
+    model.output = torch.compile(model.output)
+
+
 class CompileGuard:
     """`run(kind, fn)`: the first call of each kind (where torch.compile compiles) is redone eagerly if it fails."""
 
     def __init__(self, enabled: bool, to_eager: Callable[[], None], rewound: Iterable = ()):
         self.enabled, self.to_eager, self.rewound, self.verified = enabled, to_eager, list(rewound), set()
+        self.failed = False
 
     def run(self, kind: str, fn: Callable[[], Any]) -> Any:
+        if self.failed:  # the compiled regions run as plain Python (torch's own switch, for these calls only)
+            with torch.compiler.set_stance("force_eager"):
+                return fn()
         if not self.enabled or kind in self.verified:
             return fn()
         rng, states = capture_rng_state(), [part.state_dict() for part in self.rewound]
@@ -114,9 +128,9 @@ class CompileGuard:
             log.warning(f"torch.compile failed ({failure_reason(e)}): continuing without compilation "
                         f"(train.compile=false skips the attempt)")
         # the retry runs here, not in the except block, whose traceback would keep the failed step's activations
-        self.enabled = False
+        self.enabled, self.failed = False, True
         self.to_eager()
         restore_rng_state(rng)
         for part, state in zip(self.rewound, states):
             part.load_state_dict(state)
-        return fn()
+        return self.run(kind, fn)
