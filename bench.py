@@ -149,8 +149,8 @@ def parse_args(argv=None):
     add("--gpu-check", action="store_true", help="on a CUDA GPU: the cuda tests, the default run beside nanoGPT's, "
         "start-up, decode and GPT-2 training throughput, in one JSON and table (docs/benchmarks.md)")
     add("--nanogpt", metavar="DIR", help="--gpu-check: a nanoGPT checkout to run side by side")
-    add("--skip", default="", help="--gpu-check: comma-separated steps to leave out (tests, default, nanogpt, "
-        "startup, decode, throughput)")
+    add("--skip", default="", help="--gpu-check: comma-separated steps to leave out (tests, default, compile, "
+        "nanogpt, startup, decode, throughput)")
     add("--step-timeout", type=float, default=600.0, help="--gpu-check: seconds before one step's command is killed")
     args = ap.parse_args(argv)
 

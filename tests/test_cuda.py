@@ -18,8 +18,9 @@ from tests.helpers import REPO, run_cli
 
 pytestmark = [pytest.mark.cuda, pytest.mark.slow]
 
-SMALL = ["data=shakespeare_char", "model.n_layer=2", "model.n_head=2", "model.n_embd=64", "model.block_size=64",
-         "model.dropout=0.0", "train.batch_size=16", "train.eval_iters=5", "train.log_interval=10",
+# experiment=null: config.yaml's own defaults (GPT-2 style, AdamW), not the experiment=gpu train.py picks on a GPU
+SMALL = ["experiment=null", "data=shakespeare_char", "model.n_layer=2", "model.n_head=2", "model.n_embd=64",
+         "model.block_size=64", "model.dropout=0.0", "train.batch_size=16", "train.eval_iters=5", "train.log_interval=10",
          "optim.warmup_iters=5", "optim.lr=3e-3", "optim.min_lr=3e-4", "train.eval_at_start=true"]
 LN_VOCAB = math.log(65)  # the loss of a uniform guess over Tiny Shakespeare's 65 characters
 

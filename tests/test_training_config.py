@@ -240,5 +240,5 @@ def test_the_gpu_experiment_is_the_baby_size_with_the_modern_decoder_and_muon():
     assert (m.position, m.norm, m.mlp, m.qk_norm, m.tie_weights, m.mlp_size) == ("rope", "rmsnorm", "swiglu", True,
                                                                                   False, 1024)
     assert (o.name, o.warmup_iters, o.schedule) == ("muon", 0, "linear")
-    assert (t.max_iters, t.eval_interval, t.eval_iters, t.batch_size) == (1000, 250, 20, 64)
+    assert (t.max_iters, t.eval_interval, t.eval_iters, t.batch_size, t.compile) == (1000, 125, 20, 64, False)
     assert to_dataclass(_compose("experiment=gpu", "model=tiny")).model.n_layer == 4  # a model= preset still wins
