@@ -82,7 +82,7 @@ def first_at(rows: list[list], target: float):
 
 
 def step_tests(ctx) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-n", "0",  # alone: some time
+    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-n", "0",  # some time speed
            "--continue-on-collection-errors"]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=REPO, env=ctx["env"], capture_output=True, text=True, timeout=ctx["limit"])
