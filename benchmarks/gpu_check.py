@@ -23,6 +23,7 @@ from pathlib import Path
 from benchmarks import REPO, load_avg, say
 from training.metrics import read_metrics
 
+CUDA_TESTS = ["-m", "cuda", "-q", "-p", "no:cacheprovider", "-n", "0", "--continue-on-collection-errors"]
 STEPS = ("tests", "default", "compile", "nanogpt", "startup", "decode", "throughput")
 TARGET, NANO_BEST = 1.47, 1.4725  # val loss: nanoGPT's best is about 1.4717 (at its step 1750)
 NANO_EVAL = re.compile(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
@@ -77,15 +78,14 @@ def evals(found: dict) -> list[list]:
     return sorted([int(k.split("_")[1]), v, t] for k, (v, t) in found.items() if k.startswith("eval_"))
 
 
-def first_at(rows: list[list], target: float):
+def first_at(rows: list[list], target: float):  # the first [step, val, seconds] at or below target
     return next(([s, v, t] for s, v, t in rows if v <= target), None)
 
 
 def step_tests(ctx) -> dict:
-    cmd = [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "-n", "0",  # some time speed
-           "--continue-on-collection-errors"]
-    t0 = time.perf_counter()
-    p = subprocess.run(cmd, cwd=REPO, env=ctx["env"], capture_output=True, text=True, timeout=ctx["limit"])
+    t0 = time.perf_counter()  # -n 0: one at a time (some compare speeds)
+    p = subprocess.run([sys.executable, "-m", "pytest", *CUDA_TESTS], cwd=REPO, env=ctx["env"], capture_output=True,
+                       text=True, timeout=ctx["limit"])
     return {"command": "python -m pytest -m cuda", "seconds": round(time.perf_counter() - t0, 1),
             "returncode": p.returncode, **pytest_counts(p.stdout), "tail": p.stdout.strip().splitlines()[-15:]}
 
@@ -221,8 +221,8 @@ def step_throughput(ctx) -> dict:
         out[f"tinygpt_{mode}"] = bench_train_preset(*ctx["gpt2_run"], precision, mode, ctx["tmp"])
         torch._dynamo.reset()
     if ctx["nanogpt"] is not None:
-        p = subprocess.run([sys.executable, "bench.py", "--batch_size=32", "--real_data=False", *ctx["nano_bench_extra"]],
-                           cwd=ctx["nanogpt"],
+        cmd = [sys.executable, "bench.py", "--batch_size=32", "--real_data=False", *ctx["nano_bench_extra"]]
+        p = subprocess.run(cmd, cwd=ctx["nanogpt"],
                            env=ctx["env"], capture_output=True, text=True, timeout=ctx["limit"])
         m = NANO_ITER.findall(p.stdout)
         out["nanogpt"] = {"command": "python bench.py --batch_size=32 --real_data=False", "returncode": p.returncode,
@@ -239,8 +239,8 @@ def run_gpu_check(args, out: Path, started: dict) -> dict:
     with tempfile.TemporaryDirectory(prefix="tinygpt-gpu-check-") as tmp:
         ctx = {"tmp": Path(tmp), "env": {**os.environ, "PYTHONUNBUFFERED": "1"}, "limit": args.step_timeout,
                "nanogpt": Path(args.nanogpt).resolve() if args.nanogpt else None, "device": "cuda:0",
-               "nano_extra": [], "nano_bench_extra": [], "gpt2_run": ("gpt2", 32, 30, 10), "gpt2_decode": ("gpt2", 500, 3),
-               **getattr(args, "dry_run", {})}  # (a test's smaller settings on a CPU)
+               "nano_extra": [], "nano_bench_extra": [], "gpt2_run": ("gpt2", 32, 30, 10),
+               "gpt2_decode": ("gpt2", 500, 3), **getattr(args, "dry_run", {})}  # (a test's smaller settings on a CPU)
         t_all = time.perf_counter()
         for name in STEPS:
             if name in args.skip:
@@ -260,18 +260,17 @@ def run_gpu_check(args, out: Path, started: dict) -> dict:
 def table(result: dict) -> str:
     """The figures the issue asks for, one line each."""
     g, lines = result.get("gpu_check", {}), []
-    def f(v, spec=".2f"):  # noqa: E306
-        return "-" if v is None else format(v, spec)
+    f = lambda v, spec=".2f": "-" if v is None else format(v, spec)  # noqa: E731
     if "tests" in g:
         t = g["tests"]
         lines.append(f"cuda tests: {t.get('passed', 0)} passed, {t.get('failed', 0)} failed, "
                      f"{t.get('skipped', 0)} skipped in {t['seconds']} s")
     if "default" in g:
         d = g["default"]
-        lines += [f"default run ({d['command'].strip() or 'python train.py'}): config printed {f(d['config_printed_s'])} s,"
-                  f" first logged step {f(d['first_logged_step_s'])} s",
-                  f"  val <= {TARGET} at {f(d['time_to_target_s'])} s, <= {NANO_BEST} at {f(d['time_to_nano_best_s'])} s;"
-                  f" final val {f(d['final_val'], '.4f')}; evals (step, val, s): {d['evals']}"]
+        lines += [f"default run: config printed {f(d['config_printed_s'])} s, first logged step "
+                  f"{f(d['first_logged_step_s'])} s; val <= {TARGET} at {f(d['time_to_target_s'])} s, <= {NANO_BEST} "
+                  f"at {f(d['time_to_nano_best_s'])} s; final val {f(d['final_val'], '.4f')}",
+                  f"  evals (step, val, s): {d['evals']}"]
     if "compile" in g:
         c = g["compile"]
         lines.append(f"train.compile=true: compile cold {f(c['compile_cold_s'])} s, warm {f(c['compile_warm_s'])} s "
@@ -299,5 +298,4 @@ def table(result: dict) -> str:
             if isinstance(r, dict) and "tokens_per_s" in r:
                 lines.append(f"GPT-2 124M training, {k}: {r['tokens_per_s']} tok/s"
                              + (f", compile {r.get('compile_s')} s" if r.get("compile_s") is not None else ""))
-    lines += [f"error in {k}: {v}" for k, v in result.get("errors", {}).items()]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"error in {k}: {v}" for k, v in result.get("errors", {}).items()])

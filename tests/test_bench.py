@@ -229,3 +229,21 @@ def test_codepath_counts_executed_lines_per_file(tmp_path, capsys):
     assert files == {"main.py": 5, "lib.py": 3}  # unused()'s body never ran; tests/ is not counted
     report("x", files, detail=True)
     assert capsys.readouterr().out.splitlines()[0] == "x: 8 lines in 2 files"
+
+
+def test_gpu_check_reads_pytest_and_nanogpt_and_refuses_without_a_gpu(capsys):
+    """bench.py --gpu-check (issue 37): its parsers and its table on a recorded result; on a CPU one line, exit 2."""
+    from benchmarks import gpu_check as g
+    assert g.pytest_counts("x\n8 failed, 3 passed in 104.61s (0:01:44)\n") == {"failed": 8, "passed": 3}
+    assert [(int(m[1]), float(m[3])) for m in g.NANO_EVAL.finditer("step 1750: train loss 1.2, val loss 1.4644")] == \
+        [(1750, 1.4644)]
+    rows = [[250, 1.56, 24.3], [750, 1.4609, 42.4]]
+    assert g.first_at(rows, 1.47) == [750, 1.4609, 42.4] and g.first_at(rows, 1.4) is None
+    result = {"gpu_check": {"default": {"config_printed_s": 12.0, "first_logged_step_s": 15.8, "time_to_target_s": 42.4,
+                                        "time_to_nano_best_s": 42.4, "final_val": 1.4491, "evals": rows},
+                            "nanogpt": {"first_step_s": 39.8, "best": [1750, 1.4644, 76.6], "time_to_nano_best_s": 76.6,
+                                        "wall_s": 85.1, "evals": [[1750, 1.4644, 76.6]]}}, "errors": {}}
+    assert "ratio: tinygpt to 1.47 / nanoGPT to its best = 0.55x" in g.table(result)
+    if not torch.cuda.is_available():
+        assert bench.main(["--gpu-check"]) == 2
+        assert capsys.readouterr().err.startswith("error: --gpu-check needs a CUDA GPU")
