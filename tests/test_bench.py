@@ -130,7 +130,8 @@ def test_a_failing_preset_is_an_error_row_not_an_abort(tmp_path, monkeypatch):
         def forward(self, *a, **kw):
             raise RuntimeError("backend compiler failed\nlong inductor log")
     monkeypatch.setattr(torch, "compile", lambda m, *a, **kw: Broken())
-    bad = inprocess.bench_train_preset("tiny", 2, 1, 0, setup_precision(torch.device("cpu"), "float32"), True, tmp_path)
+    bad = inprocess.bench_train_preset("tiny", 2, 1, 0, setup_precision(torch.device("cpu"), "float32"), "whole",
+                                       tmp_path)
     assert bad["error"] == "RuntimeError: backend compiler failed (try --compile off)" and "tokens_per_s" not in bad
     out = io.StringIO()
     bench.print_table({"hardware": bench.hardware(torch.device("cpu")), "git": {"commit": None}, "load_avg_start": None,

@@ -48,7 +48,7 @@ def test_run_with_overrides(tmp_path, tiny_corpus):
 @pytest.mark.parametrize("args, expect", [
     (["train.max_iter=5"], "unknown config key 'train.max_iter' (did you mean train.max_iters?)"),
     (["train.max_iters=abc"], "cannot set train.max_iters=abc"),
-    (["model=huge"], "model=huge is not a preset: available model presets are baby, gpt2, modern, tiny"),
+    (["model=huge"], "model=huge is not a preset: available model presets are baby, baby_modern, gpt2, modern, tiny"),
     (["model.n_embd=130"], "model.n_embd=130 is not divisible by model.n_head=4"),
     (["optim.lr=-0.1"], "optim.lr=-0.1 must be a positive number"),
     (["data=text"], "data=text needs your text"),
