@@ -66,6 +66,8 @@ class TrainConfig:
     resume: Any = False  # false | true (last.pt in the run dir) | path to a .pt file or run dir
     parallel: str = "none"  # none (DDP when launched by torchrun with >1 process) | ddp | fsdp
     hellaswag: Optional[str] = None  # a HellaSwag jsonl also scored at each evaluation (evals/hellaswag.py)
+    probe: bool = True  # record attention and logit lens on one text at each evaluation (RUN/probes/, the explorer)
+    probe_text: Optional[str] = None  # that text (null: the first min(64, block_size) tokens of the validation split)
 
 
 @dataclass
@@ -167,6 +169,10 @@ def validate(c: Config) -> None:
     _check(isinstance(r, bool) or (isinstance(r, str) and r.strip() != ""),
            f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
     t.resume = {"true": True, "false": False}.get(r.strip().lower(), r) if isinstance(r, str) else r
+    _check(t.probe_text is None or t.probe_text != "", "train.probe_text='' is empty: give a text, or null for the "
+           "validation split's first tokens")
+    _check(t.probe or t.probe_text is None, f"train.probe_text={t.probe_text!r} has no effect with train.probe=false: "
+           "drop one of them")
     c.data.validate()  # the data package's own checks (no I/O)
     if t.tokens_per_step is not None:
         t.grad_accum_steps = grad_accum_for(t.tokens_per_step, t.batch_size, m.block_size, _env_world_size())

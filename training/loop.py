@@ -26,6 +26,7 @@ from training.config import Config, train_keys
 from training.metrics import RunLog
 from training.optim import build_optimizer, schedule, set_lr
 from training.precision import setup_precision
+from training.probe import ProbeRecorder
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import (CompileGuard, EvalInterrupted, TrainingDiverged, compile_regions, eval_stats,
                            train_step)
@@ -108,6 +109,9 @@ class Trainer:
             if self.resumed and (old := self.ckpt.source_tokens_per_step) not in (None, self.tokens_per_step):
                 log.warning(f"the global batch changes from the checkpoint's {old:,} to {self.tokens_per_step:,} "
                             f"tokens per step: the learning-rate schedule and the step count stay as they were")
+        self.probe = t.probe and ProbeRecorder.start(self.run_dir, t.probe_text, self.tokenizer,
+                                                     self.prepared.token_files()[1], m.block_size, ranks,
+                                                     self.state.step, self.resumed)
 
     def run(self) -> TrainResult:
         c, t, st = self.c, self.c.train, self.state
@@ -197,6 +201,8 @@ class Trainer:
             from training import eval_hellaswag
             eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.step_model, self.tokenizer,
                                    self.precision.autocast, self.ranks, self.report)
+        if self.probe:  # what the model does with the probe text now (training/probe.py)
+            self.probe.record(self.model, step)
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights

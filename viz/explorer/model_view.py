@@ -9,8 +9,11 @@ for another layer of the same tokens runs only that layer's hooks, and sliders n
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+
+from model.lens import logit_lens, top_tokens
 
 TOP_N = 20  # bars in the next-token panel
 
@@ -87,10 +90,11 @@ def next_tokens(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 
 class ModelView:
-    """One loaded model and its tokenizer, with its last result kept (one request at a time: the server locks)."""
+    """One loaded model and its tokenizer, with its last result kept (one request at a time: the server locks), and
+    the run directory it came from (None for Hugging Face weights), whose probe snapshots the timeline shows."""
 
-    def __init__(self, model, tokenizer, name: str):
-        self.model, self.tokenizer, self.name = model.eval(), tokenizer, name
+    def __init__(self, model, tokenizer, name: str, run_dir: Path | None = None):
+        self.model, self.tokenizer, self.name, self.run_dir = model.eval(), tokenizer, name, run_dir
         self.config = model.config
         self.n_layer, self.n_head = len(attention_modules(model)), self.config.n_head
         self.last: Result | None = None
@@ -149,22 +153,31 @@ class ModelView:
             self.last = new
         return self.last
 
+    def lens(self, ids: list[int], top: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logit lens of `ids` (model/lens.py): (probabilities, ids), each (n_layer + 1, T, top)."""
+        logits, _ = logit_lens(self.model, torch.tensor([ids], device=next(self.model.parameters()).device))
+        probs, top_ids = top_tokens(logits[:, 0], top, self.tokenizer.vocab_size)
+        if not torch.isfinite(probs).all():
+            raise NonFiniteError("the model computed NaN or infinity in the logit lens: are its weights finite?")
+        return probs.cpu(), top_ids.cpu()
+
 
 def load_model(kind: str | None, path: str | None, device):
-    """(model in eval mode on `device`, tokenizer, name) of --run DIR, --checkpoint FILE or --init HF_DIR (None:
-    the newest run), read by the loaders sample.py uses; the one place the explorer loads models."""
+    """(model in eval mode on `device`, tokenizer, name, run directory or None) of --run DIR, --checkpoint FILE or
+    --init HF_DIR (None: the newest run), read by the loaders sample.py uses; the one place the explorer loads
+    models."""
     from checkpoint.file import check_vocab, load_for_inference, resolve_checkpoint
     if kind == "init":
         from data.hf_tokenizer import read_hf_tokenizer
         from model.hf import from_pretrained
-        model, tokenizer, name = from_pretrained(path), read_hf_tokenizer(path), str(path)
+        model, tokenizer, name, run_dir = from_pretrained(path), read_hf_tokenizer(path), str(path), None
     else:
         from data.tokenizer import tokenizer_from_dict
         ckpt = resolve_checkpoint(path if kind == "run" else None, path if kind == "checkpoint" else None)
         model, tok, _ = load_for_inference(ckpt)
-        tokenizer, name = tokenizer_from_dict(tok), str(ckpt)
+        tokenizer, name, run_dir = tokenizer_from_dict(tok), str(ckpt), Path(ckpt).parent
     check_vocab(tokenizer.vocab_size, model)
-    return model.float().to(device).eval(), tokenizer, name
+    return model.float().to(device).eval(), tokenizer, name, run_dir
 
 
 def load_views(sources: list[tuple[str, str]], device) -> list:

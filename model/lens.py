@@ -1,0 +1,50 @@
+"""The logit lens (nostalgebraist's; TransformerLens and nnsight compute it in notebooks): what each layer would
+predict if the model stopped there. The residual stream after the embedding and after each block goes through the
+model's final norm and head (and its logit softcap), so the last row is the model's own output.
+
+It is read from one run of the model's own forward: hooks keep the embedding's and each block's output, and a pre-hook
+hands the final norm all of them stacked instead of the last alone. So the norm, the head and the softcap are the
+model's code whatever its settings, and the lens runs wherever the forward runs (under FSDP too). It holds
+(n_layer + 1) x T x vocab logits at once.
+"""
+from __future__ import annotations
+
+import torch
+
+
+@torch.no_grad()
+def logit_lens(model, idx: torch.Tensor, attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """idx (B, T) -> (logits (n_layer + 1, B, T, V): row 0 after the embedding, row l after block l; with
+    `attention`, the softmax weights (n_layer, B, n_head, T, T) of the same forward, else None). Dropout off."""
+    t, stream, weights = model.transformer, [], []
+
+    def keep(module, args, out):  # dropout's output is the embedding; a block's is (x, weights)
+        stream.append(out[0] if isinstance(out, tuple) else out)
+
+    def stacked(module, args):
+        assert len(stream) == len(t.h) + 1 and stream[-1] is args[0], "every block's output reaches the final norm"
+        return (torch.cat(stream),)  # ((n_layer + 1) B, T, C)
+
+    hooks = [t.drop.register_forward_hook(keep), *(block.register_forward_hook(keep) for block in t.h),
+             t.ln_f.register_forward_pre_hook(stacked)]
+    if attention:  # the attention modules' manual path, asked for its weights
+        for block in t.h:
+            hooks.append(block.attn.register_forward_pre_hook(lambda m, a, kw: (a, {**kw, "need_weights": True}),
+                                                              with_kwargs=True))
+            hooks.append(block.attn.register_forward_hook(lambda m, a, out: weights.append(out[1])))
+    was_training = model.training
+    model.eval()
+    try:
+        logits, _ = model(idx)
+    finally:
+        model.train(was_training)
+        for h in hooks:
+            h.remove()
+    return logits.view(len(stream), *idx.shape, -1), torch.stack(weights) if attention else None
+
+
+def top_tokens(logits: torch.Tensor, k: int, vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities, ids), each (..., k): the k likeliest tokens of softmax(logits) over the first `vocab_size`
+    ids (the padded ones are no tokens), a row at a time so that only one row's probabilities are held."""
+    rows = [torch.topk(row[..., :vocab_size].float().softmax(-1), k) for row in logits]
+    return torch.stack([r.values for r in rows]), torch.stack([r.indices for r in rows])
