@@ -32,6 +32,7 @@ def test_default_is_the_gpu_baby_run():
     assert c.data.name == "shakespeare_char" and c.logger.name is None
     assert (t.device, t.dtype, t.compile, t.resume, t.patience, m.init_from) == ("auto", "auto", "auto", False, None,
                                                                                   None)
+    assert (t.probe, t.probe_text) == (True, None)  # probe snapshots at each evaluation (training/probe.py)
     assert Config().train == t and Config().optim == o  # the schema's defaults are the GPU default too
 
 
@@ -133,6 +134,7 @@ def test_unknown_preset():
     ("model.position=alibi", "model.position='alibi' is not known: use one of learned, rope"),
     ("model.n_kv_head=4", "model.n_kv_head=4 does not divide model.n_head=6"),
     ("model.mlp=geglu", "model.mlp='geglu' is not known: use one of gelu, swiglu, relu2"),
+    ("train.probe_text=''", "train.probe_text='' is empty: give a text, or null for the validation split's"),
 ])
 @pytest.mark.slow  # over ~1 s
 def test_invalid_values_are_one_line_value_errors(override, match):
@@ -206,6 +208,8 @@ def test_a_misspelt_group_suggests_the_group_and_a_logger_setting_needs_logger_w
         check_override("optimizer", "adamw", "optimizer=adamw")
     with pytest.raises(ValueError, match="logger.mode=offline has no effect without logger=wandb: add logger=wandb"):
         to_dataclass(_compose("logger.mode=offline"))
+    with pytest.raises(ValueError, match="train.probe_text='ROMEO' has no effect with train.probe=false: drop one"):
+        to_dataclass(_compose("train.probe=false", "train.probe_text=ROMEO"))
 
 
 @pytest.mark.parametrize("preset", ["baby", "tiny", "gpt2", "modern"])
