@@ -1,5 +1,5 @@
 """viz/explorer/request.py and the next-token list: an ambiguous or mistyped field is one line (never a guess), the
-body is strict JSON, two models are named in their errors, and `next` lists only tokens that can be drawn, with
+body is strict JSON (an /api/lens body too), two models are named in their errors, and `next` lists only tokens that can be drawn, with
 finite probabilities whatever the logits and the temperature."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from tests.helpers import tiny_model
 from tests.test_explore import char_tok  # noqa: F401 (fixture)
 from viz.explorer.model_view import ModelView, next_tokens
-from viz.explorer.request import RequestError, parse_request
+from viz.explorer.request import RequestError, parse_lens, parse_request
 
 
 @pytest.fixture
@@ -58,6 +58,22 @@ def test_two_models_errors_name_the_model(views):
     assert message.startswith("model B: the text is 23 tokens, longer than the model's context of 16"), message
     assert refusal({"text": "R" * 33}, views).startswith("model A: ")
     assert refusal({"text": "R" * 33}, views[:1]).startswith("the text is 33 tokens")  # one model: no name
+
+
+LENS_REFUSED = [({"text": "ROMEO", "top": 21}, "top 21 is invalid: use a whole number from 1 to 20"),
+                ({"text": "ROMEO", "top": 2.0}, "top 2.0 is invalid"), ({"text": "ROMEO", "top": True}, "top True"),
+                ({"text": "ROMEO", "layers": [0]}, "unknown field 'layers': use ids, model, text, top"),
+                ({"text": "ROMEO", "ids": [1]}, 'give "text" or "ids", not both'),
+                ({"text": "R" * 17, "model": 1}, "model B: the text is 17 tokens, longer than the model's context")]
+
+
+@pytest.mark.parametrize("body,words", LENS_REFUSED, ids=[w[:30] for _, w in LENS_REFUSED])
+def test_a_lens_request_is_as_strict(views, body, words):
+    assert parse_lens(json.dumps({"text": "ROMEO"}).encode(), views) == {"view": views[0], "top": 5,
+                                                                        "ids": views[0].encode("ROMEO")}
+    with pytest.raises(RequestError) as e:
+        parse_lens(json.dumps(body).encode(), views)
+    assert e.value.status == 400 and words in str(e.value)
 
 
 def test_next_lists_only_tokens_that_can_be_drawn():

@@ -1,7 +1,8 @@
 """The explorer as a local web server, defended as Jupyter and TensorBoard are (viz/explorer/guard.py): only the
 hosts it listens as (DNS rebinding), only its own page (cross-site requests), only JSON bodies; and its hygiene
 (viz/explorer/server.py): strict JSON in every reply, the standard library's refusals as JSON lines, errors that
-say `Connection: close`, idle connections closed, and a terminal that stays clean when clients go away."""
+say `Connection: close`, idle connections closed, and a terminal that stays clean when clients go away; the logit
+lens and probe snapshot API (POST /api/lens, GET /api/probes[/STEP])."""
 from __future__ import annotations
 
 import http.client
@@ -10,6 +11,8 @@ import socket
 import struct
 import threading
 import time
+import urllib.error
+import urllib.request
 
 import pytest
 import torch
@@ -212,3 +215,71 @@ def test_every_refusal_is_a_json_line(one, request_bytes, status, words):
     url, _ = one
     got, error = refused(url, request_bytes)
     assert got == status and words in error, error
+
+
+def get(url: str, path: str):
+    """(status, decoded strict JSON answer) of a GET."""
+    try:
+        with urllib.request.urlopen(url + path, timeout=30) as r:
+            return r.status, strict(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, strict(e.read())
+
+
+def test_the_lens_ends_in_the_models_own_next_token_distribution(one):
+    """POST /api/lens: n_layer + 1 rows of T cells, each the top tokens, most likely first (never a padded id); the
+    last row's last cell is /api/attention's next-token list at temperature 1."""
+    url, views = one
+    status, out = post(url, {"text": PROMPT}, "/api/lens")
+    assert status == 200 and set(out) == {"tokens", "ids", "lens"}
+    T, V = len(PROMPT), views[0].tokenizer.vocab_size
+    assert out["tokens"] == list(PROMPT) and len(out["lens"]) == views[0].n_layer + 1
+    assert all(len(row) == T and all(len(cell) == 5 for cell in row) for row in out["lens"])
+    cells = [cell for row in out["lens"] for cell in row]
+    assert all(set(c) == {"token", "id", "prob"} and 0 <= c["id"] < V for cell in cells for c in cell)
+    assert all([c["prob"] for c in cell] == sorted((c["prob"] for c in cell), reverse=True) for cell in cells)
+    nxt = post(url, {"text": PROMPT})[1]["next"][:3]
+    last = post(url, {"ids": out["ids"], "top": 3}, "/api/lens")[1]["lens"][-1][-1]
+    assert [c["id"] for c in last] == [n["id"] for n in nxt]
+    assert all(abs(c["prob"] - n["prob"]) <= 1e-5 and c["token"] == n["token"] for c, n in zip(last, nxt))
+    assert post(url, {"text": PROMPT, "top": 0}, "/api/lens") == (400, {"error": "top 0 is invalid: use a whole "
+                                                                                 "number from 1 to 20 (tokens per "
+                                                                                 "layer and position)"})
+    assert get(url, "/api/lens")[0] == 405
+
+
+def test_probes_of_a_run_without_snapshots_are_an_empty_list(one):
+    url, _ = one
+    assert get(url, "/api/probes") == (200, {"text": "", "tokens": [], "steps": [], "val_loss": [],
+                                             "train_loss": []})
+    assert get(url, "/api/probes/0") == (404, {"error": "no probe snapshot at step 0: GET /api/probes lists the "
+                                                        "steps recorded"})
+
+
+def test_probes_list_the_steps_and_answer_each_recorded_one(one):
+    """GET /api/probes: the probe, its steps, the val loss at each (null: no evaluation recorded), the train curve;
+    GET /api/probes/STEP: the snapshot's weights and lens; any other step or path is a 404 line."""
+    from tests.test_viz_probes import snapshot
+    from viz import probes
+    url, views = one
+    run, ids = views[0].run_dir, views[0].tokenizer.encode("ROMEO")
+    probes.write_probe(run, "ROMEO", ids)
+    for step in (0, 50):
+        probes.write_snapshot(run, step, *snapshot(step, L=3, H=2, T=5, V=views[0].tokenizer.vocab_size))
+    (run / "metrics.jsonl").write_text('{"type": "train", "step": 10, "loss": 3.5}\n'
+                                       '{"type": "train", "step": 20, "loss": "nan"}\n'
+                                       '{"type": "eval", "step": 50, "val_loss": 2.25}\n')
+    assert get(url, "/api/probes") == (200, {"text": "ROMEO", "tokens": list("ROMEO"), "steps": [0, 50],
+                                             "val_loss": [None, 2.25], "train_loss": [[10, 3.5]]})
+    status, out = get(url, "/api/probes/50")
+    att, lens_probs, lens_ids = snapshot(50, L=3, H=2, T=5, V=views[0].tokenizer.vocab_size)
+    assert status == 200 and out["step"] == 50
+    assert torch.equal(torch.tensor(out["attention"]), att.half().double())  # the stored half precision values
+    cell = out["lens"][3][4]  # the last layer, the last position
+    assert [c["id"] for c in cell] == lens_ids[3, 4].tolist()
+    assert all(c["token"] == views[0].tokenizer.decode([c["id"]]) for c in cell)
+    assert [c["prob"] for c in cell] == pytest.approx(lens_probs[3, 4].half().tolist(), abs=1e-9)
+    for path in ("/api/probes/49", "/api/probes/-1", "/api/probes/x", "/api/probes/", "/api/probess"):
+        status, out = get(url, path)
+        assert status == 404 and set(out) == {"error"}, path
+    assert post(url, {}, "/api/probes")[0] == 404
