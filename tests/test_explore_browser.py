@@ -1,6 +1,7 @@
 """The explorer page in a real browser (headless Chromium via selenium): type a prompt, see the map drawn, hover a
 cell and read the weight the API returned, switch head and layer, append a token, save the view as standalone
-HTML and open it with the server gone; no console error. Saved files open whatever markup the prompt holds, the
+HTML and open it with the server gone; no console error. The logit lens grid and its hover, and a run's probe
+snapshots under the step slider and the play button. Saved files open whatever markup the prompt holds, the
 box keeps the exact text when GPT-2 tokens split a character, and two models' tokens and maps always agree.
 Skipped, with the reason, without Chromium."""
 from __future__ import annotations
@@ -61,6 +62,7 @@ def test_page_end_to_end(tmp_path, char_tok, driver):
         T = len(PROMPT)
         assert len(driver.find_elements("css selector", "#chips .chip")) == T
         assert len(driver.find_elements("css selector", "#heads canvas")) == 2
+        assert not driver.find_element("id", "timeline").is_displayed()  # a run without probe snapshots
 
         api = post(url, {"text": PROMPT})[1]["attention"]  # [layer][head][query][key]
         text = hover(driver, "map", 5, 3)
@@ -108,6 +110,7 @@ def test_page_end_to_end(tmp_path, char_tok, driver):
     assert driver.execute_script("return S.snapshot && S.ids.length") == T + 1
     assert json.loads(driver.execute_script("return JSON.stringify([S.layer, S.head])")) == [2, 0]
     assert "weight" in hover(driver, "map", T, 0)
+    assert len(driver.find_elements("css selector", "#lens td")) == 4 * (T + 1)  # the lens is saved too
     assert console_errors(driver) == []
 
 
@@ -213,3 +216,66 @@ def test_two_models_tokens_and_maps_always_agree(tmp_path, char_tok, driver):
           fetchLayers = orig;
           done([S.ids.length, S.models.map(m => [...m.layers.values()].map(l => l.att.length))]);""") == [
             T, [[2 * T * T] * 3, [2 * T * T] * 3]]
+
+
+def lens_hover(driver, cell) -> str:
+    from selenium.webdriver.common.action_chains import ActionChains
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center', inline: 'center'})", cell)
+    ActionChains(driver).move_to_element(cell).perform()
+    return driver.find_element("id", "tooltip").text
+
+
+def test_lens_grid_and_the_training_timeline(tmp_path, char_tok, driver):
+    """The lens grid of the typed text (top tokens, the top 5 on hover, as /api/lens says), and a run's snapshots:
+    the slider shows a step's lens and map, play goes through every step from the first."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    from tests.helpers import tiny_model
+    from training.probe import ProbeRecorder
+    run = tiny_run(tmp_path / "run", char_tok)
+    recorder = ProbeRecorder(run, char_tok.encode("ROMEO:\nThe"), char_tok.vocab_size, writes=True, runs=True)
+    for step in (0, 10, 20):  # a different model at each step, as training makes
+        recorder.record(tiny_model(char_tok.vocab_size + 3, step, n_layer=3, block_size=32), step)
+    from viz import probes
+    probes.write_probe(run, "ROMEO:\nThe", char_tok.encode("ROMEO:\nThe"))
+    (run / "metrics.jsonl").write_text("".join(f'{{"type": "eval", "step": {s}, "val_loss": {4 - s / 10}}}\n'
+                                               for s in (0, 10, 20)))
+    views = load_views([("run", str(run))], torch.device("cpu"))
+    with serve(views) as url:
+        driver.get(url + "/")
+        show(driver, PROMPT)
+        wait_for_map(driver)
+        T, lens = len(PROMPT), post(url, {"text": PROMPT}, "/api/lens")[1]["lens"]
+        rows = driver.find_elements("css selector", "#lens tr")
+        assert len(rows) == 1 + 4 and rows[1].text.startswith("embedding") and rows[4].text.startswith("layer 2")
+        cells = driver.find_elements("css selector", "#lens td")
+        assert [c.text for c in cells[-T:]] == [cell_text(c[0]["token"]) for c in lens[3]]
+        tip = lens_hover(driver, cells[-1]).splitlines()
+        assert tip[0] == f"layer 2 (output), after {T - 1} “d”: next" and len(tip) == 6
+        assert tip[1:] == [f"“{cell_text(c['token'])}” {100 * c['prob']:.1f}%" for c in lens[3][T - 1]]
+
+        timeline = driver.find_element("id", "timeline")
+        WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "tl-map").get_attribute("data-step") == "20")
+        assert timeline.is_displayed() and "step 20 of 20 · val loss 2.0000" in timeline.text
+        driver.execute_script("$('tl-slider').value = 0; $('tl-slider').dispatchEvent(new Event('input'))")
+        WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "tl-map").get_attribute("data-step") == "0")
+        assert "step 0 of 20 · val loss 4.0000" in timeline.text
+        first = probes.read_snapshot(run, 0)["lens_ids"][3].tolist()  # the last layer's top ids at step 0
+        cells = driver.find_elements("css selector", "#tl-lens td")
+        assert [c.text for c in cells[-10:]] == [cell_text(char_tok.decode([ids[0]])) for ids in first]
+        assert lens_hover(driver, cells[-1]).startswith("layer 2 (output), after 9 “e”: next")
+        assert len(driver.find_elements("css selector", "#tl-heads canvas")) == 2
+
+        driver.execute_script("window.seen = []; const draw = renderTimeline;"
+                              "renderTimeline = () => { draw(); seen.push(TL.info.steps[TL.i]); };"
+                              "$('tl-slider').value = 2; showStep(2).then(() => $('play').click());")
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script("return !TL.playing && seen.length > 1"))
+        seen = driver.execute_script("return seen")
+        assert seen[0] == 20 and seen[-3:] == [0, 10, 20], seen  # from the end, play starts over at step 0
+        assert driver.find_element("id", "play").text == "play"
+        assert console_errors(driver) == []
+
+
+def cell_text(token: str) -> str:
+    """The page's cell text: whitespace made visible (draw.js's Draw.visible), at most 6 characters."""
+    v = token.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·") or "∅"
+    return v if len(v) <= 6 else v[:5] + "…"

@@ -1,6 +1,6 @@
 // Drawing for the attention explorer: heat maps on canvas (one pixel per cell, scaled up without smoothing, so
 // 256 x 256 and more draw in a few milliseconds), the masked future drawn as hatched cells, the next-token bars,
-// and a panel's canvases exported as one PNG. No library, no network.
+// the loss curve, and a panel's canvases exported as one PNG. No library, no network.
 "use strict";
 
 const Draw = (() => {
@@ -142,6 +142,39 @@ const Draw = (() => {
     canvas.dataset.row = row;
   }
 
+  // Loss against step: train (a thin line), the evaluations (dots), the step `mark` as a vertical line.
+  function curve(canvas, train, evals, mark) {
+    const w = canvas.width = 380, h = canvas.height = 240, pad = 40, pts = [...train, ...evals];
+    const ctx = canvas.getContext("2d");
+    ctx.fillStyle = "#fff";
+    ctx.fillRect(0, 0, w, h);
+    if (!pts.length) return;
+    const x1 = Math.max(mark, 1, ...pts.map(p => p[0])), ys = pts.map(p => p[1]);
+    const y0 = Math.min(...ys), y1 = Math.max(...ys, y0 + 1e-3);
+    const X = s => pad + s / x1 * (w - pad - 10), Y = v => 10 + (y1 - v) / (y1 - y0) * (h - pad - 10);
+    ctx.strokeStyle = "#999";
+    ctx.strokeRect(pad, 10, w - pad - 10, h - pad - 10);
+    ctx.fillStyle = "#333";
+    ctx.font = "11px sans-serif";
+    ctx.fillText(y1.toFixed(2), 4, 18);
+    ctx.fillText(y0.toFixed(2), 4, h - pad);
+    ctx.fillText("step 0", pad, h - pad + 14);
+    ctx.fillText(`${x1}`, w - 40, h - pad + 14);
+    const line = (points, colour) => {
+      ctx.strokeStyle = colour;
+      ctx.beginPath();
+      points.forEach(([s, v]) => ctx.lineTo(X(s), Y(v)));
+      ctx.stroke();
+    };
+    line(train, "rgba(31, 119, 180, 0.5)");
+    line(evals, "#ff7f0e");
+    ctx.fillStyle = "#ff7f0e";
+    for (const [s, v] of evals) ctx.fillRect(X(s) - 3, Y(v) - 3, 6, 6);
+    line([[mark, y0], [mark, y1]], "#f4b400");
+    ctx.fillStyle = "#333";
+    ctx.fillText("train (blue), val (orange)", pad + 6, h - 8);
+  }
+
   // All canvases of a panel side by side (captions under them) as one PNG download.
   function exportPanel(panel, name) {
     const canvases = [...panel.querySelectorAll("canvas")].filter(c => c.offsetParent !== null && c.width > 1);
@@ -175,5 +208,5 @@ const Draw = (() => {
     setTimeout(() => URL.revokeObjectURL(a.href), 1000);
   }
 
-  return {heatmap, cellAt, bars, exportPanel, download, visible};
+  return {heatmap, cellAt, bars, curve, exportPanel, download, visible};
 })();

@@ -1,6 +1,6 @@
 // The attention explorer page: state, the server's compact binary answers, the panels and the actions. Drawing is
-// draw.js's, the next-token panel next.js's, saving the view as standalone HTML (window.SNAPSHOT set: no server,
-// the data embedded) snapshot.js's.
+// draw.js's, the next-token panel next.js's, the logit lens lens.js's, the training timeline timeline.js's, saving
+// the view as standalone HTML (window.SNAPSHOT set: no server, the data embedded) snapshot.js's.
 "use strict";
 
 const $ = id => document.getElementById(id);
@@ -50,14 +50,17 @@ async function runTokens(source) {
     for (let i = 1; i < S.info.models.length && gen === S.gen; i++) {
       heads.push(await fetchLayers(i, {ids, layers: layersToLoad(i, ids.length), scores: true, logits: true}));
     }
+    const lens = await Lens.load(ids);
     if (gen !== S.gen) return null;
     S.ids = ids;
+    S.lens = lens;
     S.tokens = heads[0].tokens;
     S.labels = new Map(heads[0].next.map(n => [n.id, n.token])); // top 20 by logit: every bar's token, any setting
     S.models = heads.map(h => ({layers: new Map(), logits: h.data.logits}));
     heads.forEach((h, i) => store(i, h));
     showError("");
     render(performance.now() - t0);
+    Lens.grid($("lens"), S.lens, S.tokens);
     return heads[0];
   } catch (err) {
     if (gen === S.gen) showError(err.message);
@@ -89,6 +92,7 @@ function headOf(arr, h, T) { return arr.subarray(h * T * T, (h + 1) * T * T); }
 
 function render(ms) {
   const T = S.ids.length, t0 = performance.now();
+  renderTimeline();
   if (!T) return;
   renderChips();
   const a = layerData(0), sqrt = $("sqrt").checked;
@@ -106,7 +110,7 @@ function render(ms) {
     for (const id of ["map", "scores", "masked", "softmax"]) {
       Object.assign($(id).dataset, {layer: S.layer, head: S.head});
     }
-    renderHeads(a, T, sqrt);
+    renderHeads($("heads"), a.att, T, sqrt, "map");
   } else {
     $("heads").textContent = S.snapshot ? "this layer was not loaded when the page was saved" : "loading…";
   }
@@ -140,20 +144,20 @@ function renderChips() {
   });
 }
 
-function renderHeads(a, T, sqrt) {
-  const grid = $("heads"), n = S.info.models[0].n_head;
+function renderHeads(grid, att, T, sqrt, map) { // thumbnails of a layer's heads; a click enlarges one in `map`
+  const n = S.info.models[0].n_head;
   grid.textContent = "";
   for (let h = 0; h < n; h++) {
     const fig = document.createElement("figure");
     fig.className = "thumb" + (h === S.head ? " selected" : "");
     const c = document.createElement("canvas");
     c.setAttribute("aria-label", `layer ${S.layer} head ${h}`);
-    Draw.heatmap(c, headOf(a.att, h, T), T, {kind: "weights", sqrt, side: 96, maxCell: 8});
+    Draw.heatmap(c, headOf(att, h, T), T, {kind: "weights", sqrt, side: 96, maxCell: 8});
     fig.appendChild(c);
     const cap = document.createElement("figcaption");
     cap.textContent = `head ${h}`;
     fig.appendChild(cap);
-    fig.onclick = () => { S.head = h; $("head").value = h; render(); $("map").scrollIntoView({block: "nearest"}); };
+    fig.onclick = () => { S.head = h; $("head").value = h; render(); $(map).scrollIntoView({block: "nearest"}); };
     grid.appendChild(fig);
   }
 }
@@ -253,8 +257,9 @@ async function start() {
     c.addEventListener("mousemove", tooltip);
     c.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
   }
-  if (S.snapshot) render();
-  else if (S.info.prompt) { $("prompt").value = S.info.prompt; runTokens({text: S.info.prompt}).catch(() => {}); }
+  if (S.snapshot) { render(); Lens.grid($("lens"), S.lens, S.tokens); return; }
+  startTimeline().catch(e => showError(e.message));
+  if (S.info.prompt) { $("prompt").value = S.info.prompt; runTokens({text: S.info.prompt}).catch(() => {}); }
 }
 
 start().catch(e => showError(e.message));
