@@ -1,11 +1,8 @@
 """The logit lens (nostalgebraist's; TransformerLens and nnsight compute it in notebooks): what each layer would
-predict if the model stopped there. The residual stream after the embedding and after each block goes through the
-model's final norm and head (and its logit softcap), so the last row is the model's own output.
-
-It is read from one run of the model's own forward: hooks keep the embedding's and each block's output, and a pre-hook
-hands the final norm all of them stacked instead of the last alone. So the norm, the head and the softcap are the
-model's code whatever its settings, and the lens runs wherever the forward runs (under FSDP too). It holds
-(n_layer + 1) x T x vocab logits at once.
+predict if the model stopped there, its residual stream through the final norm and head (and softcap). Read from one
+run of the model's own forward: hooks keep the embedding's and each block's output and hand the final norm all of
+them stacked, so the last row is the model's output, every setting computes as the model does, and the lens runs
+wherever the forward does (FSDP too). It holds (n_layer + 1) x T x vocab logits at once.
 """
 from __future__ import annotations
 
@@ -27,11 +24,10 @@ def logit_lens(model, idx: torch.Tensor, attention: bool = False) -> tuple[torch
 
     hooks = [t.drop.register_forward_hook(keep), *(block.register_forward_hook(keep) for block in t.h),
              t.ln_f.register_forward_pre_hook(stacked)]
-    if attention:  # the attention modules' manual path, asked for its weights
-        for block in t.h:
-            hooks.append(block.attn.register_forward_pre_hook(lambda m, a, kw: (a, {**kw, "need_weights": True}),
-                                                              with_kwargs=True))
-            hooks.append(block.attn.register_forward_hook(lambda m, a, out: weights.append(out[1])))
+    for block in t.h if attention else []:  # the attention modules' manual path, asked for its weights
+        hooks += [block.attn.register_forward_pre_hook(lambda m, a, kw: (a, {**kw, "need_weights": True}),
+                                                       with_kwargs=True),
+                  block.attn.register_forward_hook(lambda m, a, out: weights.append(out[1]))]
     was_training = model.training
     model.eval()
     try:

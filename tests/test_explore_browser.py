@@ -232,13 +232,10 @@ def test_lens_grid_and_the_training_timeline(tmp_path, char_tok, driver):
     from tests.helpers import tiny_model
     from training.probe import ProbeRecorder
     run = tiny_run(tmp_path / "run", char_tok)
-    recorder = ProbeRecorder(run, char_tok.encode("ROMEO:\nThe"), char_tok.vocab_size, writes=True, runs=True)
-    for step in (0, 10, 20):  # a different model at each step, as training makes
-        recorder.record(tiny_model(char_tok.vocab_size + 3, step, n_layer=3, block_size=32), step)
     from viz import probes
-    probes.write_probe(run, "ROMEO:\nThe", char_tok.encode("ROMEO:\nThe"))
-    (run / "metrics.jsonl").write_text("".join(f'{{"type": "eval", "step": {s}, "val_loss": {4 - s / 10}}}\n'
-                                               for s in (0, 10, 20)))
+    recorder = ProbeRecorder(run, "ROMEO:\nThe", char_tok.encode("ROMEO:\nThe"), char_tok.vocab_size, writes=True)
+    for step in (0, 10, 20):  # a different model at each step, as training makes
+        recorder.record(tiny_model(char_tok.vocab_size + 3, step, n_layer=3, block_size=32), step, 4 - step / 10)
     views = load_views([("run", str(run))], torch.device("cpu"))
     with serve(views) as url:
         driver.get(url + "/")
@@ -250,19 +247,19 @@ def test_lens_grid_and_the_training_timeline(tmp_path, char_tok, driver):
         cells = driver.find_elements("css selector", "#lens td")
         assert [c.text for c in cells[-T:]] == [cell_text(c[0]["token"]) for c in lens[3]]
         tip = lens_hover(driver, cells[-1]).splitlines()
-        assert tip[0] == f"layer 2 (output), after {T - 1} “d”: next" and len(tip) == 6
+        assert tip[0] == f"layer 2 (output) at {T - 1} “d”: next" and len(tip) == 6
         assert tip[1:] == [f"“{cell_text(c['token'])}” {100 * c['prob']:.1f}%" for c in lens[3][T - 1]]
 
         timeline = driver.find_element("id", "timeline")
         WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "tl-map").get_attribute("data-step") == "20")
-        assert timeline.is_displayed() and "step 20 of 20 · val loss 2.0000" in timeline.text
+        assert timeline.is_displayed() and "step 20 · val loss 2.0000 · head 0" in timeline.text
         driver.execute_script("$('tl-slider').value = 0; $('tl-slider').dispatchEvent(new Event('input'))")
         WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "tl-map").get_attribute("data-step") == "0")
-        assert "step 0 of 20 · val loss 4.0000" in timeline.text
+        assert "step 0 · val loss 4.0000 · head 0" in timeline.text
         first = probes.read_snapshot(run, 0)["lens_ids"][3].tolist()  # the last layer's top ids at step 0
         cells = driver.find_elements("css selector", "#tl-lens td")
         assert [c.text for c in cells[-10:]] == [cell_text(char_tok.decode([ids[0]])) for ids in first]
-        assert lens_hover(driver, cells[-1]).startswith("layer 2 (output), after 9 “e”: next")
+        assert lens_hover(driver, cells[-1]).startswith("layer 2 (output) at 9 “e”: next")
         assert len(driver.find_elements("css selector", "#tl-heads canvas")) == 2
 
         driver.execute_script("window.seen = []; const draw = renderTimeline;"

@@ -28,23 +28,22 @@ def test_the_probe_is_the_validation_splits_first_tokens_or_the_text_given():
     assert probe_ids("ROMEO", TOK, Val(), 16) == TOK.encode("ROMEO")
     with pytest.raises(ValueError, match=r"^train.probe_text='ROMEO!' cannot be encoded: .*'!'"):
         probe_ids("ROMEO!", TOK, Val(), 16)
-    with pytest.raises(ValueError, match=r"^train.probe_text is 20 tokens, longer than model.block_size=16: "):
+    with pytest.raises(ValueError, match=r"^train.probe_text is 20 tokens, over model.block_size=16: shorten it"):
         probe_ids("ROMEO" * 4, TOK, Val(), 16)
 
 
 def test_a_snapshot_is_the_models_attention_and_lens(tmp_path):
     model = tiny_model(TOK.vocab_size + 3, n_layer=3, block_size=32)  # (3 padded ids, never in the lens)
     recorder = ProbeRecorder.start(tmp_path, "The king", TOK, Val(), 32, Ranks(), step=0, resumed=False)
-    recorder.record(model, 5)
-    assert probes.read_probe(tmp_path) == {"text": "The king", "ids": TOK.encode("The king")}
+    recorder.record(model, 5, val_loss=2.5)
     snap = probes.read_snapshot(tmp_path, 5)
-    idx = torch.tensor([TOK.encode("The king")])
-    lens, attention = logit_lens(model, idx, attention=True)
+    assert (snap["text"], snap["ids"], snap["val_loss"]) == ("The king", TOK.encode("The king"), 2.5)
+    lens, attention = logit_lens(model, torch.tensor([TOK.encode("The king")]), attention=True)
     probs, ids = top_tokens(lens[:, 0], probes.TOP, TOK.vocab_size)
     assert snap["attention"].shape == (3, 2, 8, 8) and snap["lens_ids"].shape == (4, 8, probes.TOP)
     assert (snap["attention"].float() - attention[:, 0]).abs().max() < 1e-3  # half precision
     assert torch.equal(snap["lens_ids"], ids.int()) and (snap["lens_probs"].float() - probs).abs().max() < 1e-3
-    ProbeRecorder(tmp_path, [1, 2], TOK.vocab_size, writes=False, runs=False).record(model, 6)  # rank 1 of DDP
+    ProbeRecorder(tmp_path, "R", [1, 2], TOK.vocab_size, writes=False).record(model, 6, 2.0)  # another rank
     assert probes.steps(tmp_path) == [5]
 
 
@@ -52,14 +51,14 @@ def test_a_resumed_run_keeps_its_series_and_refuses_another_text(tmp_path):
     model = tiny_model(TOK.vocab_size, block_size=32)
     recorder = ProbeRecorder.start(tmp_path, "ROMEO", TOK, Val(), 32, Ranks(), step=0, resumed=False)
     for step in (0, 3, 6):
-        recorder.record(model, step)
+        recorder.record(model, step, 3.0)
     ProbeRecorder.start(tmp_path, "ROMEO", TOK, Val(), 32, Ranks(), step=3, resumed=True)  # from step 3's last.pt
     assert probes.steps(tmp_path) == [0, 3]
     with pytest.raises(ValueError, match=r"^train.probe_text='king' is not the text of this run's probe snapshots "
                                          r"\('ROMEO'\): resume with that train.probe_text, or move "):
         ProbeRecorder.start(tmp_path, "king", TOK, Val(), 32, Ranks(), step=3, resumed=True)
     ProbeRecorder.start(tmp_path, "king", TOK, Val(), 32, Ranks(), step=0, resumed=False)  # a new run: a new series
-    assert probes.steps(tmp_path) == [] and probes.read_probe(tmp_path)["text"] == "king"
+    assert probes.steps(tmp_path) == []
 
 
 def test_the_baby_gpts_seven_snapshots_take_under_5_mb(tmp_path):
@@ -68,9 +67,9 @@ def test_the_baby_gpts_seven_snapshots_take_under_5_mb(tmp_path):
     from model.gpt import GPT
     from training.config import baby
     model = GPT(baby().with_vocab(65))
-    recorder = ProbeRecorder(tmp_path, list(range(64)), 65, writes=True, runs=True)
+    recorder = ProbeRecorder(tmp_path, "x" * 64, list(range(64)), 65, writes=True)
     for step in range(0, 1501, 250):
-        recorder.record(model, step)
+        recorder.record(model, step, 1.5)
     files = list(probes.probe_dir(tmp_path).iterdir())
     assert len(files) == 7 and sum(f.stat().st_size for f in files) <= 5_000_000
 
@@ -90,8 +89,10 @@ def test_a_run_records_at_each_evaluation_and_a_resume_continues_the_series(tmp_
     strip = lambda rs: [{k: v for k, v in r.items() if k not in ("elapsed_s", "tokens_per_s", "wall_s")}  # noqa: E731
                         for r in rs if r["type"] != "summary"]
     assert strip(records(run)) == strip(records(off))
-    probe = probes.read_probe(run)
+    probe = probes.read_snapshot(run, 0)
     assert len(probe["ids"]) == 16 and probe["text"] in tiny_corpus.read_text()  # min(64, block_size) tokens
+    assert [probes.read_snapshot(run, s)["val_loss"] for s in (3, 6)] == [r["val_loss"] for r in records(run)
+                                                                          if r["type"] == "eval"][1:]
     model = model_from_checkpoint(load_checkpoint(run / "last.pt"))
     _, attention = logit_lens(model, torch.tensor([probe["ids"]]), attention=True)
     assert (probes.read_snapshot(run, 6)["attention"].float() - attention[:, 0]).abs().max() < 1e-3

@@ -11,7 +11,7 @@ import torch
 from tests.helpers import tiny_model
 from tests.test_explore import char_tok  # noqa: F401 (fixture)
 from viz.explorer.model_view import ModelView, next_tokens
-from viz.explorer.request import RequestError, parse_lens, parse_request
+from viz.explorer.request import LENS_FIELDS, RequestError, parse_request
 
 
 @pytest.fixture
@@ -69,10 +69,10 @@ LENS_REFUSED = [({"text": "ROMEO", "top": 21}, "top 21 is invalid: use a whole n
 
 @pytest.mark.parametrize("body,words", LENS_REFUSED, ids=[w[:30] for _, w in LENS_REFUSED])
 def test_a_lens_request_is_as_strict(views, body, words):
-    assert parse_lens(json.dumps({"text": "ROMEO"}).encode(), views) == {"view": views[0], "top": 5,
-                                                                        "ids": views[0].encode("ROMEO")}
+    assert parse_request(b'{"text": "ROMEO"}', views, LENS_FIELDS) == {"view": views[0], "top": 5,
+                                                                      "ids": views[0].encode("ROMEO")}
     with pytest.raises(RequestError) as e:
-        parse_lens(json.dumps(body).encode(), views)
+        parse_request(json.dumps(body).encode(), views, LENS_FIELDS)
     assert e.value.status == 400 and words in str(e.value)
 
 

@@ -244,41 +244,36 @@ def test_the_lens_ends_in_the_models_own_next_token_distribution(one):
     assert all(abs(c["prob"] - n["prob"]) <= 1e-5 and c["token"] == n["token"] for c, n in zip(last, nxt))
     assert post(url, {"text": PROMPT, "top": 0}, "/api/lens") == (400, {"error": "top 0 is invalid: use a whole "
                                                                                  "number from 1 to 20 (tokens per "
-                                                                                 "layer and position)"})
+                                                                                 "position)"})
     assert get(url, "/api/lens")[0] == 405
 
 
 def test_probes_of_a_run_without_snapshots_are_an_empty_list(one):
     url, _ = one
-    assert get(url, "/api/probes") == (200, {"text": "", "tokens": [], "steps": [], "val_loss": [],
-                                             "train_loss": []})
+    assert get(url, "/api/probes") == (200, {"text": "", "tokens": [], "steps": [], "val_loss": []})
     assert get(url, "/api/probes/0") == (404, {"error": "no probe snapshot at step 0: GET /api/probes lists the "
                                                         "steps recorded"})
 
 
 def test_probes_list_the_steps_and_answer_each_recorded_one(one):
-    """GET /api/probes: the probe, its steps, the val loss at each (null: no evaluation recorded), the train curve;
-    GET /api/probes/STEP: the snapshot's weights and lens; any other step or path is a 404 line."""
+    """GET /api/probes: the probe, its steps and the val loss at each; GET /api/probes/STEP: the snapshot's weights
+    and lens; any other step or path is a 404 line."""
     from tests.test_viz_probes import snapshot
     from viz import probes
     url, views = one
-    run, ids = views[0].run_dir, views[0].tokenizer.encode("ROMEO")
-    probes.write_probe(run, "ROMEO", ids)
+    run, V = views[0].run_dir, views[0].tokenizer.vocab_size
     for step in (0, 50):
-        probes.write_snapshot(run, step, *snapshot(step, L=3, H=2, T=5, V=views[0].tokenizer.vocab_size))
-    (run / "metrics.jsonl").write_text('{"type": "train", "step": 10, "loss": 3.5}\n'
-                                       '{"type": "train", "step": 20, "loss": "nan"}\n'
-                                       '{"type": "eval", "step": 50, "val_loss": 2.25}\n')
+        probes.write_snapshot(run, step, **{**snapshot(step, L=3, H=2, T=5, V=V), "ids": views[0].encode("ROMEO")})
     assert get(url, "/api/probes") == (200, {"text": "ROMEO", "tokens": list("ROMEO"), "steps": [0, 50],
-                                             "val_loss": [None, 2.25], "train_loss": [[10, 3.5]]})
+                                             "val_loss": [4.0, 3.5]})
     status, out = get(url, "/api/probes/50")
-    att, lens_probs, lens_ids = snapshot(50, L=3, H=2, T=5, V=views[0].tokenizer.vocab_size)
+    want = snapshot(50, L=3, H=2, T=5, V=V)
     assert status == 200 and out["step"] == 50
-    assert torch.equal(torch.tensor(out["attention"]), att.half().double())  # the stored half precision values
+    assert torch.equal(torch.tensor(out["attention"]), want["attention"].half().double())  # the stored values
     cell = out["lens"][3][4]  # the last layer, the last position
-    assert [c["id"] for c in cell] == lens_ids[3, 4].tolist()
+    assert [c["id"] for c in cell] == want["lens_ids"][3, 4].tolist()
     assert all(c["token"] == views[0].tokenizer.decode([c["id"]]) for c in cell)
-    assert [c["prob"] for c in cell] == pytest.approx(lens_probs[3, 4].half().tolist(), abs=1e-9)
+    assert [c["prob"] for c in cell] == pytest.approx(want["lens_probs"][3, 4].half().tolist(), abs=1e-9)
     for path in ("/api/probes/49", "/api/probes/-1", "/api/probes/x", "/api/probes/", "/api/probess"):
         status, out = get(url, path)
         assert status == 404 and set(out) == {"error"}, path

@@ -1,5 +1,5 @@
-"""viz/probes.py: the probe snapshot files: plain (weights_only), half precision, atomic, listed by step in order,
-and a resumed run's later steps dropped."""
+"""viz/probes.py: the probe snapshot files: plain (weights_only), half precision, each standing alone (its probe
+and val loss in it), atomic, listed by step in order, and a resumed run's later steps dropped."""
 from __future__ import annotations
 
 import torch
@@ -7,35 +7,37 @@ import torch
 from viz import probes
 
 
-def snapshot(seed: int, L: int = 2, H: int = 3, T: int = 5, V: int = 50):
+def snapshot(seed: int, L: int = 2, H: int = 3, T: int = 5, V: int = 50) -> dict:
+    """write_snapshot's fields for a random snapshot of L layers, H heads, T tokens of a V-token vocabulary."""
     g = torch.Generator().manual_seed(seed)
-    return (torch.rand(L, H, T, T, generator=g).tril().softmax(-1), torch.rand(L + 1, T, probes.TOP, generator=g),
-            torch.randint(0, V, (L + 1, T, probes.TOP), generator=g))
+    return {"text": "ROMEO"[:T], "ids": list(range(T)), "val_loss": 4.0 - seed / 100,
+            "attention": torch.rand(L, H, T, T, generator=g).tril().softmax(-1),
+            "lens_probs": torch.rand(L + 1, T, probes.TOP, generator=g),
+            "lens_ids": torch.randint(0, V, (L + 1, T, probes.TOP), generator=g)}
 
 
 def test_snapshots_round_trip_as_plain_half_precision_tensors(tmp_path):
-    assert probes.read_probe(tmp_path) is None and probes.steps(tmp_path) == []
-    assert probes.read_snapshot(tmp_path, 0) is None
-    probes.write_probe(tmp_path, "ROMEO:", [1, 2, 3])
-    assert probes.read_probe(tmp_path) == {"text": "ROMEO:", "ids": [1, 2, 3]}
+    assert probes.steps(tmp_path) == [] and probes.read_snapshot(tmp_path, 0) is None
     for step in (1_000_000, 250, 0):
-        probes.write_snapshot(tmp_path, step, *snapshot(step))
+        probes.write_snapshot(tmp_path, step, **snapshot(step))
     assert probes.steps(tmp_path) == [0, 250, 1_000_000]  # by number, not by name
-    att, lens_probs, lens_ids = snapshot(250)
+    want = snapshot(250)
     snap = torch.load(tmp_path / "probes" / "step_000250.pt", weights_only=True)  # nothing but plain data
-    assert snap["step"] == 250 and snap["attention"].dtype == snap["lens_probs"].dtype == torch.float16
-    assert torch.equal(snap["attention"], att.half()) and torch.equal(snap["lens_ids"], lens_ids.int())
-    assert probes.read_snapshot(tmp_path, 250)["lens_probs"].equal(lens_probs.half())
+    assert (snap["step"], snap["text"], snap["ids"], snap["val_loss"]) == (250, "ROMEO", [0, 1, 2, 3, 4], 1.5)
+    assert snap["attention"].dtype == snap["lens_probs"].dtype == torch.float16
+    assert torch.equal(snap["attention"], want["attention"].half()) and snap["lens_ids"].dtype == torch.int32
+    assert torch.equal(snap["lens_ids"], want["lens_ids"].int())
+    assert probes.read_snapshot(tmp_path, 250, mmap=True)["lens_probs"].equal(want["lens_probs"].half())
     assert probes.read_snapshot(tmp_path, 251) is None
-    probes.write_snapshot(tmp_path, 250, *snapshot(7))  # a step recorded again: rewritten whole
-    assert torch.equal(probes.read_snapshot(tmp_path, 250)["attention"], snapshot(7)[0].half())
+    probes.write_snapshot(tmp_path, 250, **snapshot(7))  # a step recorded again: rewritten whole
+    assert torch.equal(probes.read_snapshot(tmp_path, 250)["attention"], snapshot(7)["attention"].half())
     assert sorted(p.name for p in (tmp_path / "probes").iterdir()) == [  # no temp file left behind
-        "probe.json", "step_000000.pt", "step_000250.pt", "step_1000000.pt"]
+        "step_000000.pt", "step_000250.pt", "step_1000000.pt"]
 
 
 def test_drop_after_keeps_the_steps_a_resumed_run_continues_from(tmp_path):
     for step in (0, 3, 6, 9):
-        probes.write_snapshot(tmp_path, step, *snapshot(step))
+        probes.write_snapshot(tmp_path, step, **snapshot(step))
     probes.drop_after(tmp_path, 6)
     assert probes.steps(tmp_path) == [0, 3, 6]
     probes.drop_after(tmp_path, -1)  # a new run: none

@@ -202,7 +202,7 @@ class Trainer:
             eval_hellaswag.at_eval(self.c.train.hellaswag, step, self.step_model, self.tokenizer,
                                    self.precision.autocast, self.ranks, self.report)
         if self.probe:  # what the model does with the probe text now (training/probe.py)
-            self.probe.record(self.model, step)
+            self.probe.record(self.model, step, stats["val"]["loss"])
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights

@@ -1,5 +1,4 @@
-"""The loss curves of a training run (loss.png): train per log interval, train/val per eval, against step; `points`
-also gives the explorer its curve."""
+"""The loss curves of a training run (loss.png): train per log interval, train/val per eval, against step."""
 from __future__ import annotations
 
 import logging
@@ -9,7 +8,7 @@ from pathlib import Path
 from common.files import atomic_write
 
 
-def points(records: list[dict], kind: str, key: str) -> list[tuple]:
+def _points(records: list[dict], kind: str, key: str) -> list[tuple]:
     """(step, value) of the `kind` records whose `key` is a finite number (a NaN is skipped, not drawn)."""
     return [(r["step"], r[key]) for r in records
             if r.get("type") == kind and isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
@@ -17,7 +16,7 @@ def points(records: list[dict], kind: str, key: str) -> list[tuple]:
 
 def plot_loss(records: list[dict], path: Path, title: str = "") -> Path | None:
     """Train (per log interval) and val/train (per eval) loss against step, as a PNG. None if nothing to plot."""
-    train, ev_train, ev_val = (points(records, *k) for k in (("train", "loss"), ("eval", "train_loss"),
+    train, ev_train, ev_val = (_points(records, *k) for k in (("train", "loss"), ("eval", "train_loss"),
                                                                ("eval", "val_loss")))
     if not (train or ev_val):
         return None

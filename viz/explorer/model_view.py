@@ -90,8 +90,7 @@ def next_tokens(logits: torch.Tensor, temperature: float = 1.0, top_k: int | Non
 
 
 class ModelView:
-    """One loaded model and its tokenizer, with its last result kept (one request at a time: the server locks), and
-    the run directory it came from (None for Hugging Face weights), whose probe snapshots the timeline shows."""
+    """One loaded model and its tokenizer, with its last result kept (one request at a time: the server locks)."""
 
     def __init__(self, model, tokenizer, name: str, run_dir: Path | None = None):
         self.model, self.tokenizer, self.name, self.run_dir = model.eval(), tokenizer, name, run_dir
@@ -163,9 +162,8 @@ class ModelView:
 
 
 def load_model(kind: str | None, path: str | None, device):
-    """(model in eval mode on `device`, tokenizer, name, run directory or None) of --run DIR, --checkpoint FILE or
-    --init HF_DIR (None: the newest run), read by the loaders sample.py uses; the one place the explorer loads
-    models."""
+    """(model in eval mode on `device`, tokenizer, name, run dir) of --run DIR, --checkpoint FILE or --init HF_DIR
+    (None: the newest run; no run dir), read by the loaders sample.py uses; the one place the explorer loads models."""
     from checkpoint.file import check_vocab, load_for_inference, resolve_checkpoint
     if kind == "init":
         from data.hf_tokenizer import read_hf_tokenizer

@@ -1,4 +1,4 @@
-"""What an /api/attention (or /api/lens) request may hold (contract in docs/explore.md), checked strictly: a script's mistake is
+"""What an /api/attention request may hold (contract in docs/explore.md), checked strictly: a script's mistake is
 one line saying what to fix, never a silent guess. So the body is JSON proper (no NaN or Infinity, no field given
 twice), each field has its one type (`"scores": "no"` is not true, `1.0` is not model 1), and `text` and `ids`
 together are refused rather than one of them winning.
@@ -12,7 +12,6 @@ from model.config import check_sampling
 
 FIELDS = {"text", "ids", "layers", "temperature", "top_k", "model", "scores", "logits"}
 LENS_FIELDS = {"text", "ids", "model", "top"}
-MAX_TOP = 20  # the most tokens a lens cell may list
 
 
 class RequestError(Exception):
@@ -75,8 +74,9 @@ def _text_or_ids(req: dict) -> tuple[str | None, list[int] | None]:
     return text, None
 
 
-def _fields(body: bytes, views: list, fields: set) -> tuple[dict, object, list[int]]:
-    """(the body's fields, the model view asked, the ids of its text) for a request that may hold `fields`."""
+def parse_request(body: bytes, views: list, fields: set = FIELDS) -> dict:
+    """The checked fields of an /api/attention body (or with LENS_FIELDS a /api/lens body: the text, the model and
+    `top`, 1 to 20 tokens per cell); RequestError (one line) for anything to fix."""
     req = read_json(body)
     if not isinstance(req, dict):
         raise RequestError('the request body must be a JSON object like {"text": "ROMEO:"}')
@@ -93,22 +93,11 @@ def _fields(body: bytes, views: list, fields: set) -> tuple[dict, object, list[i
         ids = view.encode(text) if ids is None else view.check_ids(ids)
     except ValueError as e:  # with two models, which one (the page calls them A and B): their contexts differ
         raise RequestError(f"model {'AB'[m]}: {e}" if len(views) > 1 else str(e)) from None
-    return req, view, ids
-
-
-def parse_lens(body: bytes, views: list) -> dict:
-    """The checked fields of a /api/lens body: the text (or ids), the model, `top` tokens per cell (1 to 20)."""
-    req, view, ids = _fields(body, views, LENS_FIELDS)
-    top = req.get("top", 5)
-    if not _whole(top) or not 1 <= top <= min(MAX_TOP, view.tokenizer.vocab_size):
-        raise RequestError(f"top {top!r} is invalid: use a whole number from 1 to "
-                           f"{min(MAX_TOP, view.tokenizer.vocab_size)} (tokens per layer and position)")
-    return {"view": view, "ids": ids, "top": top}
-
-
-def parse_request(body: bytes, views: list) -> dict:
-    """The checked fields of an /api/attention body; RequestError (one line) for anything to fix."""
-    req, view, ids = _fields(body, views, FIELDS)
+    if fields is LENS_FIELDS:
+        top, most = req.get("top", 5), min(20, view.tokenizer.vocab_size)
+        if not _whole(top) or not 1 <= top <= most:
+            raise RequestError(f"top {top!r} is invalid: use a whole number from 1 to {most} (tokens per position)")
+        return {"view": view, "ids": ids, "top": top}
     layers = req.get("layers", list(range(view.n_layer)))
     if not isinstance(layers, list) or not all(_whole(l) for l in layers):
         raise RequestError(f"layers must be a list of layer numbers, e.g. [0, {view.n_layer - 1}]")

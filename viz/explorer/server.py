@@ -1,6 +1,5 @@
-"""The explorer's HTTP server: the standard library's ThreadingHTTPServer, the page's static files and the API
-(attention, logit lens, a run's probe snapshots: contract in docs/explore.md). Requests run the model one at a time,
-under no_grad.
+"""The explorer's HTTP server: the standard library's ThreadingHTTPServer, the page's static files and the
+attention, logit lens and probe snapshot API (contract in docs/explore.md). Requests run the model one at a time.
 
 Static files are a fixed table of names, never a path joined from the request, so no URL can read another file.
 Every reply but the pages is strict JSON (no NaN or Infinity), a refusal {"error": "..."} of one line, the standard
@@ -20,12 +19,10 @@ from pathlib import Path
 import torch
 
 from common.cli import failure_reason
-from common.files import read_jsonl
 from viz import probes
 from viz.explorer import guard
 from viz.explorer.model_view import ModelView, next_tokens, token_text
-from viz.explorer.request import RequestError, parse_lens, parse_request
-from viz.loss_plot import points
+from viz.explorer.request import FIELDS, LENS_FIELDS, RequestError, parse_request
 
 MAX_BODY = 64 * 1024
 IDLE_TIMEOUT = 20  # seconds a connection may wait for the client: an idle one holds a thread
@@ -93,36 +90,30 @@ def attention_binary(req: dict) -> bytes:
     return struct.pack("<I", len(text)) + text + b"".join(blobs)
 
 
-def lens_json(req: dict) -> bytes:
-    """The logit lens of a text: tokens, ids, lens [layer][position] -> the top tokens and their probabilities."""
-    view, ids = req["view"], req["ids"]
-    with torch.no_grad():
-        probs, top_ids = view.lens(ids, req["top"])
-    return to_json({"tokens": [token_text(view.tokenizer, i) for i in ids], "ids": ids,
-                    "lens": lens_cells(view.tokenizer, probs, top_ids)})
-
-
 def lens_cells(tokenizer, probs: torch.Tensor, ids: torch.Tensor) -> list:
     """[layer][position] -> [{"token", "id", "prob"}, ...] of (layers, T, top) probabilities and ids."""
-    return [[[{"token": token_text(tokenizer, i), "id": i, "prob": p} for i, p in zip(cell_ids, cell_probs)]
-             for cell_ids, cell_probs in zip(row_ids, row_probs)]
-            for row_ids, row_probs in zip(ids.tolist(), _numbers(probs.float()))]
+    return [[[{"token": token_text(tokenizer, i), "id": i, "prob": p} for i, p in zip(*cell)] for cell in zip(*row)]
+            for row in zip(ids.tolist(), _numbers(probs.float()))]
+
+
+def lens_json(req: dict) -> bytes:
+    """The logit lens of a text (model/lens.py): tokens, ids, lens [layer][position] -> the top tokens."""
+    view, ids = req["view"], req["ids"]
+    return to_json({"tokens": [token_text(view.tokenizer, i) for i in ids], "ids": ids,
+                    "lens": lens_cells(view.tokenizer, *view.lens(ids, req["top"]))})
 
 
 def probes_json(view: ModelView, step: str | None) -> bytes:
-    """The run's probe snapshots: the probe, its steps and losses (step None), or one step's snapshot."""
-    run = view.run_dir
-    probe = probes.read_probe(run) if run is not None else None
-    recorded = probes.steps(run) if probe is not None else []
-    if step is None:
-        records = read_jsonl(run / "metrics.jsonl") if run is not None else []
-        val = dict(points(records, "eval", "val_loss"))
-        return to_json({"text": probe["text"] if probe else "", "steps": recorded,
-                        "tokens": [token_text(view.tokenizer, i) for i in probe["ids"]] if probe else [],
-                        "val_loss": [val.get(s) for s in recorded], "train_loss": points(records, "train", "loss")})
-    snap = probes.read_snapshot(run, int(step)) if int(step) in recorded else None
-    if snap is None:
+    """Model A's run's probe snapshots (viz/probes.py): the probe, its steps and val losses, or one step's."""
+    recorded = probes.steps(view.run_dir) if view.run_dir is not None else []
+    if step is None:  # (mmap: the tensors are not read)
+        snaps = [probes.read_snapshot(view.run_dir, s, mmap=True) for s in recorded]
+        first = snaps[0] if snaps else {"text": "", "ids": []}
+        return to_json({"text": first["text"], "tokens": [token_text(view.tokenizer, i) for i in first["ids"]],
+                        "steps": recorded, "val_loss": [s["val_loss"] for s in snaps]})
+    if int(step) not in recorded:
         raise RequestError(f"no probe snapshot at step {step[:20]}: GET /api/probes lists the steps recorded", 404)
+    snap = probes.read_snapshot(view.run_dir, int(step))
     return to_json({"step": snap["step"], "attention": _numbers(snap["attention"].float()),
                     "lens": lens_cells(view.tokenizer, snap["lens_probs"], snap["lens_ids"])})
 
@@ -130,7 +121,6 @@ def probes_json(view: ModelView, step: str | None) -> bytes:
 ROUTES = {"/api/attention": (attention_json, "application/json"),
           "/api/attention.bin": (attention_binary, "application/octet-stream"),
           "/api/lens": (lens_json, "application/json")}
-PARSE = {"/api/lens": parse_lens}  # the rest: parse_request
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -201,9 +191,7 @@ class Handler(BaseHTTPRequestHandler):
             return to_json({"models": [v.describe() for v in self.server.views],
                             "prompt": self.server.prompt}), "application/json"
         if (probe := re.fullmatch(r"/api/probes(?:/(\d{1,12}))?", path)) is not None:
-            return probes_json(self.server.views[0], probe.group(1)), "application/json"  # files: no lock
-        if path.startswith("/api/probes"):
-            raise RequestError(f"no such API: {path[:100]} (GET /api/probes or /api/probes/STEP)", 404)
+            return probes_json(self.server.views[0], probe.group(1)), "application/json"  # files: no model lock
         if path in ROUTES:
             raise RequestError(f"{path} takes a POST with a JSON body, not a {self.command}", 405)
         if path not in STATIC:
@@ -218,7 +206,8 @@ class Handler(BaseHTTPRequestHandler):
         body = self.read_body()
         route, content_type = ROUTES[path]
         with self.server.lock:  # one model run at a time
-            return route(PARSE.get(path, parse_request)(body, self.server.views)), content_type
+            fields = LENS_FIELDS if path == "/api/lens" else FIELDS
+            return route(parse_request(body, self.server.views, fields)), content_type
 
     def body_unread(self) -> bool:
         """Whether the request announced a body the explorer does not read (a GET with one)."""

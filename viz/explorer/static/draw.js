@@ -142,37 +142,25 @@ const Draw = (() => {
     canvas.dataset.row = row;
   }
 
-  // Loss against step: train (a thin line), the evaluations (dots), the step `mark` as a vertical line.
-  function curve(canvas, train, evals, mark) {
-    const w = canvas.width = 380, h = canvas.height = 240, pad = 40, pts = [...train, ...evals];
-    const ctx = canvas.getContext("2d");
+  // Val loss against step (the evaluations' points joined), the step `mark` as a vertical line.
+  function curve(canvas, points, mark) {
+    const w = canvas.width = 360, h = canvas.height = 220, pad = 36, ctx = canvas.getContext("2d");
+    const x1 = Math.max(1, ...points.map(p => p[0])), y0 = Math.min(...points.map(p => p[1]));
+    const y1 = Math.max(y0 + 1e-3, ...points.map(p => p[1]));
+    const X = s => pad + s / x1 * (w - pad - 10), Y = v => 10 + (y1 - v) / (y1 - y0) * (h - pad - 10);
     ctx.fillStyle = "#fff";
     ctx.fillRect(0, 0, w, h);
-    if (!pts.length) return;
-    const x1 = Math.max(mark, 1, ...pts.map(p => p[0])), ys = pts.map(p => p[1]);
-    const y0 = Math.min(...ys), y1 = Math.max(...ys, y0 + 1e-3);
-    const X = s => pad + s / x1 * (w - pad - 10), Y = v => 10 + (y1 - v) / (y1 - y0) * (h - pad - 10);
-    ctx.strokeStyle = "#999";
-    ctx.strokeRect(pad, 10, w - pad - 10, h - pad - 10);
     ctx.fillStyle = "#333";
     ctx.font = "11px sans-serif";
-    ctx.fillText(y1.toFixed(2), 4, 18);
-    ctx.fillText(y0.toFixed(2), 4, h - pad);
-    ctx.fillText("step 0", pad, h - pad + 14);
-    ctx.fillText(`${x1}`, w - 40, h - pad + 14);
-    const line = (points, colour) => {
-      ctx.strokeStyle = colour;
+    for (const [text, x, y] of [[y1.toFixed(2), 2, 18], [y0.toFixed(2), 2, h - pad], [0, pad, h - pad + 14],
+                                [`step ${x1}`, w - 60, h - pad + 14]]) ctx.fillText(text, x, y);
+    for (const [colour, line] of [["#f4b400", [[mark, y0], [mark, y1]]], ["#ff7f0e", points]]) {
+      ctx.strokeStyle = ctx.fillStyle = colour;
       ctx.beginPath();
-      points.forEach(([s, v]) => ctx.lineTo(X(s), Y(v)));
+      line.forEach(([s, v]) => ctx.lineTo(X(s), Y(v)));
       ctx.stroke();
-    };
-    line(train, "rgba(31, 119, 180, 0.5)");
-    line(evals, "#ff7f0e");
-    ctx.fillStyle = "#ff7f0e";
-    for (const [s, v] of evals) ctx.fillRect(X(s) - 3, Y(v) - 3, 6, 6);
-    line([[mark, y0], [mark, y1]], "#f4b400");
-    ctx.fillStyle = "#333";
-    ctx.fillText("train (blue), val (orange)", pad + 6, h - 8);
+    }
+    for (const [s, v] of points) ctx.fillRect(X(s) - 3, Y(v) - 3, 6, 6); // (in the last colour: the points')
   }
 
   // All canvases of a panel side by side (captions under them) as one PNG download.

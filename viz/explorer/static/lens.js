@@ -1,7 +1,7 @@
-// The logit lens grid (model/lens.py's numbers): a row per layer (the residual stream after the embedding and after
-// each block, through the final norm and head), a column per position; each cell shows the top next token, coloured
-// by its probability, and hovering it lists the top 5. The typed text's lens comes from POST /api/lens; the
-// timeline draws a probe snapshot's with the same grid.
+// The logit lens grid (model/lens.py): a row per layer (the residual stream after the embedding and after each
+// block, through the final norm and head), a column per position; a cell shows the top next token, coloured by its
+// probability, and hovering it lists the top 5. The typed text's lens comes from POST /api/lens; the timeline draws
+// a probe snapshot's in the same grid.
 "use strict";
 
 const Lens = (() => {
@@ -18,17 +18,15 @@ const Lens = (() => {
 
   function grid(el, lens, tokens) { // lens [layer][position] -> [{token, id, prob}, ...], most likely first
     const table = document.createElement("table"), top = table.insertRow();
-    top.appendChild(document.createElement("th")).textContent = "input →";
-    for (const t of tokens) top.appendChild(document.createElement("th")).textContent = label(t);
+    for (const t of ["input →", ...tokens.map(label)]) top.appendChild(document.createElement("th")).textContent = t;
     lens.forEach((row, l) => {
       const tr = table.insertRow();
       tr.appendChild(document.createElement("th")).textContent = rowName(l, lens.length);
-      row.forEach((cell, i) => {
+      for (const c of row) {
         const td = tr.insertCell();
-        td.textContent = label(cell[0].token);
-        td.style.background = `rgba(33, 144, 141, ${cell[0].prob.toFixed(3)})`; // teal: opaque at probability 1
-        Object.assign(td.dataset, {layer: l, pos: i});
-      });
+        td.textContent = label(c[0].token);
+        td.style.background = `rgba(33, 144, 141, ${c[0].prob.toFixed(3)})`; // teal, opaque at probability 1
+      }
     });
     table.onmousemove = e => hover(e, lens, tokens);
     table.onmouseleave = () => { $("tooltip").hidden = true; };
@@ -37,13 +35,12 @@ const Lens = (() => {
 
   function hover(event, lens, tokens) {
     const td = event.target.closest("td"), tip = $("tooltip");
-    if (!td) { tip.hidden = true; return; }
-    const l = +td.dataset.layer, i = +td.dataset.pos;
-    tip.textContent = [`${rowName(l, lens.length)}, after ${i} “${Draw.visible(tokens[i])}”: next`,
-                       ...lens[l][i].map(c => `“${Draw.visible(c.token)}” ${(100 * c.prob).toFixed(1)}%`)].join("\n");
-    tip.hidden = false;
-    tip.style.left = event.pageX + 14 + "px";
-    tip.style.top = event.pageY + 14 + "px";
+    tip.hidden = !td;
+    if (!td) return;
+    const l = td.parentElement.rowIndex - 1, i = td.cellIndex - 1;
+    const top = lens[l][i].map(c => `“${Draw.visible(c.token)}” ${(100 * c.prob).toFixed(1)}%`);
+    tip.textContent = [`${rowName(l, lens.length)} at ${i} “${Draw.visible(tokens[i])}”: next`, ...top].join("\n");
+    Object.assign(tip.style, {left: event.pageX + 14 + "px", top: event.pageY + 14 + "px"});
   }
 
   return {load, grid};

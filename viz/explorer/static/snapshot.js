@@ -1,6 +1,5 @@
 // Saving the view as one standalone HTML file: the page's markup, style and code inlined, the data loaded so far
-// embedded as base64 float32 (the logit lens as JSON) in window.SNAPSHOT, so it opens offline with no server; and
-// reading it back.
+// embedded as base64 float32 (window.SNAPSHOT), so it opens offline with no server; and reading it back.
 // Inside a <script> element the HTML parser still reads "</script", "<!--" and "<script" (the last two can make it
 // miss the real end tag), so none of them may appear there as they are: the data is JSON with <, >, & and U+2028/9
 // as \u escapes (any text a prompt, a token or a model's name holds stays inside its string), and the page's own

@@ -1,27 +1,23 @@
 // The training timeline: a run's probe snapshots (GET /api/probes), one per evaluation, under a step slider and a
-// play button. At the chosen step it shows the chosen layer's heads, the chosen head's map and the logit lens of the
-// probe text, beside the loss curve with the step marked. A run without snapshots keeps the panel hidden.
+// play button: at the chosen step the chosen layer's heads, the chosen head's map and the logit lens of the probe
+// text, beside the val loss curve with the step marked. A run without snapshots keeps the panel hidden.
 "use strict";
 
 const TL = {info: null, snaps: new Map(), i: 0, playing: false};
 
 async function startTimeline() {
-  if (S.snapshot) return;
   const info = await (await fetch("api/probes")).json();
   if (!info.steps || !info.steps.length) return;
   TL.info = info;
   $("timeline").hidden = false;
-  const slider = $("tl-slider");
-  slider.max = info.steps.length - 1;
-  slider.value = info.steps.length - 1; // the trained model first; play starts from step 0
-  slider.oninput = () => showStep(+slider.value).catch(e => showError(e.message));
+  Object.assign($("tl-slider"), {max: info.steps.length - 1, value: info.steps.length - 1}); // the trained model
+  $("tl-slider").oninput = () => showStep(+$("tl-slider").value).catch(e => showError(e.message));
   $("play").onclick = () => play().catch(e => showError(e.message));
   await showStep(info.steps.length - 1);
 }
 
 async function showStep(i) {
-  TL.i = i;
-  const step = TL.info.steps[i];
+  const step = TL.info.steps[TL.i = i];
   if (!TL.snaps.has(step)) {
     const r = await fetch(`api/probes/${step}`), out = await r.json();
     if (!r.ok) throw new Error(out.error);
@@ -30,35 +26,28 @@ async function showStep(i) {
   if (TL.i === i) renderTimeline(); // (a later choice, made while this one loaded, wins)
 }
 
-async function play() {
-  if (TL.playing) { TL.playing = false; return; }
-  TL.playing = true;
-  $("play").textContent = "pause";
-  try {
-    for (let i = TL.i === TL.info.steps.length - 1 ? 0 : TL.i; i < TL.info.steps.length && TL.playing; i++) {
-      $("tl-slider").value = i;
-      await showStep(i);
-      await new Promise(done => setTimeout(done, 700));
-    }
-  } finally {
-    TL.playing = false;
-    $("play").textContent = "play";
+async function play() { // from the first step (or where the slider is), one step every 0.7 s; a click pauses
+  TL.playing = !TL.playing;
+  $("play").textContent = TL.playing ? "pause" : "play";
+  for (let i = TL.i === TL.info.steps.length - 1 ? 0 : TL.i; TL.playing && i < TL.info.steps.length; i++) {
+    $("tl-slider").value = i;
+    await showStep(i);
+    await new Promise(done => setTimeout(done, 700));
   }
+  TL.playing = false;
+  $("play").textContent = "play";
 }
 
 function renderTimeline() {
   const snap = TL.info && TL.snaps.get(TL.info.steps[TL.i]);
   if (!snap) return;
-  const {steps, val_loss: val, train_loss: train, tokens} = TL.info, step = steps[TL.i], T = tokens.length;
-  const m = S.info.models[0], size = m.n_head * T * T, sqrt = $("sqrt").checked;
-  const att = snap.att.subarray(S.layer * size, (S.layer + 1) * size);
+  const {steps, val_loss: val, tokens} = TL.info, step = steps[TL.i], T = tokens.length;
+  const size = S.info.models[0].n_head * T * T, att = snap.att.subarray(S.layer * size, (S.layer + 1) * size);
   $("tl-layer").textContent = S.layer;
-  $("tl-status").textContent = `step ${step} of ${steps[steps.length - 1]}` +
-    (val[TL.i] === null ? "" : ` · val loss ${val[TL.i].toFixed(4)}`);
-  Draw.curve($("tl-curve"), train, steps.map((s, i) => [s, val[i]]).filter(p => p[1] !== null), step);
-  Draw.heatmap($("tl-map"), headOf(att, S.head, T), T, {kind: "weights", sqrt, labels: tokens, side: 380});
-  $("tl-map-caption").textContent = `head ${S.head}`;
-  renderHeads($("tl-heads"), att, T, sqrt, "tl-map");
+  $("tl-status").textContent = `step ${step} · val loss ${val[TL.i].toFixed(4)} · head ${S.head}`;
+  Draw.curve($("tl-curve"), steps.map((s, i) => [s, val[i]]), step);
+  Draw.heatmap($("tl-map"), headOf(att, S.head, T), T, {kind: "weights", sqrt: $("sqrt").checked, side: 380});
+  renderHeads($("tl-heads"), att, T, $("sqrt").checked, "tl-map");
   Lens.grid($("tl-lens"), snap.lens, tokens);
   $("tl-map").dataset.step = step;
 }
