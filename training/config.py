@@ -169,8 +169,7 @@ def validate(c: Config) -> None:
     _check(isinstance(r, bool) or (isinstance(r, str) and r.strip() != ""),
            f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
     t.resume = {"true": True, "false": False}.get(r.strip().lower(), r) if isinstance(r, str) else r
-    _check(t.probe_text is None or t.probe_text != "", "train.probe_text='' is empty: give a text, or null for the "
-           "validation split's first tokens")
+    _check(t.probe_text != "", "train.probe_text='' is empty: give a text, or null (the validation split's start)")
     _check(t.probe or t.probe_text is None, f"train.probe_text={t.probe_text!r} has no effect with train.probe=false: "
            "drop one of them")
     c.data.validate()  # the data package's own checks (no I/O)

@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
 
     import torch
+    from selenium.webdriver.support.ui import WebDriverWait
 
     from viz.explorer.model_view import load_views
     from viz.explorer.server import make_server
@@ -74,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                               f".value = {args.layer}; document.getElementById('head').value = {args.head}; "
                               "ensureLayer().then(() => render());")
         wait_for_map(driver)
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script(  # and the training timeline, if the run has one
+            "return TL.info !== null && (!TL.info.steps.length || $('tl-map').dataset.step !== undefined)"))
         driver.save_screenshot(args.out)
     finally:
         driver.quit()

@@ -7,8 +7,7 @@
 const Lens = (() => {
   async function load(ids) {
     const r = await fetch("api/lens", {method: "POST", headers: {"Content-Type": "application/json"},
-                                       body: JSON.stringify({ids, top: 5})});
-    const out = await r.json();
+                                       body: JSON.stringify({ids, top: 5})}), out = await r.json();
     if (!r.ok) throw new Error(out.error);
     return out.lens;
   }

@@ -6,9 +6,8 @@
 const TL = {info: null, snaps: new Map(), i: 0, playing: false};
 
 async function startTimeline() {
-  const info = await (await fetch("api/probes")).json();
-  if (!info.steps || !info.steps.length) return;
-  TL.info = info;
+  const info = TL.info = await (await fetch("api/probes")).json();
+  if (!info.steps.length) return;
   $("timeline").hidden = false;
   Object.assign($("tl-slider"), {max: info.steps.length - 1, value: info.steps.length - 1}); // the trained model
   $("tl-slider").oninput = () => showStep(+$("tl-slider").value).catch(e => showError(e.message));
