@@ -94,6 +94,9 @@ class Trainer:
         self.ckpt = CheckpointManager(self.run_dir, parts, meta, describe_tokenizer, ranks=ranks,
                                       sharded=ranks.parallel == "fsdp")
         self.resumed = self.ckpt.resume(t.resume) is not None
+        self.probe = t.probe and ProbeRecorder.start(self.run_dir, t.probe_text, self.tokenizer,
+                                                     self.prepared.token_files()[1], m.block_size, ranks,
+                                                     self.state.step, self.resumed)
         self.window.start(self.state.step)
         self.compiled = resolve_compile(t.compile, device)
         if self.compiled:  # its blocks and output, as regions (training/step.py): the steps still call step_model
@@ -109,9 +112,6 @@ class Trainer:
             if self.resumed and (old := self.ckpt.source_tokens_per_step) not in (None, self.tokens_per_step):
                 log.warning(f"the global batch changes from the checkpoint's {old:,} to {self.tokens_per_step:,} "
                             f"tokens per step: the learning-rate schedule and the step count stay as they were")
-        self.probe = t.probe and ProbeRecorder.start(self.run_dir, t.probe_text, self.tokenizer,
-                                                     self.prepared.token_files()[1], m.block_size, ranks,
-                                                     self.state.step, self.resumed)
 
     def run(self) -> TrainResult:
         c, t, st = self.c, self.c.train, self.state
