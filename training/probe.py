@@ -36,12 +36,12 @@ class ProbeRecorder:
         """The run's recorder; rank 0 drops the snapshots this run records again. A resumed run's probe must be its
         snapshots' (a series is of one text): refused before anything changes."""
         ids = probe_ids(text, tokenizer, val, block_size)
+        kept = [s for s in probes.steps(run_dir) if resumed and s <= step]  # (every rank: every rank refuses)
+        if kept and (old := probes.read_snapshot(run_dir, kept[0], mmap=True))["ids"] != ids:
+            raise ValueError(f"train.probe_text={text!r} is not the text of this run's probe snapshots "
+                             f"({old['text'][:40]!r}): resume with that train.probe_text, or move "
+                             f"{probes.probe_dir(run_dir)} away to start a new series")
         if ranks.is_main:
-            kept = [s for s in probes.steps(run_dir) if resumed and s <= step]
-            if kept and (old := probes.read_snapshot(run_dir, kept[0], mmap=True))["ids"] != ids:
-                raise ValueError(f"train.probe_text={text!r} is not the text of this run's probe snapshots "
-                                 f"({old['text'][:40]!r}): resume with that train.probe_text, or move "
-                                 f"{probes.probe_dir(run_dir)} away to start a new series")
             probes.drop_after(run_dir, step if resumed else -1)
         return cls(run_dir, tokenizer.decode_bytes(ids).decode("utf-8", errors="replace"), ids, tokenizer.vocab_size,
                    writes=ranks.is_main)
