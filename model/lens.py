@@ -6,6 +6,9 @@ wherever the forward does (FSDP too). It holds (n_layer + 1) x T x vocab logits 
 """
 from __future__ import annotations
 
+import sys
+from contextlib import nullcontext
+
 import torch
 
 
@@ -28,10 +31,13 @@ def logit_lens(model, idx: torch.Tensor, attention: bool = False) -> tuple[torch
         hooks += [block.attn.register_forward_pre_hook(lambda m, a, kw: (a, {**kw, "need_weights": True}),
                                                        with_kwargs=True),
                   block.attn.register_forward_hook(lambda m, a, out: weights.append(out[1]))]
+    # compiled regions (training's) would recompile for every new hook: the forward runs as the model's Python instead
+    plain = torch.compiler.set_stance("force_eager") if "torch._dynamo" in sys.modules else nullcontext()
     was_training = model.training
     model.eval()
     try:
-        logits, _ = model(idx)
+        with plain:
+            logits, _ = model(idx)
     finally:
         model.train(was_training)
         for h in hooks:

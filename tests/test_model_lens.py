@@ -62,3 +62,23 @@ def test_top_tokens_leave_out_the_padded_ids_and_come_in_order():
     probs, ids = top_tokens(logits, 3, vocab_size=4)
     assert ids.tolist() == [[[3, 2, 1]]]
     assert torch.allclose(probs, torch.tensor([0.0, 1.0, 2.0, 3.0]).softmax(-1)[[3, 2, 1]])
+
+
+@pytest.mark.slow  # over ~1 s: torch.compile
+def test_compiled_regions_run_the_lens_as_plain_python_and_keep_their_graphs():
+    """Training compiles the blocks as regions (training/step.py): the lens's hooks must neither be skipped nor make
+    them recompile (each new hook would be a guard failure, and a region past its recompile limit runs eagerly)."""
+    from torch._dynamo.utils import counters
+    model = randomize(GPT(VARIANTS[0][1]))
+    idx = torch.randint(0, 32, (1, 16), generator=torch.Generator().manual_seed(0))
+    want, _ = logit_lens(model, idx, attention=True)
+    for block in model.transformer.h:
+        block.compile(backend="eager")
+    with torch.no_grad():
+        model(idx)  # compiled here
+    graphs = counters["stats"]["unique_graphs"]
+    for _ in range(3):
+        assert torch.allclose(logit_lens(model, idx, attention=True)[0], want, atol=1e-6)
+    with torch.no_grad():
+        model(idx)
+    assert counters["stats"]["unique_graphs"] == graphs

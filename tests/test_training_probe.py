@@ -10,7 +10,7 @@ from data.tokenizer import CharTokenizer
 from model.lens import logit_lens, top_tokens
 from runtime.ranks import Ranks
 from tests.helpers import tiny_model
-from training.probe import PROBE_TOKENS, ProbeRecorder, probe_ids
+from training.probe import ProbeRecorder, probe_ids
 from viz import probes
 
 
@@ -23,7 +23,7 @@ TOK = CharTokenizer("ROMEO:\nThe king is good")
 
 
 def test_the_probe_is_the_validation_splits_first_tokens_or_the_text_given():
-    assert probe_ids(None, TOK, Val(), 256) == list(range(PROBE_TOKENS))
+    assert probe_ids(None, TOK, Val(), 256) == list(range(64))
     assert probe_ids(None, TOK, Val(), 16) == list(range(16))  # at most the context
     assert probe_ids("ROMEO", TOK, Val(), 16) == TOK.encode("ROMEO")
     with pytest.raises(ValueError, match=r"^train.probe_text='ROMEO!' cannot be encoded: .*'!'"):

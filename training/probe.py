@@ -11,13 +11,10 @@ import torch
 from model.lens import logit_lens, top_tokens
 from viz import probes
 
-PROBE_TOKENS = 64  # of the validation split, by default
-
-
 def probe_ids(text: str | None, tokenizer, val, block_size: int) -> list[int]:
     """`text` encoded (ValueError naming train.probe_text), else the first tokens of `val` (TokenShards)."""
     if text is None:
-        return val.windows(np.zeros(1, dtype=np.int64), min(PROBE_TOKENS, block_size))[0].tolist()
+        return val.windows(np.zeros(1, dtype=np.int64), min(64, block_size))[0].tolist()
     try:
         ids = tokenizer.encode(text)
     except ValueError as e:  # a char model: characters outside its vocabulary

@@ -1,7 +1,6 @@
-// The logit lens grid (model/lens.py): a row per layer (the residual stream after the embedding and after each
-// block, through the final norm and head), a column per position; a cell shows the top next token, coloured by its
-// probability, and hovering it lists the top 5. The typed text's lens comes from POST /api/lens; the timeline draws
-// a probe snapshot's in the same grid.
+// The logit lens grid (model/lens.py): a row per layer (the residual stream after the embedding and each block, through
+// the final norm and head), a column per position; a cell shows the top next token, coloured by its probability, the
+// top 5 on hover. The typed text's lens comes from POST /api/lens, a probe snapshot's from the timeline.
 "use strict";
 
 const Lens = (() => {

@@ -1,6 +1,5 @@
-// The training timeline: a run's probe snapshots (GET /api/probes), one per evaluation, under a step slider and a
-// play button: at the chosen step the chosen layer's heads, the chosen head's map and the logit lens of the probe
-// text, beside the val loss curve with the step marked. A run without snapshots keeps the panel hidden.
+// The training timeline: a run's probe snapshots (GET /api/probes) under a step slider and a play button: at the step,
+// the layer's heads, the head's map and the probe text's logit lens beside the val loss curve (no snapshots: hidden).
 "use strict";
 
 const TL = {info: null, snaps: new Map(), i: 0, playing: false};
