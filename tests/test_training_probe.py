@@ -62,17 +62,23 @@ def test_a_resumed_run_keeps_its_series_and_refuses_another_text(tmp_path):
     assert probes.steps(tmp_path) == []
 
 
-def test_the_baby_gpts_seven_snapshots_take_under_5_mb(tmp_path):
-    """The GPU default (conf/model/baby.yaml, 1500 steps, an evaluation every 250 and at step 0): 7 snapshots of
-    6 layers x 6 heads x 64 x 64 weights and the lens, written from a random model of that shape."""
+def test_the_gpu_defaults_nine_snapshots_take_under_5_mb(tmp_path):
+    """The GPU default (experiment=gpu: conf/model/baby_modern.yaml, 1000 steps, an evaluation every 125, and at
+    step 0 with train.eval_at_start): 9 snapshots of 6 layers x 6 heads x 64 x 64 weights and the lens, written from
+    a random model of that shape."""
+    from omegaconf import OmegaConf
+
+    from model.config import GPTConfig
     from model.gpt import GPT
-    from training.config import baby
-    model = GPT(baby().with_vocab(65))
+    from tests.helpers import REPO
+    preset = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "baby_modern.yaml"))
+    run = OmegaConf.load(REPO / "conf" / "experiment" / "gpu.yaml").train
+    model = GPT(GPTConfig(vocab_size=65, **{k: v for k, v in preset.items() if k != "pad_vocab_to"}))
     recorder = ProbeRecorder(tmp_path, "x" * 64, list(range(64)), 65, writes=True)
-    for step in range(0, 1501, 250):
+    for step in range(0, run.max_iters + 1, run.eval_interval):
         recorder.record(model, step, 1.5)
     files = list(probes.probe_dir(tmp_path).iterdir())
-    assert len(files) == 7 and sum(f.stat().st_size for f in files) <= 5_000_000
+    assert len(files) == 9 and sum(f.stat().st_size for f in files) <= 5_000_000
 
 
 @pytest.mark.slow  # over ~1 s: three short runs
