@@ -60,12 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from model.device import resolve_device
+    from viz.explorer.guard import LOOPBACK
     from viz.explorer.model_view import load_views
     from viz.explorer.server import make_server
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
     views = load_views(args.sources, device)
-    if args.host != LOCAL:
+    if args.host.lower() not in LOOPBACK:
         print(f"warning: listening on {args.host}: anyone who can reach this address can use the explorer "
               "(there is no login); leave out --host to listen on 127.0.0.1 only", file=sys.stderr)
     try:
@@ -77,7 +78,7 @@ def run(argv: list[str] | None = None) -> int:
         raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}): check --host and "
                          "--port") from None
     host, port = server.server_address[:2]
-    print(f"explorer: http://{host}:{port}/  (Ctrl-C to stop)", flush=True)
+    print(f"explorer: http://{f'[{host}]' if ':' in host else host}:{port}/  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
     finally:

@@ -325,6 +325,28 @@ def test_host_warns_and_the_url_is_one_line(tmp_path, char_tok, capsys, monkeypa
     assert err.startswith("using ") and "warning: listening on 0.0.0.0" in err and "Traceback" not in err
 
 
+def test_an_ipv6_host_listens_and_its_url_is_bracketed(tmp_path, char_tok, capsys, monkeypatch):
+    """--host ::1 bound an IPv4 socket and failed ("Address family for hostname not supported")."""
+    import urllib.request
+
+    from viz.explorer import server
+    served = []
+    def one_request(self, *a, **k):
+        host, port = self.server_address[:2]
+        answer = threading.Thread(target=self.handle_request)
+        answer.start()
+        with urllib.request.urlopen(f"http://[{host}]:{port}/api/info", timeout=10) as r:
+            served.append((host, r.status, json.loads(r.read())["models"][0]["n_layer"]))
+        answer.join()
+        raise KeyboardInterrupt
+    monkeypatch.setattr(server.ExplorerServer, "serve_forever", one_request)
+    run = str(tiny_run(tmp_path / "run", char_tok))
+    assert explore.main(["--run", run, "--port", "0", "--host", "::1"]) == 130
+    assert served == [("::1", 200, 3)]  # the tiny run's 3 layers
+    out, err = capsys.readouterr()
+    assert out.startswith("explorer: http://[::1]:") and "warning" not in err  # a loopback address: no warning
+
+
 @pytest.mark.slow
 def test_cli_serves_and_ctrl_c_ends_quietly(tmp_path, char_tok):
     import subprocess

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import struct
 import sys
 import threading
@@ -232,6 +233,8 @@ class ExplorerServer(ThreadingHTTPServer):
     daemon_threads = True  # Ctrl-C does not wait for an open browser connection
 
     def __init__(self, address, views: list[ModelView], prompt: str = ""):
+        if ":" in address[0]:  # an IPv6 address (--host ::1, --host ::)
+            self.address_family = socket.AF_INET6
         super().__init__(address, Handler)
         self.views, self.prompt, self.lock = views, prompt, threading.Lock()
         self.hosts = guard.Hosts(address[0], self.server_address[0])  # as given, and as the URL line prints it
