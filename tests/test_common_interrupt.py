@@ -157,32 +157,37 @@ def _has(path: Path, text: str):
 
 
 def _entry_points(run: Path, text: Path) -> dict:
-    """name: (argv, start-up window s, [(marker(cwd), [delays after it])], stderr lines it prints anyway)."""
+    """name: (argv, start-up window s, [(marker(cwd), [delays after it])], stderr lines it prints anyway,
+    done(cwd): its work is complete, so a Ctrl-C that comes after it (while Python exits) may find exit 0)."""
     out, err, using = lambda cwd: cwd / "stdout", lambda cwd: cwd / "stderr", r"using .*best\.pt"
     tiny = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32",
             "model.block_size=16", "train.batch_size=4", "train.eval_iters=2", "train.max_iters=1000000",
             "train.eval_interval=1000000", "data=text", f"data.path={text}", "hydra.run.dir=run"]
     return {
         "sample.py": (["sample.py", "--run", str(run), "--max-new-tokens", "1000000"], 1.0,
-                      [(lambda cwd: out(cwd).stat().st_size > 0, [0.02])], [using]),
+                      [(lambda cwd: out(cwd).stat().st_size > 0, [0.02])], [using], lambda cwd: False),
         "eval.py": (["eval.py", "--run", str(run), "--file", str(text)], 1.0,
-                    [(lambda cwd: _has(err(cwd), "using")(), [0.3])], [using]),
+                    [(lambda cwd: _has(err(cwd), "using")(), [0.3])], [using], lambda cwd: _has(out(cwd), "loss")()),
         "export.py": (["export.py", "--hf", "hf", "--run", str(run)], 1.0,
-                      [(lambda cwd: any(cwd.glob(".hf.tmp-*")), [0, 0.002])], [using]),
+                      [(lambda cwd: any(cwd.glob(".hf.tmp-*")), [0, 0.002])], [using],
+                      lambda cwd: (cwd / "hf").exists()),
         "explore.py": (["explore.py", "--run", str(run), "--port", "0"], 1.0,
-                       [(lambda cwd: _has(out(cwd), "explorer:")(), [0])], [using]),
+                       [(lambda cwd: _has(out(cwd), "explorer:")(), [0])], [using], lambda cwd: False),
         "train.py": (["train.py", *tiny], 1.0, [(lambda cwd: (cwd / "run" / ".lock").exists(), [0]),
-                                               (lambda cwd: (cwd / "run" / ".hydra").is_dir(), [0, 0.05])], []),
+                                               (lambda cwd: (cwd / "run" / ".hydra").is_dir(), [0, 0.05])], [],
+                      lambda cwd: False),
         "bench.py": (["bench.py", "--quick", "--only", "train", "--presets", "tiny", "--out", "bench.json"], 1.0,
                      [(lambda cwd: _has(err(cwd), "[train]")(), [0.3])],
-                     [r"\[train\] .*", r"warning: the machine is busy.*"]),
+                     [r"\[train\] .*", r"warning: the machine is busy.*"], lambda cwd: (cwd / "bench.json").exists()),
         "data.prepare": (["-m", "data.prepare", "--data", "text", "--path", str(text), "--tokenizer", "bpe",
                           "--vocab-size", "300", "--quiet"], 0.6,
                          [(lambda cwd: (cwd / "cache" / "prepared").is_dir(), [0, 0.3])],
                          [re.escape("error: interrupted (finished shards are kept: run the same command again to "
-                                    "continue)")]),
+                                    "continue)")],
+                         lambda cwd: any((cwd / "cache" / "prepared").glob("[!.]*/meta.json"))),
         "data.bpe": (["-m", "data.bpe", "--path", str(text), "--vocab-size", "300"], 0.6,
-                     [(lambda cwd: _has(err(cwd), "training a")(), [0, 0.2])], [r"train(ing|ed) a .*BPE.*"]),
+                     [(lambda cwd: _has(err(cwd), "training a")(), [0, 0.2])], [r"train(ing|ed) a .*BPE.*"],
+                     lambda cwd: _has(err(cwd), "trained a")()),
     }
 
 
@@ -221,7 +226,7 @@ def test_ctrl_c_at_any_moment_of_an_entry_point_stops_it(name, trained_run, tmp_
     """24 tries over the start-up window (imports, checks, loading: finer early), each entry point's offset apart,
     then a few once its work is under way (streaming, scoring, writing the export, the loop's handover)."""
     entry_points = _entry_points(*trained_run)
-    argv, window, late, allowed = entry_points[name]
+    argv, window, late, allowed, done = entry_points[name]
     argv = [str(REPO / argv[0]) if argv[0].endswith(".py") else argv[0], *argv[1:]]
     offset = (list(entry_points).index(name) * 0.618) % 1  # the entry points' tries interleave
     tries = [(window * ((i + offset) / 24) ** 2, None) for i in range(24)]
@@ -231,8 +236,8 @@ def test_ctrl_c_at_any_moment_of_an_entry_point_stops_it(name, trained_run, tmp_
         cwd = tmp_path / str(i)
         own_cache = {"TINYGPT_CACHE": str(cwd / "cache")} if name.startswith("data.") else {}  # (a miss: work)
         status, out, err = _ctrl_c(argv, cwd, delay, marker and (lambda m=marker, c=cwd: m(c)),
-                                   lambda c=cwd: (c / "hf").exists(), own_cache)
-        if status is None:  # it had finished (exit 0) before the signal: export.py on a fast machine
+                                   lambda c=cwd: done(c), own_cache)
+        if status is None:  # it had finished its work (exit 0) before the signal: export.py on a fast machine
             continue
         stopped += 1
         _check(name, cwd, status, out, err, allowed)
