@@ -391,15 +391,19 @@ def _python_start() -> float:
     return time.perf_counter() - t
 
 
-def _signal_at(args: list[str], cwd, delay: float, signum=signal.SIGINT):
-    """Start `python args...`, send `signum` `delay` seconds after the interpreter started: (returncode, stdout,
-    stderr)."""
+def _signal_at(args: list[str], cwd, when, signum=signal.SIGINT):
+    """Start `python args...`, send `signum` `when` seconds after the interpreter started, or (a callable) as soon
+    as when() is true: (returncode, stdout, stderr)."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    start = _python_start()
+    start = _python_start() if not callable(when) else 0.0
     proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True)
     try:
-        time.sleep(start + delay)
+        if callable(when):
+            while not when() and proc.poll() is None:
+                time.sleep(0.001)
+        else:
+            time.sleep(start + when)
         proc.send_signal(signum)
         out, err = proc.communicate(timeout=120)  # a lost signal would train on: the timeout fails it
     finally:
@@ -409,10 +413,13 @@ def _signal_at(args: list[str], cwd, delay: float, signum=signal.SIGINT):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("delay", [0.5, 2.0])
-def test_sigterm_before_step_1_says_nothing_was_saved(tmp_path, tiny_corpus, delay):
+@pytest.mark.parametrize("when", ["imports", "set-up"])
+def test_sigterm_before_step_1_says_nothing_was_saved(tmp_path, tiny_corpus, when):
+    """While Python imports (0.5 s in), and once the run directory is claimed (its lock), before the model and data
+    are ready (a fixed delay there would land after step 1 on a faster machine)."""
     args = [str(REPO / "train.py"), *TINY, "data=text", f"data.path={tiny_corpus}", "hydra.run.dir=run"]
-    code, out, err = _signal_at(args, tmp_path, delay, signal.SIGTERM)
+    code, out, err = _signal_at(args, tmp_path, 0.5 if when == "imports" else (tmp_path / "run" / ".lock").exists,
+                                signal.SIGTERM)
     last = err.strip().splitlines()[-1]
     assert code == 143 and "nothing was saved" in last and "nothing needs resuming" in last, err
     assert not (tmp_path / "run" / "last.pt").exists()
