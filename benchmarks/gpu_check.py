@@ -1,11 +1,10 @@
 """One command for a GPU machine: `python bench.py --gpu-check [--nanogpt DIR]` checks and times what a CPU cannot.
 
-Steps, in order, each recorded in one JSON that is rewritten after every step (a run cut short still tells what it
-measured): `tests` (python -m pytest -m cuda), `default` (plain `python train.py`: every evaluation with its time
-from launch, then the time to its first logged step with a cold and a warm torch.compile cache and eagerly),
-`nanogpt` (its config/train_shakespeare_char.py, side by side, for 2000 of its 5000 steps: its best is at 1750),
-`startup` (torch + CUDA's own start, sample.py's first token), `decode` (sample.py and GPT-2 124M tokens/s) and
-`throughput` (GPT-2 124M training, tinygpt's compiled regions, the whole model compiled, nanoGPT's bench.py).
+Steps, each recorded in one JSON rewritten after every step (a run cut short still tells what it measured): `tests`
+(pytest -m cuda), `default` (plain `python train.py`: each evaluation's time from launch), `compile` (its first
+logged step with a cold and a warm torch.compile cache, and eager), `nanogpt` (config/train_shakespeare_char.py for
+2000 of its 5000 steps: its best is at 1750), `startup` (torch + CUDA's start, sample.py's first token), `decode`
+(sample.py and GPT-2 124M tokens/s), `throughput` (GPT-2 124M training, regions / whole model / nanoGPT's bench.py).
 How to read it: docs/benchmarks.md, "On one GPU".
 """
 from __future__ import annotations
@@ -281,8 +280,7 @@ def table(result: dict) -> str:
         lines.append(f"nanoGPT: first step {f(n['first_step_s'])} s, best {n['best']}, val <= {NANO_BEST} at "
                      f"{f(n['time_to_nano_best_s'])} s; wall (2000 steps) {n['wall_s']} s")
         if d.get("time_to_target_s") and n.get("best"):
-            lines.append(f"  ratio: tinygpt to {TARGET} / nanoGPT to its best = "
-                         f"{d['time_to_target_s'] / n['best'][2]:.2f}x")
+            lines.append(f"  ratio: tinygpt to {TARGET} / nanoGPT's best = {d['time_to_target_s'] / n['best'][2]:.2f}x")
     if "startup" in g and "runs" in g["startup"]:
         s = g["startup"]
         lines.append(f"start-up: torch + CUDA init {s['torch_cuda_init_s']} s, sample.py's first token "

@@ -244,7 +244,7 @@ def test_gpu_check_reads_pytest_and_nanogpt_and_refuses_without_a_gpu(capsys):
                                         "time_to_nano_best_s": 42.4, "final_val": 1.4491, "evals": rows},
                             "nanogpt": {"first_step_s": 39.8, "best": [1750, 1.4644, 76.6], "time_to_nano_best_s": 76.6,
                                         "wall_s": 85.1, "evals": [[1750, 1.4644, 76.6]]}}, "errors": {}}
-    assert "ratio: tinygpt to 1.47 / nanoGPT to its best = 0.55x" in g.table(result)
+    assert "ratio: tinygpt to 1.47 / nanoGPT's best = 0.55x" in g.table(result)
     if not torch.cuda.is_available():
         assert bench.main(["--gpu-check"]) == 2
         assert capsys.readouterr().err.startswith("error: --gpu-check needs a CUDA GPU")
