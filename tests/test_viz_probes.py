@@ -1,8 +1,11 @@
-"""viz/probes.py: the probe snapshot files: plain (weights_only), half precision, each standing alone (its probe
+"""viz/probes.py: the probe snapshot files: safetensors with JSON metadata (no pickle), half precision, each standing alone (its probe
 and val loss in it), atomic, listed by step in order, and a resumed run's later steps dropped."""
 from __future__ import annotations
 
+import json
+
 import torch
+from safetensors import safe_open
 
 from viz import probes
 
@@ -22,17 +25,19 @@ def test_snapshots_round_trip_as_plain_half_precision_tensors(tmp_path):
         probes.write_snapshot(tmp_path, step, **snapshot(step))
     assert probes.steps(tmp_path) == [0, 250, 1_000_000]  # by number, not by name
     want = snapshot(250)
-    snap = torch.load(tmp_path / "probes" / "step_000250.pt", weights_only=True)  # nothing but plain data
+    with safe_open(tmp_path / "probes" / "step_000250.safetensors", "pt") as f:  # tensors and JSON: no pickle
+        snap = {**json.loads(f.metadata()["probe"]), **{k: f.get_tensor(k) for k in f.keys()}}
     assert (snap["step"], snap["text"], snap["ids"], snap["val_loss"]) == (250, "ROMEO", [0, 1, 2, 3, 4], 1.5)
     assert snap["attention"].dtype == snap["lens_probs"].dtype == torch.float16
     assert torch.equal(snap["attention"], want["attention"].half()) and snap["lens_ids"].dtype == torch.int32
     assert torch.equal(snap["lens_ids"], want["lens_ids"].int())
-    assert probes.read_snapshot(tmp_path, 250, mmap=True)["lens_probs"].equal(want["lens_probs"].half())
+    assert probes.read_snapshot(tmp_path, 250)["lens_probs"].equal(want["lens_probs"].half())
+    assert "attention" not in probes.read_snapshot(tmp_path, 250, tensors=False)  # the metadata alone
     assert probes.read_snapshot(tmp_path, 251) is None
     probes.write_snapshot(tmp_path, 250, **snapshot(7))  # a step recorded again: rewritten whole
     assert torch.equal(probes.read_snapshot(tmp_path, 250)["attention"], snapshot(7)["attention"].half())
     assert sorted(p.name for p in (tmp_path / "probes").iterdir()) == [  # no temp file left behind
-        "step_000000.pt", "step_000250.pt", "step_1000000.pt"]
+        "step_000000.safetensors", "step_000250.safetensors", "step_1000000.safetensors"]
 
 
 def test_drop_after_keeps_the_steps_a_resumed_run_continues_from(tmp_path):

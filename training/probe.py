@@ -34,7 +34,7 @@ class ProbeRecorder:
         snapshots' (a series is of one text): refused before anything changes."""
         ids = probe_ids(text, tokenizer, val, block_size)
         kept = [s for s in probes.steps(run_dir) if resumed and s <= step]  # (every rank: every rank refuses)
-        if kept and (old := probes.read_snapshot(run_dir, kept[0], mmap=True))["ids"] != ids:
+        if kept and (old := probes.read_snapshot(run_dir, kept[0], tensors=False))["ids"] != ids:
             raise ValueError(f"train.probe_text={text!r} is not the text of this run's probe snapshots "
                              f"({old['text'][:40]!r}): resume with that train.probe_text, or move "
                              f"{probes.probe_dir(run_dir)} away to start a new series")

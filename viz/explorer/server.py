@@ -107,8 +107,8 @@ def lens_json(req: dict) -> bytes:
 def probes_json(view: ModelView, step: str | None) -> bytes:
     """Model A's run's probe snapshots (viz/probes.py): the probe, its steps and val losses, or one step's."""
     recorded = probes.steps(view.run_dir) if view.run_dir is not None else []
-    if step is None:  # (mmap: the tensors are not read)
-        snaps = [probes.read_snapshot(view.run_dir, s, mmap=True) for s in recorded]
+    if step is None:  # (the metadata only: the tensors are not read)
+        snaps = [probes.read_snapshot(view.run_dir, s, tensors=False) for s in recorded]
         first = snaps[0] if snaps else {"text": "", "ids": []}
         return to_json({"text": first["text"], "tokens": [token_text(view.tokenizer, i) for i in first["ids"]],
                         "steps": recorded, "val_loss": [s["val_loss"] for s in snaps]})
