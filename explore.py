@@ -77,8 +77,7 @@ def run(argv: list[str] | None = None) -> int:
                              "for a free one") from None
         raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}): check --host and "
                          "--port") from None
-    host, port = server.server_address[:2]
-    print(f"explorer: http://{f'[{host}]' if ':' in host else host}:{port}/  (Ctrl-C to stop)", flush=True)
+    print(f"explorer: {server.url}  (Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()
     finally:

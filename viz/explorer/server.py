@@ -239,6 +239,11 @@ class ExplorerServer(ThreadingHTTPServer):
         self.views, self.prompt, self.lock = views, prompt, threading.Lock()
         self.hosts = guard.Hosts(address[0], self.server_address[0])  # as given, and as the URL line prints it
 
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{f'[{host}]' if self.address_family == socket.AF_INET6 else host}:{port}/"
+
     def handle_error(self, request, client_address):
         """A client that closed its connection (a tab closed, a script stopped) or stalled past IDLE_TIMEOUT is no
         failure of the explorer's: nothing is printed. Anything else is one line, not a traceback per connection."""
