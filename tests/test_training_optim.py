@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from model.gpt import GPT
-from training.optim import MuonAdamW, build_optimizer, lr_at, muon_param_groups, newton_schulz, param_groups, set_lr
+from training.optim import AdamW, MuonAdamW, build_optimizer, lr_at, muon_param_groups, newton_schulz, param_groups, set_lr
 
 
 def test_weight_decay_only_on_matrices(tiny_gpt_config):
@@ -26,7 +26,7 @@ def test_weight_decay_only_on_matrices(tiny_gpt_config):
 def test_optimizer_implementation_per_device(tiny_gpt_config):
     from model.gpt import GPT
     opt = build_optimizer(GPT(tiny_gpt_config), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
-    assert isinstance(opt, torch.optim.AdamW)
+    assert isinstance(opt, AdamW) and isinstance(opt, torch.optim.AdamW)
     assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0].get("fused")
     assert opt.param_groups[0]["betas"] == (0.9, 0.99)
 
@@ -125,14 +125,16 @@ def test_param_split(tiny_gpt_config):
     assert len(muon) + len(adam) == len(list(model.parameters()))
 
 
-def test_adamw_half_matches_torch_adamw():
+@pytest.mark.parametrize("ours", [MuonAdamW, AdamW])
+def test_adamw_half_matches_torch_adamw(ours):
+    """MuonAdamW's AdamW half, and AdamW (torch's, its step called without the wrapper that imports torch._dynamo)."""
     torch.manual_seed(1)
     p1 = [torch.randn(10, 7, requires_grad=True), torch.randn(7, requires_grad=True)]
     p2 = [p.detach().clone().requires_grad_() for p in p1]
     ref = torch.optim.AdamW([{"params": [p1[0]], "weight_decay": 0.1}, {"params": [p1[1]], "weight_decay": 0.0}],
                             lr=1e-2, betas=(0.9, 0.95), foreach=True)
-    ours = MuonAdamW([{"params": [p2[0]], "weight_decay": 0.1}, {"params": [p2[1]], "weight_decay": 0.0}],
-                     lr=1e-2, betas=(0.9, 0.95))
+    ours = ours([{"params": [p2[0]], "weight_decay": 0.1}, {"params": [p2[1]], "weight_decay": 0.0}],
+                lr=1e-2, betas=(0.9, 0.95))
     for _ in range(10):
         grads = [torch.randn_like(p) for p in p1]
         for ps, opt in ((p1, ref), (p2, ours)):

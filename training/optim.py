@@ -32,7 +32,7 @@ def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, b
                         weight_decay=weight_decay, momentum=muon_momentum, ns_steps=muon_ns_steps)
     else:
         kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
-        opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, **kwargs)
+        opt = AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, **kwargs)
     opt.register_load_state_dict_pre_hook(keep_impl_flags)  # a checkpoint of any device loads as this one's
     return opt
 
@@ -118,7 +118,20 @@ def muon_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]
             {"params": [p for p in other if p.dim() < 2], "weight_decay": 0.0}]
 
 
-class MuonAdamW(torch.optim.Optimizer):
+class NoDynamo:
+    """torch.optim.Optimizer marks its methods "not for torch.compile" through a wrapper that imports torch._dynamo
+    the first time one runs (0.9 s and ~65 MiB on a CPU, ~4 s on a GPU machine, before a run's first step); nothing
+    here compiles an optimizer, so tinygpt's optimizers call the methods themselves."""
+    add_param_group, zero_grad, state_dict, load_state_dict = (
+        getattr(f, "__wrapped__", f) for f in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
+                                               torch.optim.Optimizer.state_dict, torch.optim.Optimizer.load_state_dict))
+
+
+class AdamW(NoDynamo, torch.optim.AdamW):
+    step = torch.no_grad()(getattr(torch.optim.AdamW.step, "__wrapped__", torch.optim.AdamW.step))
+
+
+class MuonAdamW(NoDynamo, torch.optim.Optimizer):
     def __init__(self, params, *, lr: float, muon_lr: float = 0.02, betas=(0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, momentum: float = 0.95, ns_steps: int = 5):
         # foreach/fused: unused, but torch's state-dict helpers add them on load (a resumed run's groups must match)
@@ -129,13 +142,6 @@ class MuonAdamW(torch.optim.Optimizer):
             if g["muon"]:
                 g["lr_scale"] = muon_lr / lr
                 g["weight_decay"] = 0.0  # no decay on the Muon matrices
-
-    # torch.optim.Optimizer marks these "not for torch.compile" through a wrapper that imports torch._dynamo the
-    # first time one runs (0.9 s on a CPU, ~4 s on a GPU machine, before a run's first step); nothing here compiles
-    # an optimizer, so MuonAdamW calls the methods themselves. (AdamW's own step imports it regardless.)
-    add_param_group, zero_grad, state_dict, load_state_dict = (
-        getattr(f, "__wrapped__", f) for f in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
-                                               torch.optim.Optimizer.state_dict, torch.optim.Optimizer.load_state_dict))
 
     @torch.no_grad()
     def step(self, closure=None):
