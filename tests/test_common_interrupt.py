@@ -79,8 +79,19 @@ def test_sigterm_says_its_line_and_exits_143(stops):
 
 
 # ------------------------------------------------------------------------------------- every entry point
+PYTHON = os.stat(sys.executable)
+
+
 def _caught(pid: int) -> bool:
-    """Whether process `pid` has a handler for SIGINT (its own: it started with SIGINT ignored)."""
+    """Whether process `pid` is Python (past the `sh` that starts it: dash run with -c catches SIGINT until its
+    `trap`, and took a Ctrl-C meant for Python's handler) and has a handler for SIGINT (its own: it started with
+    SIGINT ignored)."""
+    try:
+        exe = os.stat(f"/proc/{pid}/exe")
+    except OSError:  # ended
+        return False
+    if (exe.st_dev, exe.st_ino) != (PYTHON.st_dev, PYTHON.st_ino):
+        return False
     with open(f"/proc/{pid}/status") as f:
         mask = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
     return bool(int(mask, 16) & (1 << (signal.SIGINT - 1)))
