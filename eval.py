@@ -15,8 +15,7 @@ import math
 import os
 import sys
 
-from checkpoint.file import (add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference,  # no torch
-                             resolve_checkpoint)
+from checkpoint.file import add_checkpoint_options, check_hf_dir, load_model, resolve_checkpoint  # no torch
 from common.cli import ArgumentParser, cli_main, in_keys
 
 KEYS = {"device": "--device", "path": "--file", "text_key": "--text-key", "encoding_errors": "--encoding-errors"}
@@ -119,28 +118,20 @@ def read_ids(args: argparse.Namespace, src, tokenizer) -> list[int]:
         raise ValueError(f"cannot score --file {args.file}: {e}") from None
 
 
-def load_model(args: argparse.Namespace):
+def load(args: argparse.Namespace):
     """(model on its device, tokenizer, device) from --hf, --run or --checkpoint, and --device."""
-    from data.tokenizer import tokenizer_from_dict
     from model.device import resolve_device
     with in_keys(KEYS):
         device = resolve_device(args.device)
-    if args.hf is not None:
-        from data.hf_tokenizer import read_hf_tokenizer
-        from model.hf import from_pretrained
-        model, tokenizer = from_pretrained(args.hf), read_hf_tokenizer(args.hf)
-    else:
-        model, tokenizer_dict, _ = load_for_inference(resolve_checkpoint(args.run, args.checkpoint, "--hf DIR"))
-        tokenizer = tokenizer_from_dict(tokenizer_dict)
-    check_vocab(tokenizer.vocab_size, model)
-    return model.to(device), tokenizer, device
+    ckpt = None if args.hf is not None else resolve_checkpoint(args.run, args.checkpoint, "--hf DIR")
+    return (*load_model(ckpt, args.hf, device), device)
 
 
 def run_hellaswag(args: argparse.Namespace) -> int:
     from evals import hellaswag
     text = hellaswag.read_text(args.hellaswag, "--hellaswag")
     examples = hellaswag.read_examples(text, f"--hellaswag {args.hellaswag}")
-    model, tokenizer, _ = load_model(args)
+    model, tokenizer, _ = load(args)
     try:  # a literal <|endoftext|> is the end-of-text token, as in lm-eval
         r = hellaswag.score(model, examples, tokenizer.encode, vocab_limit=tokenizer.vocab_size)
     except ValueError as e:  # an ending longer than the context, characters a char model never saw
@@ -164,7 +155,7 @@ def run(argv: list[str] | None = None) -> int:
         src = resolve(DataConfig(path=args.file, text_key=args.text_key))
     import torch
     from data.tokenizer import token_bytes
-    model, tokenizer, device = load_model(args)
+    model, tokenizer, device = load(args)
     ids = read_ids(args, src, tokenizer)
     if len(ids) < 2:
         raise ValueError(f"--file {args.file} is a single token: nothing to score (the first token has no "

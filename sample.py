@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint.file import add_checkpoint_options, check_hf_dir, check_vocab, load_for_inference, resolve_checkpoint
+from checkpoint.file import add_checkpoint_options, check_hf_dir, load_model, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, in_keys, read_text_file
 from model.config import check_sampling
 from common.platform import configure_threads
@@ -104,15 +104,7 @@ def check_args(a):
 def load(init: str | None, source, device):
     """(model in eval mode on `device`, tokenizer) from the checkpoint `source` alone (weights_only), or --init."""
     from model.device import cuda_bf16_native
-    if init is not None:  # eval.py --hf reads the same directories the same way
-        from data.hf_tokenizer import read_hf_tokenizer
-        from model.hf import from_pretrained
-        model, tokenizer = from_pretrained(init).to(device), read_hf_tokenizer(init)
-    else:
-        from data.tokenizer import tokenizer_from_dict
-        model, tok, _ = load_for_inference(source, device)
-        tokenizer = tokenizer_from_dict(tok)
-    check_vocab(tokenizer.vocab_size, model)
+    model, tokenizer = load_model(source, init, device)
     if device.type == "cuda" and cuda_bf16_native():
         model = model.bfloat16()  # decoding is memory-bound: half the bytes per token
     return model, tokenizer

@@ -265,6 +265,21 @@ def load_for_inference(path, device="cpu"):
     return model.to(device), ckpt["tokenizer"], ckpt
 
 
+def load_model(checkpoint=None, hf_dir=None, device="cpu"):
+    """(float32 eval-mode model on `device`, tokenizer) of a checkpoint file, or of a local Hugging Face directory
+    (config.json + weights, and its tokenizer files): how sample.py, eval.py and the explorer load a model."""
+    if hf_dir is not None:
+        from data.hf_tokenizer import read_hf_tokenizer
+        from model.hf import from_pretrained
+        model, tokenizer = from_pretrained(hf_dir), read_hf_tokenizer(hf_dir)
+    else:
+        from data.tokenizer import tokenizer_from_dict
+        model, tok, _ = load_for_inference(checkpoint)
+        tokenizer = tokenizer_from_dict(tok)
+    check_vocab(tokenizer.vocab_size, model)
+    return model.to(device), tokenizer
+
+
 def check_vocab(tokenizer_vocab_size: int, model) -> None:
     """ValueError unless the model has a row for every token (more rows are padding: fine)."""
     if tokenizer_vocab_size > model.config.vocab_size:

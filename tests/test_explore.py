@@ -23,7 +23,7 @@ import torch
 from model.gpt import GPT
 
 import explore
-from viz.explorer.model_view import load_model, load_views
+from viz.explorer.model_view import load_views
 from tests.helpers import run_cli
 from tests.helpers import model_variants
 from tests.helpers import save_run, tiny_model

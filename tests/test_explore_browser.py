@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import explore
-from viz.explorer.model_view import load_model, load_views
+from viz.explorer.model_view import load_views
 from tests.test_explore import PROMPT, char_tok, post, serve, tiny_run  # noqa: F401 (fixture)
 from viz.explorer.screenshot import chromium_driver, missing_browser, wait_for_map
 

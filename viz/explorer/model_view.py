@@ -161,26 +161,19 @@ class ModelView:
         return probs.cpu(), top_ids.cpu()
 
 
-def load_model(kind: str | None, path: str | None, device):
+def load_source(kind: str | None, path: str | None, device):
     """(model in eval mode on `device`, tokenizer, name, run dir) of --run DIR, --checkpoint FILE or --init HF_DIR
-    (None: the newest run; no run dir), read by the loaders sample.py uses; the one place the explorer loads models."""
-    from checkpoint.file import check_vocab, load_for_inference, resolve_checkpoint
+    (None: the newest run; no run dir), loaded as sample.py loads them; the one place the explorer loads models."""
+    from checkpoint.file import load_model, resolve_checkpoint
     if kind == "init":
-        from data.hf_tokenizer import read_hf_tokenizer
-        from model.hf import from_pretrained
-        model, tokenizer, name, run_dir = from_pretrained(path), read_hf_tokenizer(path), str(path), None
-    else:
-        from data.tokenizer import tokenizer_from_dict
-        ckpt = resolve_checkpoint(path if kind == "run" else None, path if kind == "checkpoint" else None)
-        model, tok, _ = load_for_inference(ckpt)
-        tokenizer, name, run_dir = tokenizer_from_dict(tok), str(ckpt), Path(ckpt).parent
-    check_vocab(tokenizer.vocab_size, model)
-    return model.float().to(device).eval(), tokenizer, name, run_dir
+        return (*load_model(hf_dir=path, device=device), str(path), None)
+    ckpt = resolve_checkpoint(path if kind == "run" else None, path if kind == "checkpoint" else None)
+    return (*load_model(ckpt, device=device), str(ckpt), Path(ckpt).parent)
 
 
 def load_views(sources: list[tuple[str, str]], device) -> list:
     """A ModelView per source (the newest run when none); two models must share their tokenizer."""
-    views = [ModelView(*load_model(kind, path, device)) for kind, path in (sources or [(None, None)])]
+    views = [ModelView(*load_source(kind, path, device)) for kind, path in (sources or [(None, None)])]
     if len(views) == 2 and views[0].tokenizer.to_dict() != views[1].tokenizer.to_dict():
         a, b = (v.tokenizer.describe() for v in views)
         raise ValueError(f"the two models use different tokenizers ({a} vs {b}), so their tokens and maps do not "
