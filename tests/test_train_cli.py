@@ -454,9 +454,11 @@ def test_a_run_that_does_not_compile_imports_no_compiler_and_no_fsdp(tmp_path, t
     base = [str(REPO / "train.py"), "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
             "train.eval_interval=2", "hydra.run.dir=outputs/r"]
     for extra in (["train.max_iters=2"], ["train.max_iters=4", "train.resume=true"],
-                  ["optim=adamw", "train.max_iters=2", "hydra.run.dir=outputs/a"]):
+                  ["optim=adamw", "train.max_iters=2", "hydra.run.dir=outputs/a"],
+                  ["optim=adamw", "train.max_iters=4", "hydra.run.dir=outputs/a", "train.resume=true"]):
         proc = run_cli(["-X", "importtime", *base, *extra], cwd=tmp_path)
         assert proc.returncode == 0, proc.stderr[-2000:]
         imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
         assert "torch" in imported and not {"torch._dynamo", "sympy", "torch.distributed.fsdp"} & imported, extra
     assert ck.load_checkpoint(tmp_path / "outputs" / "r" / "last.pt")["step"] == 4
+    assert ck.load_checkpoint(tmp_path / "outputs" / "a" / "last.pt")["step"] == 4
