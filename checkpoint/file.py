@@ -17,7 +17,8 @@ VERSION = 1
 REQUIRED_KEYS = ("model", "model_config", "step")
 RUN_ROOTS = ("outputs", "multirun")          # Hydra's default output dirs, relative to the cwd
 CHECKPOINT_NAMES = ("best.pt", "last.pt")     # in order of preference
-DCP_META = "tinygpt.pt"  # the plain metadata file inside a sharded checkpoint directory
+DCP_META = "tinygpt.json"  # the metadata inside a sharded checkpoint directory (checkpoint/meta.py)
+OLD_DCP_META = "tinygpt.pt"  # its torch.save form before 2026-11-27, still read
 LAST_DCP = "last_dcp"
 BEST_DCP = "best_dcp"
 HF_CONFIG = "config.json"  # what makes a directory a Hugging Face model directory
@@ -114,9 +115,15 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
         raise CheckpointError(f"checkpoint {p} is empty (0 bytes; an interrupted copy?): use another checkpoint, "
                               f"e.g. best.pt, or train again")
     try:
-        with warnings.catch_warnings():  # torch warns about pickle protocols of files it is about to refuse
-            warnings.filterwarnings("ignore", message="Detected pickle protocol")
-            ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
+        if p.name == DCP_META:
+            from checkpoint.meta import read_meta
+            ckpt = read_meta(p)
+        else:
+            with warnings.catch_warnings():  # torch warns about pickle protocols of files it is about to refuse
+                warnings.filterwarnings("ignore", message="Detected pickle protocol")
+                ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
+    except CheckpointError:
+        raise
     except UnpicklingError as e:
         if (m := re.search(r"GLOBAL ([\w.]+)", str(e))) or "Unsupported global" in str(e):
             raise CheckpointError(f"checkpoint {p} contains a pickled Python object{f' ({m[1]})' if m else ''}, "
@@ -153,9 +160,14 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     return ckpt
 
 
-def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+def sharded_meta(path: str | os.PathLike) -> Path | None:
+    """The metadata file of the sharded checkpoint directory `path`; None if `path` is not one."""
     p = Path(path)
-    return p.is_dir() and (p / ".metadata").is_file() and (p / DCP_META).is_file()
+    return next((p / n for n in (DCP_META, OLD_DCP_META) if (p / ".metadata").is_file() and (p / n).is_file()), None)
+
+
+def is_sharded_checkpoint(path: str | os.PathLike) -> bool:
+    return sharded_meta(path) is not None
 
 
 def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bool = False,
@@ -165,7 +177,7 @@ def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bo
     p = Path(os.path.expanduser(str(path)))
     if run_dir and p.is_dir():
         p = checkpoint_in_run(p)
-    ckpt = load_checkpoint(p / DCP_META if not model and is_sharded_checkpoint(p) else p, mmap=mmap)
+    ckpt = load_checkpoint((not model and sharded_meta(p)) or p, mmap=mmap)
     if model and ckpt.get("model") is None:
         raise CheckpointError(f"checkpoint {p} holds no model weights (a sharded checkpoint's metadata?): use the "
                               "run's last.pt or best.pt")

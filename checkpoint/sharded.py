@@ -14,6 +14,7 @@ import torch
 
 from checkpoint.file import (BEST_DCP, DCP_META, LAST_DCP, CheckpointError, _save_error,  # noqa: F401
                              is_sharded_checkpoint, read_checkpoint, save_checkpoint)
+from checkpoint.meta import write_meta
 from common.files import replace, replace_dir
 from model.gpt import check_weights, clean_state_dict
 
@@ -76,7 +77,7 @@ def save_sharded(path: str | os.PathLike, model: torch.nn.Module, optimizer, met
         with _quiet_single_process():  # returns once every rank's shards are written
             dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=str(tmp))
         if ranks.is_main:
-            save_checkpoint(meta, tmp / DCP_META)
+            write_meta(meta, tmp / DCP_META)
             replace_dir(tmp, path, _beside(path, "old"))
             if best_path is not None:
                 _link_dir(path, Path(best_path))
