@@ -18,7 +18,7 @@ def _encode(x, where: str):
     import torch
     if torch.is_tensor(x):
         t = x.detach().cpu().contiguous()
-        raw = t.view(torch.uint8) if t.dim() else t.reshape(1).view(torch.uint8)
+        raw = t.reshape(-1).view(torch.uint8)  # the bytes; dtype and shape say how to read them
         return {TENSOR: {"dtype": str(t.dtype).removeprefix("torch."), "shape": list(t.shape),
                          "data": base64.b64encode(raw.numpy().tobytes()).decode("ascii")}}
     if isinstance(x, float) and not math.isfinite(x):

@@ -50,3 +50,11 @@ def top_tokens(logits: torch.Tensor, k: int, vocab_size: int | None = None) -> t
     ids (the padded ones are no tokens), a row at a time so that only one row's probabilities are held."""
     rows = [torch.topk(row[..., :vocab_size].float().softmax(-1), k) for row in logits]
     return torch.stack([r.values for r in rows]), torch.stack([r.indices for r in rows])
+
+
+def top_of_lens(model, ids: list[int], k: int, vocab_size: int, attention: bool = False):
+    """One text's logit lens as its top `k` (probabilities, ids), each (n_layer + 1, T, k), and with `attention` the
+    same forward's weights (n_layer, n_head, T, T), else None: what the explorer and the probe snapshots show."""
+    logits, weights = logit_lens(model, torch.tensor([ids], device=next(model.parameters()).device), attention)
+    probs, top = top_tokens(logits[:, 0], k, vocab_size)
+    return probs, top, weights[:, 0] if attention else None

@@ -6,10 +6,10 @@ snapshots up to its step; every rank runs the forward (under FSDP it gathers the
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from model.lens import logit_lens, top_tokens
+from model.lens import top_of_lens
 from viz import probes
+
 
 def probe_ids(text: str | None, tokenizer, val, block_size: int) -> list[int]:
     """`text` encoded (ValueError naming train.probe_text), else the first tokens of `val` (TokenShards)."""
@@ -45,9 +45,8 @@ class ProbeRecorder:
 
     def record(self, model, step: int, val_loss: float) -> None:
         """One forward of `model` (unwrapped) on the probe, on every rank; rank 0 writes the snapshot of `step`."""
-        logits, attention = logit_lens(model, torch.tensor([self.ids], device=next(model.parameters()).device),
-                                       attention=True)
-        probs, ids = top_tokens(logits[:, 0], min(probes.TOP, self.vocab_size), self.vocab_size)
+        probs, ids, attention = top_of_lens(model, self.ids, min(probes.TOP, self.vocab_size), self.vocab_size,
+                                            attention=True)
         if self.writes:
             probes.write_snapshot(self.run_dir, step, text=self.text, ids=self.ids, val_loss=val_loss,
-                                  attention=attention[:, 0], lens_probs=probs, lens_ids=ids)
+                                  attention=attention, lens_probs=probs, lens_ids=ids)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from model.lens import logit_lens, top_tokens
+from model.lens import top_of_lens
 
 TOP_N = 20  # bars in the next-token panel
 
@@ -154,8 +154,7 @@ class ModelView:
 
     def lens(self, ids: list[int], top: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The logit lens of `ids` (model/lens.py): (probabilities, ids), each (n_layer + 1, T, top)."""
-        logits, _ = logit_lens(self.model, torch.tensor([ids], device=next(self.model.parameters()).device))
-        probs, top_ids = top_tokens(logits[:, 0], top, self.tokenizer.vocab_size)
+        probs, top_ids, _ = top_of_lens(self.model, ids, top, self.tokenizer.vocab_size)
         if not torch.isfinite(probs).all():
             raise NonFiniteError("the model computed NaN or infinity in the logit lens: are its weights finite?")
         return probs.cpu(), top_ids.cpu()
