@@ -115,15 +115,13 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
         raise CheckpointError(f"checkpoint {p} is empty (0 bytes; an interrupted copy?): use another checkpoint, "
                               f"e.g. best.pt, or train again")
     try:
-        if p.name == DCP_META:
+        if p.name == DCP_META:  # a sharded checkpoint's metadata (JSON; ValueError: not what tinygpt writes)
             from checkpoint.meta import read_meta
             ckpt = read_meta(p)
         else:
             with warnings.catch_warnings():  # torch warns about pickle protocols of files it is about to refuse
                 warnings.filterwarnings("ignore", message="Detected pickle protocol")
                 ckpt = torch.load(p, map_location="cpu", weights_only=True, mmap=mmap)
-    except CheckpointError:
-        raise
     except UnpicklingError as e:
         if (m := re.search(r"GLOBAL ([\w.]+)", str(e))) or "Unsupported global" in str(e):
             raise CheckpointError(f"checkpoint {p} contains a pickled Python object{f' ({m[1]})' if m else ''}, "
@@ -141,8 +139,8 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
             raise CheckpointError(CORRUPT.format(p, "unexpected end of file or incomplete zip archive")) from None
         raise CheckpointError(f"checkpoint {p} could not be read ({msg.splitlines()[0]}): use a last.pt or best.pt "
                               f"written by train.py") from None
-    except Exception:  # noqa: BLE001 - torch reads non-zip bytes as pickle; garbage raises KeyError, IndexError, ...
-        raise CheckpointError(NOT_A_CHECKPOINT.format(p)) from None
+    except Exception as e:  # noqa: BLE001 - torch reads non-zip bytes as pickle; garbage raises KeyError, IndexError..
+        raise CheckpointError(CORRUPT.format(p, e) if p.name == DCP_META else NOT_A_CHECKPOINT.format(p)) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{p} is a PyTorch file but not a tinygpt checkpoint (no format='tinygpt' key): "
                               f"use a last.pt or best.pt written by train.py")

@@ -52,10 +52,10 @@ def write_meta(meta: dict, path: str | os.PathLike) -> Path:
 
 
 def read_meta(path: str | os.PathLike) -> dict:
-    """What write_meta wrote; a CheckpointError line if the file is not that (OSError: unreadable)."""
-    from checkpoint.file import CORRUPT, CheckpointError
+    """What write_meta wrote; ValueError (one line) if the file is not that, OSError if it cannot be read."""
     text = Path(path).read_text(encoding="utf-8", errors="replace")
     try:
         return json.loads(text, object_hook=_decode)
     except (ValueError, TypeError, KeyError, RuntimeError) as e:  # bad JSON, base64, dtype or shape
-        raise CheckpointError(CORRUPT.format(path, f"not the JSON tinygpt writes: {e}")) from None
+        raise ValueError(f"not the JSON tinygpt writes: {str(e).splitlines()[0] if str(e) else type(e).__name__}") \
+            from None

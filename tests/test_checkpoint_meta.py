@@ -52,7 +52,7 @@ def test_a_damaged_file_is_one_line(tmp_path, text, why):
     path = tmp_path / ck.DCP_META
     path.write_text(text)
     with pytest.raises(ck.CheckpointError, match="is truncated or corrupt") as e:
-        read_meta(path)
+        ck.load_checkpoint(path)
     assert why in str(e.value) and "\n" not in str(e.value)
 
 
