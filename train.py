@@ -20,7 +20,7 @@ import sys
 import torch
 
 from common.files import keep_tool_caches
-from launch.config import ERRORS, compose, register_configs
+from launch.config import ERRORS, NO_PRESET, compose, no_preset, register_configs
 from launch.overrides import check_command_line, with_override
 from launch.run import CPU_NOTE, Failed, HydraRun, say_failure
 from runtime.console import to_stderr
@@ -35,20 +35,27 @@ def hydra_job(cfg):
     return sweep.hydra_job(cfg)
 
 
+def as_composed(args: list[str], cuda: bool) -> tuple[list[str], bool]:
+    """The user's arguments as train.py composes them, and whether the CPU preset was picked for the user:
+    experiment=null (or ~) as Hydra's ~experiment, nanoGPT's habits refused (Failed, one line), and experiment=gpu
+    (on CUDA) or experiment=cpu added when no experiment is chosen (a laptop never starts an hours-long run)."""
+    args = no_preset(args)
+    chosen = any(a in HELP or a.lstrip("+~").split("=")[0].split("@")[0] == "experiment" for a in args)
+    if not all(("=" in a and not a.startswith("-")) or NO_PRESET.fullmatch(a) for a in args):
+        from launch.overrides import habit_hint  # nanoGPT's habits, a value the shell split
+        if hint := habit_hint([a for a in args if not NO_PRESET.fullmatch(a)]):
+            raise Failed(hint)
+    if chosen:
+        return args, False
+    return with_override(args, f"experiment={'gpu' if cuda else 'cpu'}"), not cuda
+
+
 def main(args: list[str]) -> int:
     keep_tool_caches()  # matplotlib's font cache, torch.compile's graphs and kernels: in tinygpt's cache
-    # no experiment chosen: experiment=gpu on a CUDA GPU, else experiment=cpu (a laptop never starts an hours-long run)
-    chosen = any(a in HELP or a.lstrip("+~").split("=")[0].split("@")[0] == "experiment" for a in args)
-    cuda = torch.cuda.is_available()
-    auto_cpu = not (cuda or chosen)
     multirun, run = bool({"-m", "--multirun"} & set(args)), None
     try:
-        if not all("=" in a and not a.startswith("-") for a in args):  # nanoGPT's habits, a value the shell split
-            from launch.overrides import habit_hint
-            if hint := habit_hint(args):
-                raise Failed(hint)
+        args, auto_cpu = as_composed(args, torch.cuda.is_available())
         register_configs(sweep=multirun)
-        args = args if chosen else with_override(args, f"experiment={'gpu' if cuda else 'cpu'}")
         jobs = check_command_line(args, multirun)  # compose + check: every job's overrides, before anything runs
         if not multirun and not any(a.startswith("-") for a in args):
             run = HydraRun(compose(args, return_hydra_config=True), auto_cpu)  # set up: checked, its dir claimed

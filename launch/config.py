@@ -7,6 +7,9 @@ is the one place a composed config becomes plain dataclasses (validated: GPTConf
 from __future__ import annotations
 
 import difflib
+import os
+import re
+from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
@@ -18,6 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from training.config import SCHEMA_KEYS, Config, train_keys, validate
 
 ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
+GROUPS = {f.name: f.default_factory for f in fields(Config)}  # model -> its defaults (GPTConfig), ...
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 PRESETS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))  # conf/<group>/<option>.yaml, for `group=option`
@@ -31,6 +35,19 @@ def preset(group: str, name: str) -> dict:
         raise ValueError(f"unknown {group} preset {name!r} ({path} does not exist): use one of "
                          f"{', '.join(PRESETS.get(group, ()))}")
     return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+
+
+NO_PRESET = re.compile(r"~\w+")  # Hydra's `~group` (no preset of that group): an override without `=`
+
+
+def no_preset(args: list[str]) -> list[str]:
+    """`group=null` (e.g. `experiment=null`: conf/config.yaml's own defaults), `group=~`, and the home directory
+    bash makes of an unquoted `experiment=~`, as Hydra's `~group` (Hydra refuses a null group override)."""
+    def one(arg: str) -> str:
+        key, eq, value = arg.partition("=")
+        null = value.lower() in ("null", "~", "'~'", '"~"') or (value == os.path.expanduser("~") and value != "~")
+        return f"~{key}" if eq and key in PRESETS and null else arg
+    return [one(a) for a in args]
 
 
 def register_configs(sweep: bool = False) -> None:
@@ -85,8 +102,9 @@ def check_override(key: str, value: Any, text: str) -> None:
             raise ValueError(f"{key}={value} is not a preset: available {key} presets are {', '.join(PRESETS[key])}")
         return
     _refuse_unknown([key], value)
-    try:  # the field's own OmegaConf node converts it, exactly as composition will
-        OmegaConf.update(OmegaConf.structured(Config), key, value, merge=True)
+    group, _, rest = key.partition(".")
+    try:  # the field's own OmegaConf node (in its group's: quicker than the whole schema's) converts it, as composing
+        OmegaConf.update(OmegaConf.structured(GROUPS[group]()), rest, value, merge=True)
     except OmegaConfBaseException as e:
         raise ValueError(f"cannot set {text}: {str(e).splitlines()[0]}: give a value of the right type "
                          f"(python train.py --cfg job shows the current value of {key})") from None

@@ -5,6 +5,7 @@ import itertools
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import sys
@@ -106,15 +107,29 @@ def test_resume_is_bitwise_exact(tmp_path, tiny_corpus):
 
 
 @pytest.mark.slow  # over ~1 s
-def test_resume_from_path_into_a_new_run_dir(tmp_path, tiny_corpus):
+def test_resume_from_path_into_a_new_run_dir(tmp_path, tiny_corpus, caplog):
+    """... and its step lines and done line both count the whole run's time (the earlier part: an hour here), the
+    done line this session's too (it counted only this session's, below the step lines' figure)."""
     first = tmp_path / "first"
     train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=2", "optim.decay_iters=6"), first)
+    hour = ck.load_checkpoint(first / "last.pt")
+    ck.save_checkpoint({**hour, "elapsed_s": 3600.0}, tmp_path / "hour.pt")
     second = tmp_path / "second"
-    res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=2", "optim.decay_iters=6",
-                         f"train.resume={first}"), second)  # a run dir means its last.pt
+    with caplog.at_level("INFO"):
+        res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=2", "optim.decay_iters=6",
+                             f"train.resume={first}"), second)  # a run dir means its last.pt
     assert res.step == 6 and ck.load_checkpoint(second / "last.pt")["step"] == 6
     assert ck.load_checkpoint(first / "last.pt")["step"] == 4  # the source is left alone
     assert [r["step"] for r in records(second) if r["type"] == "eval"] == [2, 4, 6]
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=2", "optim.decay_iters=6",
+                       f"train.resume={tmp_path / 'hour.pt'}"), tmp_path / "third")
+    step = next(r.message for r in caplog.records if r.message.startswith("step 6/6: train loss"))
+    done = next(r.message for r in caplog.records if r.message.startswith("done: "))
+    assert re.search(r" \| 1h00m[0-5][0-9]s$", step), step
+    assert re.match(r"done: 6 steps, 384 tokens in 1h00m[0-5][0-9]s \([0-9]+s this session\), best", done), done
+    assert records(tmp_path / "third")[-2]["elapsed_s"] >= 3600
 
 
 @pytest.mark.slow  # over ~1 s

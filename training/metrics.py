@@ -213,7 +213,7 @@ class RunLog:
     def finish(self, status: str, st: "TrainState", *, wall: float, train_s: float, session_tokens: int,
                compiled: bool, early_stopped: bool, stopped_by: str = "") -> None:
         """The summary record and loss.png (best effort: a full disk is a warning), wandb.finish, the done line;
-        `wall`: the run's seconds, `train_s`/`session_tokens`: this session's training time and tokens; `stopped_by`:
+        `wall`: this session's seconds, `train_s`/`session_tokens`: its training time and tokens; `stopped_by`:
         what stopped a run that did not complete, in words (a signal's name, a closed output pipe)."""
         m, best, run_dir = self.model, st.best_val_loss, Path(self.file.name).parent if self.file else None
         try:
@@ -235,7 +235,9 @@ class RunLog:
         finally:
             if self.wandb is not None:
                 self.wandb.finish(exit_code=0 if status == "completed" else 1)
-        if status == "completed":
+        if status == "completed":  # the whole run's time, as its step lines count it (+ this session's, resumed)
             done = f"best val loss {best:.4f} at step {st.best_step}" if st.best_step is not None else "no evaluation"
-            log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in {format_duration(round(wall, 3))}, "
-                     f"{done}; sample with: {command_line(['python', 'sample.py', '--run', str(run_dir)])}")
+            run_s = format_duration(round(st.elapsed_before + wall, 3))
+            session = f" ({format_duration(round(wall, 3))} this session)" if st.elapsed_before else ""
+            log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in {run_s}{session}, {done}; "
+                     f"sample with: {command_line(['python', 'sample.py', '--run', str(run_dir)])}")
