@@ -87,6 +87,21 @@ def test_added_override_sits_with_the_users(args, want):
     assert with_override(args, "experiment=cpu") == want
 
 
+def test_no_experiment_in_any_spelling_trains_the_config_s_own_defaults():
+    """Issue 43: `experiment=null` (the docs' spelling) stopped with Hydra's "Config group override must be a string
+    or a list"; `~experiment` was "not an override"; bash turns an unquoted `experiment=~` into the home directory."""
+    import train
+    from launch.config import compose, register_configs, to_dataclass
+    for given in ("experiment=null", "experiment=NULL", "~experiment", "~experiment=null", "experiment=~",
+                  "experiment='~'", f"experiment={os.path.expanduser('~')}"):
+        args, auto_cpu = train.as_composed([given, "train.max_iters=5"], cuda=False)
+        assert args[0] in ("~experiment", "~experiment=null") and args[1:] == ["train.max_iters=5"], given
+        assert not auto_cpu
+    register_configs()
+    c = to_dataclass(compose(args))
+    assert (c.optim.name, c.model.position, c.model.n_layer, c.train.max_iters) == ("adamw", "learned", 6, 5)
+
+
 @pytest.mark.slow
 def test_hydra_flags_after_overrides_work_and_a_mistake_is_one_line(tmp_path):
     """The automatic CPU preset must not break `--cfg job` after an override, nor add a line to an error."""
