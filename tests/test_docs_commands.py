@@ -88,8 +88,9 @@ def _quoted(tail: str, rest: str) -> str:
     return tail
 
 
-def commands() -> list[tuple[str, str, list[str], int]]:
-    """(where, script, arguments, processes) of every documented command."""
+@functools.lru_cache(maxsize=None)
+def commands() -> tuple[tuple[str, str, list[str], int], ...]:
+    """(where, script, arguments, processes) of every documented command (read once, by the test that needs them)."""
     found = {}
     for where, text in _texts():
         for m in CMD.finditer(text):
@@ -99,10 +100,7 @@ def commands() -> list[tuple[str, str, list[str], int]]:
                 args = _words(m.group(1), _quoted(m.group(2), text[m.end():]))
                 if (m.group(1), tuple(args)) not in NAMES_A_FLAG:
                     found.setdefault((m.group(1), tuple(args), math.prod(nproc)), where)
-    return [(where, script, list(args), nproc) for (script, args, nproc), where in found.items()]
-
-
-COMMANDS = commands()
+    return tuple((where, script, list(args), nproc) for (script, args, nproc), where in found.items())
 
 
 def _make(flag: str, path: str) -> None:
@@ -166,16 +164,16 @@ def train_check(args: list[str], cuda: bool = False) -> None:
 
 def test_the_collector_finds_the_documented_commands():
     """The commands are found where the docs show them, in code blocks, prose, YAML and docstrings alike."""
-    shown = {(script, " ".join(args)) for _, script, args, _ in COMMANDS}
-    assert len(COMMANDS) > 80
+    shown = {(script, " ".join(args)) for _, script, args, _ in commands()}
+    assert len(commands()) > 80
     assert ("train", "") in shown and ("train", "experiment=null") in shown
     assert ("train", "--cfg job") in shown  # the README's "# print every key..." comment left out
     assert ("train", "experiment=gpt2_124m data.path=fineweb_edu_10B/") in shown  # conf/experiment's comment
     assert ("sample", "--prompt ROMEO: --stop \\n\\n") in shown
     assert ("sample", "--checkpoint baby.pt --max-new-tokens 500 --seed 0 --no-stream --no-kv-cache") in shown
     assert ("bench", "--gpu-check --nanogpt DIR") in shown
-    assert any(nproc == 8 for _, script, _, nproc in COMMANDS if script == "train")
-    assert not any("prints" in args for _, _, args, _ in COMMANDS)  # "python train.py --cfg job prints every key"
+    assert any(nproc == 8 for _, script, _, nproc in commands() if script == "train")
+    assert not any("prints" in args for _, _, args, _ in commands())  # "python train.py --cfg job prints every key"
 
 
 @pytest.mark.slow  # about a hundred commands, a few seconds in all: Hydra composes each set of presets once
@@ -185,7 +183,7 @@ def test_every_documented_train_command_composes_and_validates(scratch, monkeypa
     register_configs()
     hellaswag = str(scratch / "hellaswag_val.jsonl")  # the user's file, wherever the command keeps it
     wrong = []
-    for where, script, args, nproc in COMMANDS:
+    for where, script, args, nproc in commands():
         if script != "train":
             continue
         monkeypatch.setenv("WORLD_SIZE", str(nproc))  # torchrun's: train.tokens_per_step divides by the processes
@@ -207,7 +205,7 @@ def test_every_documented_train_command_composes_and_validates(scratch, monkeypa
 
 def test_every_documented_cli_command_parses(scratch):
     wrong = []
-    for where, script, args, _ in COMMANDS:
+    for where, script, args, _ in commands():
         if script == "train":
             continue
         args = [os.path.expanduser(a) if a.startswith("~/") else a for a in args]  # as the shell does
