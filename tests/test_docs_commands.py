@@ -36,6 +36,7 @@ FAILS = {  # commands the docs show failing, and the start of the line they fail
 HELLASWAG = {"ctx": "A man is", "endings": ["a", "b", "c", "d"], "label": 0}
 
 
+@functools.lru_cache(maxsize=None)
 def _texts() -> list[tuple[str, str]]:
     """(where, text) of every place a command is shown: Markdown, conf/'s YAML, docstrings, the CLIs' --help."""
     files = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout.split()
@@ -220,6 +221,7 @@ def test_every_documented_cli_command_parses(scratch):
             wrong.append(f"{where}: python {script}.py {shlex.join(args)}: {e}")
     assert not wrong, "documented commands that do not parse:\n" + "\n".join(wrong)
 
+
 NEEDS = {"experiment=finetune_shakespeare": ["model.init_from=gpt2"], "data=text": ["data.path=notes.txt"],
          "experiment=gpt2_124m": ["data.path=notes.txt"]}  # what a preset's own comments say to add
 
@@ -228,7 +230,7 @@ NEEDS = {"experiment=finetune_shakespeare": ["model.init_from=gpt2"], "data=text
 def test_every_preset_and_key_the_docs_name_exists_and_each_preset_composes(scratch):
     """`experiment=null`, `model=baby_modern`, `train.compile=false` in the prose: every `group=option` the docs
     name composes alone (as train.py runs it), and every `key=` they name is a key (the typos they show aside)."""
-    from launch.config import PRESETS
+    from launch.config import ERRORS, PRESETS, register_configs
     from training.config import SCHEMA_KEYS
     groups, keys = set(), set()
     for where, text in _texts():
@@ -237,7 +239,6 @@ def test_every_preset_and_key_the_docs_name_exists_and_each_preset_composes(scra
     assert ("README.md", "experiment=null") in groups and ("README.md", "model.block_size") in keys
     assert not [(w, k) for w, k in keys if k not in SCHEMA_KEYS and k + "=" not in "".join(FAILS)], \
         "keys the docs name that do not exist"
-    from launch.config import ERRORS, register_configs
     register_configs()
     wrong = []
     for choice in sorted({g for _, g in groups}):
