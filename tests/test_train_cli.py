@@ -72,7 +72,8 @@ def test_the_fine_tune_preset_without_a_source_is_one_line_before_any_run_dir(tm
     _no_traceback(proc)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert errors == ["error: model.init_from must be given: add model.init_from=PATH, a local Hugging Face GPT-2 "
-                      "directory (e.g. hf download gpt2 --local-dir gpt2) or a tinygpt run directory"]
+                      "directory (e.g. hf download openai-community/gpt2 config.json model.safetensors --local-dir "
+                      "gpt2) or a tinygpt run directory"]
     assert not (tmp_path / "outputs").exists()
 
 

@@ -15,6 +15,7 @@ from typing import Any, Iterator, Optional
 from common.cli import in_keys
 from data.config import DataConfig
 from model.config import GPTConfig
+from model.hub import download_command
 from runtime.ranks import PARALLEL_MODES
 
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -122,9 +123,8 @@ def validate(c: Config) -> None:
     m, o, t, lg = c.model, c.optim, c.train, c.logger
     _check(m.vocab_size is None, f"model.vocab_size={m.vocab_size} cannot be set: the vocabulary is the "
            f"tokenizer's (data.tokenizer, data.vocab_size), padded per model.pad_vocab_to")
-    _check(m.init_from not in ("", REQUIRED), "model.init_from must be given: add model.init_from=PATH, a local "
-           "Hugging Face GPT-2 directory (e.g. hf download gpt2 --local-dir gpt2) or a tinygpt run "
-           "directory")
+    _check(m.init_from not in ("", REQUIRED), f"model.init_from must be given: add model.init_from=PATH, a local "
+           f"Hugging Face GPT-2 directory (e.g. {download_command('gpt2')}) or a tinygpt run directory")
     _check(o.name in OPTIMIZERS, f"optim.name={o.name!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     _check(_finite(o.lr) and o.lr > 0, f"optim.lr={o.lr} must be a positive number: e.g. optim.lr=1e-3")
     _check(_finite(o.min_lr) and o.min_lr >= 0, f"optim.min_lr={o.min_lr} must be >= 0: e.g. optim.min_lr=1e-4")
