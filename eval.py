@@ -16,7 +16,7 @@ import os
 import sys
 
 from checkpoint.file import add_checkpoint_options, check_hf_dir, load_model, resolve_checkpoint  # no torch
-from common.cli import ArgumentParser, cli_main, in_keys
+from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from
 
 KEYS = {"device": "--device", "path": "--file", "text_key": "--text-key", "encoding_errors": "--encoding-errors"}
 
@@ -27,13 +27,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "of a text, as lm-evaluation-harness's loglikelihood_rolling: disjoint windows of the "
                         "context, the first token scored after <|endoftext|> (a char model has none: its first "
                         "token is not scored); bits per byte = total nats / ln 2 / UTF-8 bytes of the scored "
-                        "tokens. Or the HellaSwag accuracy of a jsonl (--hellaswag).")
+                        "tokens. Or the HellaSwag accuracy of a jsonl (--hellaswag). Without --run/--checkpoint/--hf "
+                        "it uses the newest run under ./outputs or ./multirun.",
+        nanogpt={"out_dir": "--run", "init_from": nanogpt_init_from("--hf")})
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--file", metavar="PATH", help="what to score, read as train.py reads data.path: a UTF-8 text "
                       "file, a .jsonl or parquet / Arrow file (one document per line or row), or a directory")
     what.add_argument("--hellaswag", metavar="JSONL", help="HellaSwag file in the official format (ctx, endings, "
                       "label; .gz too): prints acc, acc_norm and acc_norm_tokens (docs/export_eval.md)")
-    src = add_checkpoint_options(p, required=True)
+    src = add_checkpoint_options(p)
     src.add_argument("--hf", metavar="DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory (GPT-2 BPE, "
                      "its tokenizer.json, or the vocab.json / tokenizer.json of a model exported by export.py)")
     p.add_argument("--text-key", default="text", help="--file's field (.jsonl) or column (parquet) holding the text")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from checkpoint.file import check_hf_dir  # no torch
-from common.cli import ArgumentParser, cli_main, in_keys
+from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from
 from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): see common/platform.py
@@ -30,7 +30,8 @@ class AddSource(argparse.Action):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = ArgumentParser(prog="explore.py", description="Serve an interactive attention explorer for a checkpoint "
+    p = ArgumentParser(nanogpt={"out_dir": "--run", "init_from": nanogpt_init_from("--init")}, prog="explore.py",
+                       description="Serve an interactive attention explorer for a checkpoint "
                        "(two to compare them). Without a model argument it uses the newest run under ./outputs "
                        "or ./multirun.")
     p.set_defaults(sources=[])

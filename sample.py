@@ -16,24 +16,36 @@ import time
 from pathlib import Path
 
 from checkpoint.file import add_checkpoint_options, check_hf_dir, load_model, resolve_checkpoint
-from common.cli import ArgumentParser, cli_main, in_keys, read_text_file
+from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from, read_text_file
 from model.config import check_sampling
-from common.platform import configure_threads
+from model.hub import download_command
+from common.platform import command_line, configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
 
 SEPARATOR = "\n---------------\n"
-GET_GPT2 = "hf download openai-community/gpt2 config.json model.safetensors --local-dir gpt2"
+
+
+def nanogpt_start(value: str | None) -> str:
+    """nanoGPT's --start: the prompt, or FILE:path its file."""
+    if value is not None and value.startswith("FILE:"):
+        return command_line(["--prompt-file", value[5:]])
+    return command_line(["--prompt", value]) if value is not None else "--prompt TEXT"
+
+
+# nanoGPT's sample.py flags that are not ours with - for _ (--num_samples, --max_new_tokens: common.cli says those)
+NANOGPT = {"out_dir": "--run", "start": nanogpt_start, "init_from": nanogpt_init_from("--init"),
+           "dtype": lambda _: "no dtype option (it decodes in bfloat16 on CUDA GPUs that have it, else float32)"}
 
 
 def parse_args(argv: list[str] | None = None):
     p = ArgumentParser(prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF "
                        "GPT-2). Without --run/--checkpoint/--init it uses the newest run under ./outputs or "
-                       "./multirun.")
+                       "./multirun.", nanogpt=NANOGPT)
     src = add_checkpoint_options(p)
     src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory "
                      "(config.json + weights; GPT-2 BPE, its tokenizer.json, or a char model exported by export.py); "
-                     f"GPT-2's: {GET_GPT2}")
+                     f"GPT-2's: {download_command('gpt2')}")
     pr = p.add_mutually_exclusive_group()
     pr.add_argument("--prompt", type=unescape, metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t '
                     'understood)')
@@ -83,9 +95,6 @@ def check_args(a):
         if not ckpt.exists():
             raise FileNotFoundError(f"checkpoint {ckpt} does not exist: check the path, or use --run DIR")
     if a.init is not None:
-        if not Path(a.init).expanduser().exists():
-            raise FileNotFoundError(f"--init {a.init} is not a local directory: download GPT-2's with `{GET_GPT2}` "
-                                    "and pass --init gpt2, or give the directory export.py --hf wrote")
         check_hf_dir(a.init, "--init")
     if a.attention_map is not None:
         png = Path(a.attention_map)

@@ -230,7 +230,9 @@ def find_newest_checkpoint(roots=RUN_ROOTS) -> Path | None:
 
 def check_hf_dir(path, option: str) -> None:
     """FileNotFoundError (one line) unless `path`, given with `option` (--init, --hf), is a Hugging Face
-    directory; a tinygpt run directory or checkpoint there gets the hint to pass it with --run/--checkpoint."""
+    directory; a Hub name (gpt2) gets the command that downloads it, a tinygpt run directory or checkpoint the hint
+    to pass it with --run/--checkpoint. Every CLI's check of such an argument (sample.py, eval.py, explore.py)."""
+    from model.hub import not_local  # (no torch)
     p = Path(path).expanduser()
     if (p / HF_CONFIG).is_file():
         return
@@ -241,7 +243,7 @@ def check_hf_dir(path, option: str) -> None:
         raise FileNotFoundError(f"{option} {path} is a tinygpt training run, not a Hugging Face directory: "
                                 f"use --run {path}")
     if not p.exists():
-        raise FileNotFoundError(f"{option} {path} does not exist: check the path")
+        raise FileNotFoundError(not_local(str(path), f"{option} {{}}"))
     raise FileNotFoundError(f"{option} {path} has no {HF_CONFIG}: pass a local Hugging Face GPT-2 directory "
                             "(written by export.py --hf, or save_pretrained)")
 
@@ -280,8 +282,8 @@ def load_model(checkpoint=None, hf_dir=None, device="cpu"):
     (config.json + weights, and its tokenizer files): how sample.py, eval.py and the explorer load a model."""
     if hf_dir is not None:
         from data.hf_tokenizer import read_hf_tokenizer
-        from model.hf import from_pretrained
-        model, tokenizer = from_pretrained(hf_dir), read_hf_tokenizer(hf_dir)
+        from model.gpt import GPT
+        model, tokenizer = GPT.from_pretrained(hf_dir), read_hf_tokenizer(hf_dir)
     else:
         from data.tokenizer import tokenizer_from_dict
         model, tok, _ = load_for_inference(checkpoint)

@@ -77,10 +77,52 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for `seq 1000000
 
 
 class ArgumentParser(argparse.ArgumentParser):
-    """argparse, but a bad argument raises ValueError (the CLI's main() prints it as one line, exit 2)."""
+    """argparse, but a bad argument raises ValueError (the CLI's main() prints it as one line, exit 2); an unknown
+    --flag that is another spelling of one of ours is told the one to write: nanoGPT's (`nanogpt`: its name -> our
+    flag, which takes the value, or a function of the value -> what to write), or ours with underscores
+    (--max_new_tokens), as train.py translates nanoGPT's --key=value (launch/overrides.py)."""
+
+    def __init__(self, *args, nanogpt: dict[str, str | Callable[[str | None], str]] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.nanogpt = nanogpt or {}
+
+    def parse_args(self, args=None, namespace=None):
+        namespace, extras = self.parse_known_args(args, namespace)
+        if extras:
+            self.error(self._habit(extras) or f"unrecognized arguments: {' '.join(extras)}")
+        return namespace
+
+    def _habit(self, extras: list[str]) -> str | None:
+        """The first unknown `--name[=value]` (or `--name value`) we have another spelling of, and that spelling."""
+        from common.platform import command_line
+        for i, arg in enumerate(extras):
+            name, eq, value = arg.partition("=")
+            if not name.startswith("--"):
+                continue
+            if not eq and i + 1 < len(extras) and not extras[i + 1].startswith("-"):
+                value, arg = extras[i + 1], f"{arg} {extras[i + 1]}"
+            ours, value = self.nanogpt.get(name[2:]), value if eq or value else None
+            if ours is None and name.replace("_", "-") in self._option_string_actions:
+                ours = name.replace("_", "-")
+            if callable(ours):
+                return f"{self.prog} takes {ours(value)}, not {arg}"
+            if ours is not None:
+                nargs = self._option_string_actions[ours].nargs if ours in self._option_string_actions else None
+                return f"{self.prog} takes {command_line([ours, *[value] * (value is not None and nargs != 0)])}, " \
+                       f"not {arg}"
+        return None
 
     def error(self, message):
+        if m := re.fullmatch(r"argument (?:\S+/)?(\S+): ignored explicit argument '(.*)'", message):  # --compile=False
+            message = f"{m[1]}={m[2]}: {m[1]} takes no value: write {m[1]} alone, or leave it out"
         raise ValueError(f"{message} (see python {self.prog} --help)")
+
+
+def nanogpt_init_from(option: str) -> Callable[[str | None], str]:
+    """nanoGPT's --init_from for an inference CLI: 'resume' means its out_dir (our --run DIR), a model name our
+    `option` for a local Hugging Face directory (--init, --hf)."""
+    return lambda value: "--run DIR (the run directory: nanoGPT's out_dir)" if value in (None, "resume") else \
+        f"{option} {value} (a local Hugging Face directory)"
 
 
 def read_text_file(path: str, option: str) -> str:

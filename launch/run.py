@@ -21,6 +21,7 @@ from common import run_lock
 from common.cli import one_line
 from launch import memory
 from launch.config import to_dataclass
+from launch.notes import CPU_NOTE, cpu_note, start_notes  # noqa: F401 (CPU_NOTE: train.py's, for a sweep)
 from model.device import resolve_device
 from runtime import console
 from runtime.console import to_files, to_stderr
@@ -52,10 +53,6 @@ def failure(e: Exception, config) -> Exception:
     if isinstance(e, (ValueError, OSError)):  # a user's mistake; training.step.TrainingDiverged: status "diverged"
         return Failed(str(e) or type(e).__name__, status=getattr(e, "status", "failed"))
     return e
-
-
-CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
-            "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
 
 
 def join_job(device: str, parallel: str) -> Ranks:
@@ -139,11 +136,20 @@ def train(cfg: Any, run_dir: Optional[str | os.PathLike] = None, *, cli_override
 
 
 def run(setup: Setup, on_start: Optional[Callable[[], None]] = None) -> TrainResult:
-    """Train a set-up run; its process group is left together when the run ended well (else at once)."""
-    result = None
+    """Train a set-up run; its process group is left together when the run ended well (else at once). Once it
+    starts (after `on_start`), rank 0 gives its warnings (launch/notes.py), on stderr and in train.log."""
+    result, lines = None, []
+
+    def start() -> None:
+        if on_start is not None:
+            on_start()
+        for line in lines:
+            say(f"warning: {line}", logging.WARNING)
     try:
+        if setup.ranks.is_main:
+            lines = start_notes(setup.config, setup.device, setup.overrides)
         result = train_loop(setup.config, setup.run_dir, ranks=setup.ranks, device=setup.device, source=setup.source,
-                            resume_command=setup.resume_command, on_start=on_start)
+                            resume_command=setup.resume_command, on_start=start)
         return result
     finally:
         setup.ranks.destroy(together=result is not None and result.clean)
@@ -204,8 +210,7 @@ class HydraRun:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (until now it said nothing was saved: no longer true)
         self.accept()
         if self.auto_cpu and self.setup.ranks.is_main:  # said only when the run starts on it, not ahead of a mistake
-            to_stderr(CPU_NOTE)
-            to_files(CPU_NOTE, logging.INFO)
+            say(cpu_note(self.setup.config), logging.INFO)
 
     def accept(self) -> None:
         """The run goes ahead: .hydra/ written as Hydra writes it (rank 0), train.log's held lines let through."""
@@ -235,6 +240,12 @@ class HydraRun:
         self.held = []
         if self.setup and not self.accepted:
             self.setup.unclaim()
+
+
+def say(line: str, level: int) -> None:
+    """A line for the user before the first step: on stderr and in train.log."""
+    to_stderr(line)
+    to_files(line, level)
 
 
 def say_failure(f: Failed) -> int:

@@ -5,8 +5,10 @@ into it (checkpoint, Hugging Face, fine-tune). Attention lives in model/attentio
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
+from pathlib import Path
 
 import torch
 import torch.nn as nn
@@ -115,6 +117,22 @@ class GPT(nn.Module):
             if not self.config.tie_weights:
                 n -= self.transformer.wte.weight.numel()
         return n
+
+    @classmethod
+    def from_pretrained(cls, model_dir, override_args: dict | None = None) -> "GPT":
+        """nanoGPT's GPT.from_pretrained, from a local Hugging Face GPT-2, Llama or Qwen3 directory (config.json and
+        weights: model.hf reads them), in eval mode; `override_args`: nanoGPT's, {'dropout': p} only. tinygpt never
+        downloads: a Hub name such as 'gpt2' with no such directory is a ValueError with the download command."""
+        from model.hf import read_pretrained
+        from model.hub import looks_like_a_name, not_local
+        if not Path(str(model_dir)).expanduser().exists() and looks_like_a_name(str(model_dir)):
+            raise ValueError(not_local(str(model_dir), "GPT.from_pretrained('{}')"))
+        if unknown := sorted(set(override_args or {}) - {"dropout"}):
+            raise ValueError(f"override_args {unknown} cannot be set: a pretrained model's shape is its own; only "
+                             f"dropout can be (as in nanoGPT)")
+        config, sd = read_pretrained(model_dir)
+        config = dataclasses.replace(config, **(override_args or {}))
+        return model_with_weights(cls, config, sd, model_dir).eval()
 
     def _check_length(self, T: int) -> None:
         if T > self.config.block_size:

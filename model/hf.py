@@ -1,4 +1,4 @@
-"""The Hugging Face GPT-2 format both ways, locally (no network, no transformers package): read by from_pretrained
+"""The Hugging Face GPT-2 format both ways, locally (no network, no transformers package): read for GPT.from_pretrained
 (sample.py --init, eval.py --hf, fine-tuning), written for export.py. Our module names are GPT-2's, so the mapping
 is small.
 """
@@ -12,7 +12,6 @@ import torch
 from common.files import with_open_mode
 from model import hf_llama
 from model.config import GPTConfig
-from model.gpt import GPT, model_with_weights
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # names HF uses for the same tanh formula
@@ -105,15 +104,10 @@ def read_config(path) -> GPTConfig:
 
 
 def read_pretrained(path) -> tuple[GPTConfig, dict]:
-    """(our config, the weights in our names and layouts) of a local Hugging Face GPT-2 directory."""
+    """(our config, the weights in our names and layouts) of a local Hugging Face GPT-2 directory (124M to 1.5B;
+    Llama and Qwen3 through model.hf_llama): what model.gpt.GPT.from_pretrained loads."""
     config = read_config(path)
     return config, convert_hf_state_dict(load_hf_state_dict(Path(path).expanduser()), config)
-
-
-def from_pretrained(path) -> GPT:
-    """A local Hugging Face GPT-2 directory (config.json + weights, 124M to 1.5B) as a GPT in eval mode."""
-    config, sd = read_pretrained(path)
-    return model_with_weights(GPT, config, sd, path).eval()
 
 
 def hf_config(config: GPTConfig, vocab_size: int) -> dict:

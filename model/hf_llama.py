@@ -1,5 +1,5 @@
 """The Hugging Face Llama and Qwen3 formats both ways, locally (no transformers package): read for
-model.hf.from_pretrained (SmolLM2, Qwen3, ...), written for export.py; and which Hugging Face class, if any,
+GPT.from_pretrained (SmolLM2, Qwen3, ...), written for export.py; and which Hugging Face class, if any,
 expresses a model's settings. Our rotary is HF's rotate_half layout, so q_proj/k_proj copy with no permutation;
 the fused c_attn rows are [q; k; v] and swiglu's c_fc rows [gate; up] (docs/export_eval.md).
 """

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from common.cli import EXIT_BROKEN_PIPE, cli_main, exit_quietly_on_broken_pipe, in_keys, setting_error
+from common.cli import (EXIT_BROKEN_PIPE, ArgumentParser, cli_main, exit_quietly_on_broken_pipe, in_keys,
+                        nanogpt_init_from, setting_error)
 from tests.helpers import REPO
 
 
@@ -42,6 +43,28 @@ def test_mistakes_and_exit_codes_pass_through(capsys):
     assert cli_main(mistake, []) == 2 and capsys.readouterr().err == "error: --x 3 is invalid: use 2\n"
     assert cli_main(lambda argv: 0, []) == 0
     assert exit_quietly_on_broken_pipe(lambda: sys.exit(3)) == 3
+
+
+def test_another_spelling_of_a_flag_is_told_the_one_to_write():
+    """Issue 43: nanoGPT's flags (and ours with underscores) got argparse's "unrecognized arguments" in every CLI but
+    train.py; the parser tells the flag to write, the value quoted for the shell."""
+    p = ArgumentParser(prog="x.py", nanogpt={"out_dir": "--run", "init_from": nanogpt_init_from("--init")})
+    p.add_argument("--run")
+    p.add_argument("--init")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--compile", action="store_true")
+    for argv, said in ((["--max_new_tokens=5"], "x.py takes --max-new-tokens 5, not --max_new_tokens=5"),
+                       (["--out_dir", "a b", "--run", "c"], "x.py takes --run 'a b', not --out_dir a b"),
+                       (["--compile_it"], "unrecognized arguments: --compile_it"),  # no spelling of ours
+                       (["--compile_=1"], "unrecognized arguments: --compile_=1"),
+                       (["--compile=False"], "--compile=False: --compile takes no value: write --compile alone, or "
+                                             "leave it out"),
+                       (["--init_from=gpt2"], "x.py takes --init gpt2 (a local Hugging Face directory), not "
+                                              "--init_from=gpt2")):
+        with pytest.raises(ValueError) as info:
+            p.parse_args(argv)
+        assert str(info.value) == f"{said} (see python x.py --help)"
+    assert p.parse_args(["--max-new-tokens", "5", "--compile"]).max_new_tokens == 5
 
 
 @pytest.mark.slow

@@ -197,6 +197,29 @@ def test_eval_reads_what_export_wrote_and_hints_at_swapped_options(tmp_path, cap
         assert capsys.readouterr().err == line + "\n"
 
 
+def test_without_a_model_option_the_newest_run_is_scored_as_sample_py_does(tmp_path, capsys, char_run, monkeypatch):
+    """Issue 43: eval.py needed --run/--checkpoint/--hf where sample.py and explore.py take the newest run (and say
+    which, on stderr); `--hf gpt2` said "check the path" where sample.py --init gpt2 gave the download command; and
+    nanoGPT's --out_dir got no hint. One function answers each (checkpoint.file, common.cli)."""
+    monkeypatch.chdir(tmp_path)
+    newest = tmp_path / "outputs" / "2026-01-02" / "00-00-00"
+    newest.mkdir(parents=True)
+    (newest / "best.pt").write_bytes(char_run[0].read_bytes())
+    (tmp_path / "t.txt").write_text("KING:\nGood night")
+    assert eval_cli.main(["--file", "t.txt", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines()[0] == "using outputs/2026-01-02/00-00-00/best.pt (newest run)" and json.loads(out)["tokens"]
+    for args, line in ((["--hf", "gpt2"], "error: --hf gpt2 is not a local directory, and tinygpt never downloads "
+                                          "models: get it with `hf download openai-community/gpt2 config.json "
+                                          "model.safetensors --local-dir gpt2`, then use --hf gpt2"),
+                       (["--out_dir=out"], "error: eval.py takes --run out, not --out_dir=out (see python eval.py "
+                                           "--help)"),
+                       (["--text_key", "body"], "error: eval.py takes --text-key body, not --text_key body (see "
+                                                "python eval.py --help)")):
+        assert eval_cli.main(["--file", "t.txt", *args]) == 2
+        assert capsys.readouterr().err == line + "\n"
+
+
 def test_bpe_first_token_is_scored_after_endoftext(tmp_path, capsys, cache_with_gpt2):
     """lm-eval's loglikelihood_rolling definition: [<|endoftext|>] + text, every text token scored, all bytes."""
     from data.tokenizer import GPT2Tokenizer

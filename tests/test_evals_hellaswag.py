@@ -213,8 +213,8 @@ def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus, kin
     r = json.load(open(results))["results"]["tinygpt_hellaswag"]
     assert (r["acc,none"], r["acc_norm,none"]) == pytest.approx((ours["acc"], ours["acc_norm"])), proc.stdout
     (samples,) = glob.glob(str(tmp_path / "out" / "**" / "samples_*.jsonl"), recursive=True)
-    from model.hf import from_pretrained
-    model = from_pretrained(str(tmp_path / "hf"))
+    from model.gpt import GPT
+    model = GPT.from_pretrained(str(tmp_path / "hf"))
     for line in open(samples):
         s = json.loads(line)
         ex = hellaswag.parse_row(json.dumps(s["doc"]))

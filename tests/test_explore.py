@@ -301,7 +301,11 @@ def test_cli_errors_are_one_line(tmp_path, char_tok, capsys):
     cases = [(["--run", run, "--run", run, "--checkpoint", "x.pt"], "3 models given"),
              (["--run", run, "--port", "70000"], "--port 70000 is outside 0..65535"),
              (["--checkpoint", "missing.pt"], "checkpoint missing.pt does not exist"),
-             (["--init", run], "is a tinygpt training run")]
+             (["--init", run], "is a tinygpt training run"),
+             (["--init", "gpt2"], "--init gpt2 is not a local directory, and tinygpt never downloads models: get it "
+                                  "with `hf download openai-community/gpt2 config.json model.safetensors --local-dir "
+                                  "gpt2`, then use --init gpt2"),  # issue 43: it said "check the path"
+             (["--out_dir=out"], "explore.py takes --run out, not --out_dir=out")]  # nanoGPT's flag
     with socket.socket() as s:  # a port in use
         s.bind(("127.0.0.1", 0))
         s.listen()

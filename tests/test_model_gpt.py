@@ -250,3 +250,30 @@ def test_model_with_weights_takes_the_tensors_as_they_are(tie):
     assert torch.equal(model.eval()(x)[0], src.eval()(x)[0])
     half = model_with_weights(GPT, src.config, {k: v.half() for k, v in src.state_dict().items()}, "src")
     assert {p.dtype for p in half.parameters()} == {torch.float32}  # a float32 model, like a fresh one
+
+
+def test_from_pretrained_is_nanogpts_name_for_a_local_hf_directory(tmp_path, monkeypatch):
+    """Issue 43: nanoGPT's GPT.from_pretrained('gpt2') was an AttributeError. It loads a local Hugging Face
+    directory (model.hf reads it); a Hub name that is no directory here is one ValueError with the command that
+    downloads it (tinygpt never does); a nonexistent path is told as before (no config.json there)."""
+    from model.hf import write_pretrained
+    ours = _model(bias=True)
+    write_pretrained(ours, 32, tmp_path / "hf")
+    loaded = GPT.from_pretrained(tmp_path / "hf")
+    idx = torch.randint(0, 32, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        assert torch.allclose(loaded(idx)[0], ours.eval()(idx)[0], atol=1e-6)
+    assert not loaded.training and GPT.from_pretrained(str(tmp_path / "hf"), dict(dropout=0.1)).config.dropout == 0.1
+    with pytest.raises(ValueError, match=r"^override_args \['n_layer'\] cannot be set: a pretrained model's shape"):
+        GPT.from_pretrained(tmp_path / "hf", {"n_layer": 3})
+    monkeypatch.chdir(tmp_path)
+    for name, command in (("gpt2", "hf download openai-community/gpt2 config.json model.safetensors --local-dir gpt2"),
+                          ("HuggingFaceTB/SmolLM2-135M", "hf download HuggingFaceTB/SmolLM2-135M --local-dir "
+                                                         "SmolLM2-135M")):
+        with pytest.raises(ValueError) as info:
+            GPT.from_pretrained(name)
+        assert str(info.value) == (f"GPT.from_pretrained('{name}') is not a local directory, and tinygpt never "
+                                   f"downloads models: get it with `{command}`, then use GPT.from_pretrained("
+                                   f"'{name.rsplit('/', 1)[-1]}')")
+    with pytest.raises(FileNotFoundError, match="config.json not found"):
+        GPT.from_pretrained(tmp_path / "nope")

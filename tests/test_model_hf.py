@@ -13,7 +13,6 @@ import torch
 
 from model.gpt import GPT
 from model.generate import generate
-from model.hf import from_pretrained
 
 transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
 
@@ -47,7 +46,7 @@ def assert_parity(hf, ours):
 def test_safetensors_parity(hf_model, tmp_path):
     hf_model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").is_file()
-    model = from_pretrained(tmp_path)
+    model = GPT.from_pretrained(tmp_path)
     c = model.config
     assert (c.vocab_size, c.block_size, c.n_layer, c.n_head, c.n_embd, c.dropout) == (100, 32, 2, 2, 32, 0.0)
     assert model.lm_head.weight is model.transformer.wte.weight and not model.training
@@ -70,16 +69,16 @@ def write_bin_checkpoint(hf_model, path, *, strip_prefix=False, with_mask_buffer
 
 
 def test_pytorch_model_bin_parity(hf_model, tmp_path):
-    assert_parity(hf_model, from_pretrained(write_bin_checkpoint(hf_model, tmp_path / "bin")))
+    assert_parity(hf_model, GPT.from_pretrained(write_bin_checkpoint(hf_model, tmp_path / "bin")))
     original = write_bin_checkpoint(hf_model, tmp_path / "hub", strip_prefix=True, with_mask_buffers=True)
-    assert_parity(hf_model, from_pretrained(original))
+    assert_parity(hf_model, GPT.from_pretrained(original))
 
 
 def test_untied_head_parity(tmp_path):
     torch.manual_seed(1)
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(**HF_CONFIG, tie_word_embeddings=False)).eval()
     hf.save_pretrained(tmp_path)
-    model = from_pretrained(tmp_path)
+    model = GPT.from_pretrained(tmp_path)
     assert not model.config.tie_weights
     assert_parity(hf, model)
 
@@ -88,24 +87,24 @@ def test_pickled_objects_are_refused(hf_model, tmp_path):
     path = write_bin_checkpoint(hf_model, tmp_path / "evil")
     torch.save({"transformer.wte.weight": torch.zeros(1), "x": object()}, path / "pytorch_model.bin")
     with pytest.raises(ValueError, match="tensor-only"):
-        from_pretrained(path)
+        GPT.from_pretrained(path)
 
 
 def test_missing_and_mismatched_checkpoints(hf_model, tmp_path):
     with pytest.raises(FileNotFoundError, match="config.json"):
-        from_pretrained(tmp_path / "nope")
+        GPT.from_pretrained(tmp_path / "nope")
     hf_model.save_pretrained(tmp_path / "ok")
     (tmp_path / "ok" / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match="model.safetensors or pytorch_model.bin"):
-        from_pretrained(tmp_path / "ok")
+        GPT.from_pretrained(tmp_path / "ok")
     cfg = json.loads((tmp_path / "ok" / "config.json").read_text())
     bad = write_bin_checkpoint(hf_model, tmp_path / "bad")
     (bad / "config.json").write_text(json.dumps({**cfg, "n_layer": 3}))
     with pytest.raises(ValueError, match="do not match"):
-        from_pretrained(bad)
+        GPT.from_pretrained(bad)
     (bad / "config.json").write_text(json.dumps({**cfg, "activation_function": "relu"}))
     with pytest.raises(ValueError, match="activation_function"):
-        from_pretrained(bad)
+        GPT.from_pretrained(bad)
 
 
 def test_safetensors_without_package_gives_clear_error(hf_model, tmp_path, monkeypatch):
@@ -113,12 +112,12 @@ def test_safetensors_without_package_gives_clear_error(hf_model, tmp_path, monke
     monkeypatch.setitem(sys.modules, "safetensors", None)  # makes `import safetensors...` fail
     monkeypatch.setitem(sys.modules, "safetensors.torch", None)
     with pytest.raises(ValueError, match="pip install safetensors"):
-        from_pretrained(tmp_path)
+        GPT.from_pretrained(tmp_path)
 
 
 def test_loaded_model_generates_like_hf_greedy(hf_model, tmp_path):
     hf_model.save_pretrained(tmp_path)
-    model = from_pretrained(tmp_path)
+    model = GPT.from_pretrained(tmp_path)
     idx = torch.tensor([[1, 2, 3]])
     ours = generate(model, idx, 10, temperature=0)
     seq = idx
@@ -145,7 +144,7 @@ def load_hf(path):
 def test_hf_round_trip(hf_model, tmp_path):
     from model.hf import write_pretrained
     hf_model.save_pretrained(tmp_path / "in")
-    ours = from_pretrained(tmp_path / "in")
+    ours = GPT.from_pretrained(tmp_path / "in")
     write_pretrained(ours, ours.config.vocab_size, tmp_path / "out")
     back = load_hf(tmp_path / "out")
     assert_parity(back, ours)

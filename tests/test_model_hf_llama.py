@@ -18,7 +18,6 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from model import hf_llama
 from model.generate import generate
-from model.hf import from_pretrained
 
 transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
 tokenizers = pytest.importorskip("tokenizers")
@@ -88,7 +87,7 @@ CASES = {"llama_gqa_untied": ("llama", {}),
 def test_import_parity(tmp_path, case):
     kind, kw = CASES[case]
     d, hf = hub_dir(tmp_path / "hf", kind, **kw)
-    ours = from_pretrained(d)
+    ours = GPT.from_pretrained(d)
     c = ours.config
     assert (c.position, c.norm, c.mlp, c.qk_norm, c.norm_eps, c.rope_theta) == (
         "rope", "rmsnorm", "swiglu", kind == "qwen3", 1e-5, 5000.0)
@@ -106,7 +105,7 @@ def test_sharded_safetensors_and_greedy_decode(tmp_path):
     d, hf = hub_dir(tmp_path / "hf", "qwen3")
     hf.save_pretrained(tmp_path / "sharded", max_shard_size="40KB")
     assert (tmp_path / "sharded" / "model.safetensors.index.json").is_file()
-    ours = from_pretrained(tmp_path / "sharded")
+    ours = GPT.from_pretrained(tmp_path / "sharded")
     assert max_diff(ours, hf) <= TOL
     seq = idx = torch.tensor([[1, 2, 3]])
     for _ in range(20):  # past nothing: the cache's rotary offsets, step by step, against transformers' full pass
@@ -217,7 +216,7 @@ def test_export_parity(tmp_path, kw, cls):
     assert type(hf).__name__ == cls and hf.config.rope_parameters["rope_theta"] == 500.0
     assert (hf.lm_head.weight is hf.model.embed_tokens.weight) == ours.config.tie_weights
     assert max_diff(ours, hf, 70, 32) <= TOL
-    back = from_pretrained(tmp_path)  # and back: the same settings (the vocabulary is the real one)
+    back = GPT.from_pretrained(tmp_path)  # and back: the same settings (the vocabulary is the real one)
     same = dict(vocab_size=72, mlp_hidden=ours.config.mlp_size)  # the width is written out: intermediate_size
     assert {**back.config.to_dict(), **same} == {**ours.config.to_dict(), **same}
 
@@ -249,4 +248,4 @@ def test_gpt2_export_writes_eps_and_mlp_width(tmp_path):
     hf = load_hf(tmp_path)
     assert (hf.config.layer_norm_epsilon, hf.config.n_inner) == (1e-6, 48)
     assert max_diff(ours, hf, 64, 16) <= 1e-5
-    assert from_pretrained(tmp_path).config == ours.config
+    assert GPT.from_pretrained(tmp_path).config == ours.config

@@ -44,11 +44,11 @@ def test_the_last_row_is_the_models_output_and_every_row_the_textbooks(config):
 @pytest.mark.slow  # over ~1 s: transformers
 def test_imported_llama_and_qwen3_match_their_hidden_states(tmp_path):
     """What nnsight or TransformerLens read from transformers: lm_head(norm(hidden state of layer l))."""
-    from model.hf import from_pretrained
+    from model.gpt import GPT
     from tests.test_model_hf_llama import hub_dir
     for kind in ("llama", "qwen3"):
         d, hf = hub_dir(tmp_path / kind, kind)
-        ours = from_pretrained(d)
+        ours = GPT.from_pretrained(d)
         idx = torch.randint(0, hf.config.vocab_size, (1, 32), generator=torch.Generator().manual_seed(0))
         with torch.no_grad():
             out = hf(idx, output_hidden_states=True)

@@ -542,6 +542,26 @@ def test_init_with_a_model_name_says_how_to_get_the_weights(capsys, tmp_path, mo
     monkeypatch.chdir(tmp_path)
     assert_one_line_error(*sample_main(capsys, "--init", "gpt2")[::2], "--init gpt2 is not a local directory",
                           "hf download openai-community/gpt2 config.json model.safetensors --local-dir gpt2")
+    assert_one_line_error(*sample_main(capsys, "--init", "runs/exports/mine")[::2],  # a path: checked as one
+                          "--init runs/exports/mine does not exist: check the path")
+
+
+@pytest.mark.parametrize("args, fix", [
+    (["--out_dir=out-shakespeare-char"], "sample.py takes --run out-shakespeare-char, not --out_dir="),
+    (["--out_dir", "my runs/a"], "sample.py takes --run 'my runs/a', not --out_dir my runs/a"),
+    (["--start=ROMEO:"], "sample.py takes --prompt ROMEO:, not --start=ROMEO:"),
+    (["--start=FILE:prompt.txt"], "sample.py takes --prompt-file prompt.txt, not --start=FILE:prompt.txt"),
+    (["--num_samples=3", "--max_new_tokens=50"], "sample.py takes --num-samples 3, not --num_samples=3"),
+    (["--top_k", "200"], "sample.py takes --top-k 200, not --top_k 200"),
+    (["--init_from=gpt2-xl"], "sample.py takes --init gpt2-xl (a local Hugging Face directory)"),
+    (["--init_from=resume"], "sample.py takes --run DIR (the run directory: nanoGPT's out_dir)"),
+    (["--dtype=bfloat16"], "sample.py takes no dtype option"),
+    (["--compile=False"], "--compile=False: --compile takes no value: write --compile alone, or leave it out"),
+])
+def test_nanogpts_sample_flags_are_told_ours(capsys, args, fix):
+    """Issue 43: nanoGPT's `python sample.py --out_dir=... --start=...` got "unrecognized arguments" where train.py
+    translates nanoGPT's flags (launch/overrides.py): each gets the flag to write (common.cli.ArgumentParser)."""
+    assert_one_line_error(*sample_main(capsys, *args)[::2], fix)
 
 
 @pytest.mark.slow  # starts Python processes

@@ -27,7 +27,8 @@ def _no_traceback(proc):
 @pytest.mark.slow
 def test_run_with_overrides(tmp_path, tiny_corpus):
     proc = run_cli(["train.py", *TINY, "data=text", f"data.path={tiny_corpus}", "train.max_iters=4",
-                    "train.eval_interval=2", "hydra.run.dir=run"], cwd=tmp_path)
+                    "train.eval_interval=2", "hydra.run.dir=run", "optim=adamw", "optim.muon_momentum=0.9"],
+                   cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     _no_traceback(proc)
     run = tmp_path / "run"
@@ -39,9 +40,16 @@ def test_run_with_overrides(tmp_path, tiny_corpus):
     assert summary["type"] == "summary" and summary["status"] == "completed"
     if not torch.cuda.is_available():  # the automatic CPU preset said so, in one line, and was applied
         line = [ln for ln in proc.stderr.splitlines() if "no CUDA GPU found" in ln]
-        assert len(line) == 1 and "experiment=cpu" in line[0]
+        assert len(line) == 1 and "experiment=cpu (a 2-layer, 32-wide model with context 16, trained with AdamW)" \
+            in line[0]  # issue 43: what the run trains, not the preset's model and Muon
         assert line[0] in (run / "train.log").read_text()  # the log holds what the console said
         assert ck.load_checkpoint(run / "last.pt")["config"]["train"]["batch_size"] == 4
+    # issue 43: a setting the run does not read is one warning, once, on stderr and in train.log, before step 1
+    warning = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: ")]
+    assert warning == ["warning: optim.muon_momentum=0.9 does nothing with optim.name=adamw: Muon's settings apply "
+                       "to optim=muon only: add optim=muon to train with Muon, or drop it"]
+    log = (run / "train.log").read_text()
+    assert log.count(warning[0]) == 1 and log.index(warning[0]) < log.index("step 2/4")
 
 
 @pytest.mark.slow
@@ -72,7 +80,8 @@ def test_the_fine_tune_preset_without_a_source_is_one_line_before_any_run_dir(tm
     _no_traceback(proc)
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
     assert errors == ["error: model.init_from must be given: add model.init_from=PATH, a local Hugging Face GPT-2 "
-                      "directory (e.g. hf download gpt2 --local-dir gpt2) or a tinygpt run directory"]
+                      "directory (e.g. hf download openai-community/gpt2 config.json model.safetensors --local-dir "
+                      "gpt2) or a tinygpt run directory"]
     assert not (tmp_path / "outputs").exists()
 
 
@@ -177,13 +186,16 @@ def test_sigterm_saves_last_pt_and_exits_143(tmp_path, tiny_corpus):
 @pytest.mark.slow
 def test_sweep_gets_one_run_dir_per_job(tmp_path, tiny_corpus):
     proc = run_cli(["train.py", "-m", "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
-                    "train.max_iters=2", "train.eval_interval=2", "optim.lr=1e-3,3e-3", "hydra.sweep.dir=sweep"],
-                   cwd=tmp_path)
+                    "train.max_iters=2", "train.eval_interval=2", "optim.lr=1e-3,3e-3", "hydra.sweep.dir=sweep",
+                    "optim.cooldown_frac=0.3"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     runs = sorted(p for p in (tmp_path / "sweep").iterdir() if p.is_dir())
     assert [p.name for p in runs] == ["0", "1"]
     lrs = [ck.load_checkpoint(p / "last.pt")["config"]["optim"]["lr"] for p in runs]
     assert lrs == [1e-3, 3e-3]
+    # issue 43: each job gives its warnings (a setting it does not read), on stderr and in its train.log
+    assert proc.stderr.count("warning: optim.cooldown_frac=0.3 does nothing with optim.schedule=linear") == 2
+    assert all("warning: optim.cooldown_frac=0.3 does nothing" in (p / "train.log").read_text() for p in runs)
 
 
 @pytest.mark.slow

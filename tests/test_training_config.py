@@ -246,3 +246,71 @@ def test_the_gpu_experiment_is_the_baby_size_with_the_modern_decoder_and_muon():
     assert (o.name, o.warmup_iters, o.schedule) == ("muon", 0, "linear")
     assert (t.max_iters, t.eval_interval, t.eval_iters, t.batch_size, t.compile) == (1000, 125, 20, 64, False)
     assert to_dataclass(_compose("experiment=gpu", "model=tiny")).model.n_layer == 4  # a model= preset still wins
+
+
+# ------------------------------------------------------------- settings that do nothing, or may not be meant (issue 43)
+def _notes(given=(), **settings):
+    """training.config.notes of the schema's defaults (optim=adamw's) with `settings` ("optim.lr": 1e-3), `given`
+    as the keys the command line set."""
+    from training.config import notes
+    c = Config()
+    for key, value in settings.items():
+        group, name = key.split("__")
+        setattr(getattr(c, group), name, value)
+    return notes(to_dataclass(c), given)
+
+
+@pytest.mark.parametrize("overrides", [["experiment=cpu"], ["experiment=cpu", "optim=adamw"], ["experiment=gpu"],
+                                       ["experiment=cpu_nanogpt"], ["experiment=shakespeare_char"],
+                                       ["experiment=finetune_shakespeare"], ["experiment=gpt2_124m"]])
+def test_no_preset_warns_of_its_own_settings(overrides, tmp_path):
+    """A preset lists every key of its group (optim=adamw's cooldown_frac, finetune's min_lr under a constant rate,
+    experiment=cpu's muon_momentum after optim=adamw): only what the command line gives is told it does nothing."""
+    from launch.notes import given_keys
+    from training.config import notes
+    (tmp_path / "t.txt").write_text("x")
+    args = [*overrides, "model.init_from=gpt2", f"data.path={tmp_path / 't.txt'}"]
+    assert notes(to_dataclass(_compose(*args)), given_keys(args)) == []
+
+
+def test_a_warmup_as_long_as_the_run_is_told_with_the_rate_it_reaches():
+    """Issue 43: `train.max_iters=50` under a 100-step warmup trained at a fraction of optim.lr, silently. A warning,
+    not a refusal: a smoke run shorter than the preset's warmup is a fair thing to start."""
+    [note] = _notes(train__max_iters=50)
+    assert note == ("optim.warmup_iters=100 is not shorter than train.max_iters=50: the learning rate climbs to "
+                    "0.00099 at the last step, never reaching optim.lr=0.002 nor decaying; for the full schedule "
+                    "lower optim.warmup_iters (e.g. optim.warmup_iters=5)")
+    from training.optim import schedule
+    assert schedule(Config().optim, 50)(49) == pytest.approx(0.002 * 50 / 101)  # the note's rate: the last step's
+    assert _notes(train__max_iters=101) == []  # reaches its peak at step 100
+    assert "drops from optim.lr=0.002 to optim.min_lr=0.0002 as the warmup ends" in _notes(optim__decay_iters=80)[0]
+    assert "ends before its rate reaches optim.min_lr" in _notes(optim__decay_iters=3000)[0]
+
+
+def test_settings_the_chosen_optimizer_and_schedule_do_not_read_are_told_when_given():
+    """Issue 43: Muon's settings under optim=adamw did nothing, silently (and the like for the schedule's)."""
+    muon = dict(optim__muon_lr=0.05, optim__muon_ns_steps=3)
+    assert _notes(**muon) == []  # not given on the command line: a preset's values
+    assert _notes({"optim.muon_lr", "optim.muon_ns_steps"}, **muon) == [
+        "optim.muon_lr=0.05, optim.muon_ns_steps=3 do nothing with optim.name=adamw: Muon's settings apply to "
+        "optim=muon only: add optim=muon to train with Muon, or drop them"]
+    assert _notes({"optim.muon_lr"}, optim__name="muon", **muon) == []  # Muon reads them
+    assert _notes({"optim.cooldown_frac"}, optim__cooldown_frac=0.3) == [
+        "optim.cooldown_frac=0.3 does nothing with optim.schedule=cosine: it is schedule=wsd's cool-down: add "
+        "optim.schedule=wsd, or drop it"]
+    assert _notes({"optim.cooldown_frac"}, optim__cooldown_frac=0.3, optim__schedule="wsd") == []
+    assert _notes({"optim.min_lr"}, optim__schedule="constant", optim__min_lr=1e-4) == [
+        "optim.min_lr=0.0001 does nothing with optim.schedule=constant (the rate stays at optim.lr after the warmup): "
+        "choose a decaying optim.schedule (cosine, linear, wsd), or drop it"]
+    assert "train.grad_accum_steps does nothing with train.tokens_per_step=32768, which derives it (2 here)" in \
+        _notes({"train.grad_accum_steps"}, train__tokens_per_step=32768, train__grad_accum_steps=4)[0]
+
+
+def test_a_patience_the_run_cannot_reach_is_told():
+    """train.patience=2 with evaluations at 250, 500 and 750 of 1000 steps can stop the run (the best at 250, none
+    better by 750); at 500 of 1000 it never can."""
+    assert _notes(train__patience=2, train__max_iters=1000) == []
+    assert _notes(train__patience=2, train__max_iters=1000, train__eval_interval=400) == [
+        "train.patience=2 can never stop this run early: it evaluates 2 times before its last step, fewer than the 3 "
+        "an early stop needs (the best, then 2 without improvement): lower train.patience or train.eval_interval, or "
+        "drop train.patience"]

@@ -75,6 +75,17 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     assert (run_dir / "loss.png").is_file()
 
 
+def test_a_slow_first_step_is_told_before_the_first_log_interval(caplog):
+    """Issue 43: a GPU-sized run on a CPU printed nothing for minutes: the first step's time, when the first train
+    line is half a minute or more away (not for a quick step, a log every step, or the run's only step)."""
+    report = mt.RunLog(1000)
+    with caplog.at_level("INFO"):
+        for step, seconds, every in ((1, 14.2, 10), (1, 3.0, 10), (1, 60.0, 1), (1000, 60.0, 10)):
+            report.first_step(step, seconds, every)
+    assert caplog.messages == ["step 1/1000: took 14.2 s; the train loss is logged every 10 steps "
+                               "(train.log_interval)"]
+
+
 def test_flops_and_mfu():
     flops_per_token, mfu = mt.flops_per_token, mt.mfu
     # nanoGPT's GPT-2 small estimate: 6N + 12*L*H*Q*T

@@ -10,11 +10,12 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Iterator, Optional
+from typing import Any, Collection, Iterator, Optional
 
 from common.cli import in_keys
 from data.config import DataConfig
 from model.config import GPTConfig
+from model.hub import download_command
 from runtime.ranks import PARALLEL_MODES
 
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -23,6 +24,7 @@ SCHEDULES = ("cosine", "linear", "wsd", "constant")
 OPTIMIZERS = ("adamw", "muon")
 REQUIRED = "required"  # model.init_from in a preset that fine-tunes (YAML's ??? would not survive the merge)
 SEED_MAX = 2**32 - 1  # numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
+MUON_ONLY = ("muon_lr", "muon_momentum", "muon_ns_steps")  # optim keys that only optim.name=muon reads
 
 
 def baby() -> GPTConfig:
@@ -122,9 +124,8 @@ def validate(c: Config) -> None:
     m, o, t, lg = c.model, c.optim, c.train, c.logger
     _check(m.vocab_size is None, f"model.vocab_size={m.vocab_size} cannot be set: the vocabulary is the "
            f"tokenizer's (data.tokenizer, data.vocab_size), padded per model.pad_vocab_to")
-    _check(m.init_from not in ("", REQUIRED), "model.init_from must be given: add model.init_from=PATH, a local "
-           "Hugging Face GPT-2 directory (e.g. hf download gpt2 --local-dir gpt2) or a tinygpt run "
-           "directory")
+    _check(m.init_from not in ("", REQUIRED), f"model.init_from must be given: add model.init_from=PATH, a local "
+           f"Hugging Face GPT-2 directory (e.g. {download_command('gpt2')}) or a tinygpt run directory")
     _check(o.name in OPTIMIZERS, f"optim.name={o.name!r} is not known: use one of {', '.join(OPTIMIZERS)}")
     _check(_finite(o.lr) and o.lr > 0, f"optim.lr={o.lr} must be a positive number: e.g. optim.lr=1e-3")
     _check(_finite(o.min_lr) and o.min_lr >= 0, f"optim.min_lr={o.min_lr} must be >= 0: e.g. optim.min_lr=1e-4")
@@ -185,6 +186,51 @@ def validate(c: Config) -> None:
               if f.name != "name" and getattr(lg, f.name) != f.default]
     _check(lg.name is not None or not unused, f"{', '.join(unused)} has no effect without logger=wandb: add "
            f"logger=wandb to log to Weights & Biases, or drop it (metrics.jsonl is always written)")
+
+
+def notes(c: Config, given: Collection[str] = ()) -> list[str]:
+    """One line for each setting of a validated config that does nothing, or that may not be what was meant yet can
+    be (a smoke run shorter than the preset's warmup): the run's start logs each as a warning (docs/configuration.md,
+    "Warnings"). `given`: the keys the command line set. A setting that merely does nothing is told only when given
+    there, since a preset lists every key of its group whether the run reads it or not."""
+    o, t, out = c.optim, c.train, []
+    ignored = lambda keys: [f"{k}={getattr(o, k.split('.')[1])}" for k in keys if k in given]  # noqa: E731
+    if o.warmup_iters >= t.max_iters:
+        end = o.lr * t.max_iters / (o.warmup_iters + 1)  # lr_at(max_iters - 1): the last step's rate
+        out.append(f"optim.warmup_iters={o.warmup_iters} is not shorter than train.max_iters={t.max_iters}: the "
+                   f"learning rate climbs to {end:.3g} at the last step, never reaching optim.lr={o.lr:g}"
+                   f"{'' if o.schedule == 'constant' else ' nor decaying'}; for the full schedule lower "
+                   f"optim.warmup_iters (e.g. optim.warmup_iters={t.max_iters // 10})")
+    elif o.schedule != "constant" and o.decay_iters is not None and o.warmup_iters >= o.decay_iters:
+        out.append(f"optim.warmup_iters={o.warmup_iters} is not shorter than optim.decay_iters={o.decay_iters}: the "
+                   f"rate drops from optim.lr={o.lr:g} to optim.min_lr={o.min_lr:g} as the warmup ends, with no "
+                   f"decay: raise optim.decay_iters, or lower optim.warmup_iters")
+    elif o.schedule != "constant" and o.decay_iters is not None and o.decay_iters > t.max_iters:
+        out.append(f"optim.decay_iters={o.decay_iters} is beyond train.max_iters={t.max_iters}: the run ends before "
+                   f"its rate reaches optim.min_lr={o.min_lr:g} (as meant only if a resume with a larger "
+                   f"train.max_iters will finish it); null decays over train.max_iters")
+    if o.name != "muon" and (keys := ignored([f"optim.{k}" for k in MUON_ONLY])):
+        out.append(f"{', '.join(keys)} {'does' if len(keys) == 1 else 'do'} nothing with optim.name={o.name}: "
+                   f"Muon's settings apply to optim=muon only: add optim=muon to train with Muon, or drop "
+                   f"{'it' if len(keys) == 1 else 'them'}")
+    if o.schedule != "wsd" and (keys := ignored(["optim.cooldown_frac"])):
+        out.append(f"{keys[0]} does nothing with optim.schedule={o.schedule}: it is schedule=wsd's cool-down: add "
+                   f"optim.schedule=wsd, or drop it")
+    if o.schedule == "constant" and (keys := ignored(["optim.min_lr", "optim.decay_iters"])):
+        out.append(f"{', '.join(keys)} {'does' if len(keys) == 1 else 'do'} nothing with optim.schedule=constant "
+                   f"(the rate stays at optim.lr after the warmup): choose a decaying optim.schedule (cosine, linear, "
+                   f"wsd), or drop {'it' if len(keys) == 1 else 'them'}")
+    if t.tokens_per_step is not None and "train.grad_accum_steps" in given:
+        out.append(f"train.grad_accum_steps does nothing with train.tokens_per_step={t.tokens_per_step}, which "
+                   f"derives it ({t.grad_accum_steps} here): drop train.grad_accum_steps, or add "
+                   f"train.tokens_per_step=null to use it")
+    evals = (t.max_iters - 1) // t.eval_interval  # evaluations before the last step, where an early stop can happen
+    if t.patience is not None and evals <= t.patience:
+        out.append(f"train.patience={t.patience} can never stop this run early: it evaluates {evals} time"
+                   f"{'' if evals == 1 else 's'} before its last step, fewer than the {t.patience + 1} an early stop "
+                   f"needs (the best, then {t.patience} without improvement): lower train.patience or "
+                   f"train.eval_interval, or drop train.patience")
+    return out
 
 
 def _env_world_size() -> int:

@@ -138,6 +138,8 @@ class Trainer:
                     st.tokens += self.tokens_per_step
                     self.session_tokens += self.tokens_per_step
                     self.report.bar.update(1)
+                    if st.step == self.first_step + 1 and self.ranks.is_main:  # a slow device: a word before the log's
+                        self.report.first_step(st.step, time.perf_counter() - self.t_mark, t.log_interval)
                     if st.step % t.log_interval == 0 or st.step == t.max_iters:
                         self._log_train()
                     if st.step % t.eval_interval == 0 or st.step == t.max_iters:

@@ -189,6 +189,14 @@ class RunLog:
             self.bar.set_postfix_str(line, refresh=False)
         log.info(f"step {step}/{self.max_iters}: {line}", extra={"on_bar": on_bar})  # on the bar: train.log only
 
+    def first_step(self, step: int, seconds: float, log_interval: int) -> None:
+        """A session's first step, when the first train line is half a minute or more away (a CPU given a GPU-sized
+        run, a compile): how long it took, so that a run never sits silent for minutes."""
+        if log_interval > 1 and step < self.max_iters and seconds * (log_interval - 1) >= 30:
+            log.info(f"step {step}/{self.max_iters}: took {seconds:.1f} s; the train loss is logged every "
+                     f"{log_interval} steps (train.log_interval)", extra={"on_bar": self.bar is not None and
+                                                                          not self.bar.disable})  # (a bar shows it)
+
     def nothing_to_train(self, st: "TrainState", t) -> None:
         """A resumed run with no step left: why, and which setting continues it."""
         log.info(f"the checkpoint is at step {st.step} >= train.max_iters={t.max_iters}: nothing to train (raise "
