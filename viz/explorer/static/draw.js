@@ -100,7 +100,7 @@ const Draw = (() => {
       }
     }
     Object.assign(canvas.dataset, {origin: margin, cell, t: T, kind, scale});
-    if (key) colourKey(canvas, ctx, kind, sqrt, scale, margin + side + 14, margin, keyHeight);
+    if (key) colourKey(canvas, ctx, kind, sqrt, scale, margin + side + 14, margin + 6, keyHeight - 12);
   }
 
   // The colour key of a map: a bar from the top value's colour down to the bottom one's, and its ticks: weights 0 to
@@ -179,20 +179,26 @@ const Draw = (() => {
     canvas.dataset.row = row;
   }
 
-  // Loss against step: each series {name, colour, points: [[step, loss]]} joined, named in a key; the steps axis
-  // spans `domain` (every snapshot's step, so the mark always shows), the loss axis the losses; the step `mark` as a
-  // vertical line. The axes' ends go in the dataset.
+  // Loss against step: each series {name, colour, points: [[step, loss]]} joined, named in a key; the steps on a log
+  // scale (of 1 + step: the snapshots are log-spaced, so they spread evenly) spanning `domain` (every snapshot's step,
+  // so the mark always shows), the losses spanning theirs; the step `mark` as a vertical line. The axes' ends go in
+  // the dataset.
   function curve(canvas, series, mark, domain) {
     const w = canvas.width = 360, h = canvas.height = 220, pad = 36, ctx = canvas.getContext("2d");
     const losses = series.flatMap(s => s.points.map(p => p[1]));
-    const x0 = Math.min(...domain), x1 = Math.max(...domain), span = Math.max(1, x1 - x0);
+    const x0 = Math.min(...domain), x1 = Math.max(...domain), span = Math.max(1e-9, Math.log1p(x1) - Math.log1p(x0));
     const y0 = losses.length ? Math.min(...losses) : 0, y1 = Math.max(y0 + 1e-3, ...losses);
-    const X = s => pad + (s - x0) / span * (w - pad - 10), Y = v => 10 + (y1 - v) / (y1 - y0) * (h - pad - 10);
+    const X = s => pad + (Math.log1p(s) - Math.log1p(x0)) / span * (w - pad - 10);
+    const Y = v => 10 + (y1 - v) / (y1 - y0) * (h - pad - 10);
     ctx.fillStyle = "#fff";
     ctx.fillRect(0, 0, w, h);
     ctx.fillStyle = "#333";
     ctx.font = "11px sans-serif";
-    const labels = [[String(x0), pad, h - pad + 14], [`step ${x1}`, w - 60, h - pad + 14]];
+    const labels = [[String(x0), pad, h - pad + 14], [`step ${x1}`, w - 60, h - pad + 14],
+                    ["steps on a log scale", pad + 80, h - pad + 28]];
+    for (let t = 10; t < x1; t *= 10) { // the powers of ten between the ends, ticked
+      if (X(t) - X(x0) > 24 && X(x1) - X(t) > 64) labels.push([String(t), X(t) - 6, h - pad + 14]);
+    }
     labels.push(...(losses.length ? [[y1.toFixed(2), 2, 18], [y0.toFixed(2), 2, h - pad]]
                                   : [["no loss recorded", pad + 20, h / 2]]));
     for (const [text, x, y] of labels) ctx.fillText(text, x, y);
