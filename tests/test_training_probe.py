@@ -46,12 +46,17 @@ def test_probed_steps_are_step_0_and_a_log_scale_up_to_the_end():
     assert probe_steps(180, 0) == frozenset()
 
 
-def test_a_negative_probe_steps_is_one_line():
+def test_a_negative_or_idle_probe_steps_is_one_line():
     from training.config import Config, validate
+    for probe, steps, match in ((True, -1, r"^train.probe_steps=-1 must be >= 0: .*train.probe_steps=8 \(0: at "),
+                                (False, 20, r"^train.probe_steps=20 has no effect with train.probe=false: drop one")):
+        c = Config()
+        c.train.probe, c.train.probe_steps = probe, steps
+        with pytest.raises(ValueError, match=match):
+            validate(c)
     c = Config()
-    c.train.probe_steps = -1
-    with pytest.raises(ValueError, match=r"^train.probe_steps=-1 must be >= 0: .*train.probe_steps=8 \(0: at evaluations"):
-        validate(c)
+    c.train.probe = False
+    validate(c)  # (the default probe_steps: nothing to say)
 
 
 def test_a_snapshot_is_the_models_attention_and_lens(tmp_path):

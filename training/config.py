@@ -172,6 +172,8 @@ def validate(c: Config) -> None:
     t.resume = {"true": True, "false": False}.get(r.strip().lower(), r) if isinstance(r, str) else r
     _check(t.probe_steps >= 0, f"train.probe_steps={t.probe_steps} must be >= 0: snapshots on a log scale besides "
            "the evaluations, e.g. train.probe_steps=8 (0: at evaluations only)")
+    _check(t.probe or t.probe_steps == TrainConfig.probe_steps, f"train.probe_steps={t.probe_steps} has no effect "
+           "with train.probe=false: drop one of them")
     _check(t.probe_text != "", "train.probe_text='' is empty: give a text, or null (the validation split's start)")
     _check(t.probe or t.probe_text is None, f"train.probe_text={t.probe_text!r} has no effect with train.probe=false: "
            "drop one of them")

@@ -211,7 +211,7 @@ class Trainer:
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
 
     def _probe(self, loss: Optional[torch.Tensor] = None) -> None:
-        """A probe snapshot between evaluations, with this step's train loss (every rank: a collective)."""
+        """A probe snapshot between evaluations, with this step's train loss (`loss`: every rank, a collective)."""
         train_loss = None if loss is None else self.ranks.all_reduce_mean(loss.detach().clone()).item()  # (a sync)
         t0 = time.perf_counter()
         self.probe.record(self.model, self.state.step, train_loss=train_loss)
