@@ -40,7 +40,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--init", action=AddSource, metavar="HF_DIR", help="local Hugging Face GPT-2 directory")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = a free one)")
     p.add_argument("--host", default=LOCAL, help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--prompt", default="", metavar="TEXT", help="text the page starts with")
+    p.add_argument("--prompt", default="", metavar="TEXT",
+                   help="text the page starts with (default: the run's probe text, else a line of Shakespeare)")
     p.add_argument("--device", default="cpu", help="cpu (default), cuda, cuda:1, mps or auto")
     args = p.parse_args(argv)
     if len(args.sources) > 2:

@@ -21,11 +21,28 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(missing_browser() is not None
                                                    reason=f"no headless browser: {missing_browser()}")]
 
 
-@pytest.fixture
-def driver():
-    d = chromium_driver()
+@pytest.fixture(scope="module")
+def browser():
+    d = chromium_driver()  # one browser for the module's tests (it takes seconds to start); each loads its page
     yield d
     d.quit()
+
+
+@pytest.fixture
+def driver(browser):
+    browser.get_log("browser")  # (drained: what an earlier test's pages logged)
+    yield browser
+
+
+def type_prompt(driver, text: str) -> None:
+    """Type `text` over the box's (the page starts with a prompt), as a user does; until its map is drawn."""
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+    WebDriverWait(driver, 30).until(lambda d: d.execute_script("return S.info !== null"))
+    driver.find_element("id", "prompt").send_keys(Keys.CONTROL, "a")
+    driver.find_element("id", "prompt").send_keys(text)
+    WebDriverWait(driver, 30).until(lambda d: d.execute_script("return S.tokens.join('')") == text)
+    wait_for_map(driver)
 
 
 def hover(driver, canvas_id: str, q: int, k: int) -> str:
@@ -57,8 +74,7 @@ def test_page_end_to_end(tmp_path, char_tok, driver):
     with serve(views) as url:
         driver.get(url + "/")
         box = driver.find_element("id", "prompt")
-        box.send_keys(PROMPT)
-        wait_for_map(driver)
+        type_prompt(driver, PROMPT)
         T = len(PROMPT)
         assert len(driver.find_elements("css selector", "#chips .chip")) == T
         assert len(driver.find_elements("css selector", "#heads canvas")) == 2
@@ -189,8 +205,7 @@ def test_two_models_tokens_and_maps_always_agree(tmp_path, char_tok, driver):
     with serve(views) as url:
         driver.get(url + "/")
         box = driver.find_element("id", "prompt")
-        box.send_keys(PROMPT)
-        wait_for_map(driver)
+        type_prompt(driver, PROMPT)
         box.send_keys("e" * 15)  # 38 characters: A's context is 48, B's 32
         WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "error").is_displayed())
         assert driver.find_element("id", "error").text == ("error: model B: the text is 38 tokens, longer than the "
@@ -276,3 +291,107 @@ def cell_text(token: str) -> str:
     """The page's cell text: whitespace made visible (draw.js's Draw.visible), at most 6 characters."""
     v = token.replace("\n", "⏎").replace("\t", "⇥").replace(" ", "·") or "∅"
     return v if len(v) <= 6 else v[:5] + "…"
+
+
+def probed_run(path, tok):
+    """A tiny run with probe snapshots, as training records them: at steps 30 and 60 with the step's train loss,
+    at 90 (an evaluation) with the val loss."""
+    from tests.helpers import tiny_model
+    from training.probe import ProbeRecorder
+    run = tiny_run(path, tok)
+    recorder = ProbeRecorder(run, "ROMEO:\nThe", tok.encode("ROMEO:\nThe"), tok.vocab_size, writes=True)
+    for step, loss in ((30, {"train_loss": 3.5}), (60, {"train_loss": 2.75}), (90, {"val_loss": 2.0})):
+        recorder.record(tiny_model(tok.vocab_size + 3, step, n_layer=3, block_size=32), step, **loss)
+    return run
+
+
+def first_load(driver, url: str, text: str | None = None) -> None:
+    """Open the page (and show `text`, else type nothing); until its map and its timeline (at the last step) are
+    drawn."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    driver.get(url + "/")
+    if text is not None:
+        show(driver, text)
+    WebDriverWait(driver, 15).until(lambda d: d.execute_script("return S.ids.length > 0"))
+    wait_for_map(driver)
+    WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "tl-map").get_attribute("data-step") == "90")
+
+
+def pixel(driver, canvas_id: str, x: float, y: float) -> list[int]:
+    return driver.execute_script("return [...$(arguments[0]).getContext('2d').getImageData(arguments[1], arguments[2],"
+                                 " 1, 1).data].slice(0, 3)", canvas_id, x, y)
+
+
+def test_the_first_load_shows_every_panel(tmp_path, char_tok, driver):
+    """Nothing typed: the page starts with the run's probe text (the timeline's), so every panel shows something at
+    once: the chips, the map and the three steps, the heads, the next-token bars, the lens and the timeline."""
+    views = load_views([("run", str(probed_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
+    with serve(views) as url:
+        first_load(driver, url)
+        text = "ROMEO:\nThe"
+        assert driver.find_element("id", "prompt").get_attribute("value") == text
+        assert len(driver.find_elements("css selector", "#chips .chip")) == len(text)
+        assert driver.execute_script("return ['map', 'scores', 'masked', 'softmax'].map(id => +$(id).dataset.t)") == \
+            [len(text)] * 4
+        assert len(driver.find_elements("css selector", "#heads canvas")) == 2
+        assert driver.execute_script("return NEXT.length") == 20
+        assert len(driver.find_elements("css selector", "#lens td")) == 4 * len(text)
+        assert driver.find_element("id", "timeline").is_displayed()
+        assert console_errors(driver) == []
+
+
+def test_maps_and_the_lens_have_a_colour_key(tmp_path, char_tok, driver):
+    """Each map's canvas carries its key (so its PNG does too): weights from 0 (viridis' purple, the bottom) to 1 (its
+    yellow, the top), each tick at the colour that weight gets, square-root scale or not; scores and differences from
+    -scale (blue) to +scale (red); the lens grids say their colour is the top token's probability."""
+    views = load_views([("run", str(probed_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
+    with serve(views) as url:
+        first_load(driver, url, PROMPT)
+
+        def key(canvas_id):
+            return driver.execute_script("const d = $(arguments[0]).dataset; return [+d.keyX + 6, +d.keyTop, "
+                                         "+d.keyBar, d.ticks.split(' ').map(Number)]", canvas_id)
+
+        for canvas_id, ticks in (("map", [0, 0.05, 0.2, 0.5, 1]), ("tl-map", [0, 0.05, 0.2, 0.5, 1]),
+                                 ("softmax", [0, 0.25, 0.5, 0.75, 1])):
+            x, top, bar, shown = key(canvas_id)
+            assert shown == ticks, canvas_id
+            assert pixel(driver, canvas_id, x, top) == [253, 231, 37] and \
+                pixel(driver, canvas_id, x, top + bar - 1) == [68, 1, 84]
+        x, top, bar, _ = key("map")
+        at = pixel(driver, "map", x, top + round((1 - 0.2 ** 0.5) * (bar - 1)))  # the 0.2 tick, on the sqrt scale
+        want = driver.execute_script("const c = document.createElement('canvas'); Draw.heatmap(c, [0.2], 1, "
+                                     "{kind: 'weights', sqrt: true, key: false}); return [...c.getContext('2d')"
+                                     ".getImageData(5, 5, 1, 1).data].slice(0, 3)")  # a one-cell map of weight 0.2
+        assert max(abs(a - b) for a, b in zip(at, want)) <= 4, (at, want)
+        driver.find_element("id", "sqrt").click()  # off: the map's key goes linear
+        assert key("map")[3] == [0, 0.25, 0.5, 0.75, 1]
+        for canvas_id in ("scores", "masked"):
+            x, top, bar, ticks = key(canvas_id)
+            scale = float(driver.find_element("id", canvas_id).get_attribute("data-scale"))
+            assert ticks[0] == -ticks[-1] and ticks[-1] == pytest.approx(scale, rel=0.05) and ticks[2] == 0
+            assert pixel(driver, canvas_id, x, top) == [178, 24, 43] and \
+                pixel(driver, canvas_id, x, top + bar - 1) == [58, 103, 204]
+        for grid in ("lens", "tl-lens"):
+            assert driver.find_element("css selector", f"#{grid} .key").text == \
+                "colour: the top token's probability, 0 1"
+        assert console_errors(driver) == []
+
+
+def test_the_loss_chart_spans_the_snapshots_and_says_which_loss(tmp_path, char_tok, driver):
+    """Snapshots at steps 30 and 60 (the step's train loss) and 90 (an evaluation's val loss): the chart's steps run
+    from 30 to 90, not from 0, its losses from 2.0 to 3.5, so step 30's point is the top left corner; the status
+    line says which loss a step has."""
+    views = load_views([("run", str(probed_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
+    with serve(views) as url:
+        first_load(driver, url, PROMPT)
+        assert driver.execute_script("const d = $('tl-curve').dataset; return [d.x0, d.x1, d.y0, d.y1]") == \
+            ["30", "90", "2", "3.5"]
+        assert pixel(driver, "tl-curve", 36, 10) == [31, 119, 180]  # the train loss series' colour
+        timeline = driver.find_element("id", "timeline")
+        assert "step 90 · val loss 2.0000 · head 0" in timeline.text
+        driver.execute_script("$('tl-slider').value = 0; $('tl-slider').dispatchEvent(new Event('input'))")
+        from selenium.webdriver.support.ui import WebDriverWait
+        WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "tl-map").get_attribute("data-step") == "30")
+        assert "step 30 · train loss 3.5000 (the step's batch) · head 0" in timeline.text
+        assert console_errors(driver) == []

@@ -250,22 +250,23 @@ def test_the_lens_ends_in_the_models_own_next_token_distribution(one):
 
 def test_probes_of_a_run_without_snapshots_are_an_empty_list(one):
     url, _ = one
-    assert get(url, "/api/probes") == (200, {"text": "", "tokens": [], "steps": [], "val_loss": []})
+    assert get(url, "/api/probes") == (200, {"text": "", "tokens": [], "steps": [], "val_loss": [], "train_loss": []})
     assert get(url, "/api/probes/0") == (404, {"error": "no probe snapshot at step 0: GET /api/probes lists the "
                                                         "steps recorded"})
 
 
 def test_probes_list_the_steps_and_answer_each_recorded_one(one):
-    """GET /api/probes: the probe, its steps and the val loss at each; GET /api/probes/STEP: the snapshot's weights
-    and lens; any other step or path is a 404 line."""
+    """GET /api/probes: the probe, its steps and the loss at each (val at an evaluation, else the step's train loss,
+    null where none); GET /api/probes/STEP: the snapshot's weights and lens; any other step or path is a 404 line."""
     from tests.test_viz_probes import snapshot
     from viz import probes
     url, views = one
     run, V = views[0].run_dir, views[0].tokenizer.vocab_size
-    for step in (0, 50):
-        probes.write_snapshot(run, step, **{**snapshot(step, L=3, H=2, T=5, V=V), "ids": views[0].encode("ROMEO")})
-    assert get(url, "/api/probes") == (200, {"text": "ROMEO", "tokens": list("ROMEO"), "steps": [0, 50],
-                                             "val_loss": [4.0, 3.5]})
+    for step, losses in ((0, {"val_loss": None}), (20, {"val_loss": None, "train_loss": 3.75}), (50, {})):
+        probes.write_snapshot(run, step, **{**snapshot(step, L=3, H=2, T=5, V=V), "ids": views[0].encode("ROMEO"),
+                                            **losses})
+    assert get(url, "/api/probes") == (200, {"text": "ROMEO", "tokens": list("ROMEO"), "steps": [0, 20, 50],
+                                             "val_loss": [None, None, 3.5], "train_loss": [None, 3.75, None]})
     status, out = get(url, "/api/probes/50")
     want = snapshot(50, L=3, H=2, T=5, V=V)
     assert status == 200 and out["step"] == 50
@@ -278,3 +279,28 @@ def test_probes_list_the_steps_and_answer_each_recorded_one(one):
         status, out = get(url, path)
         assert status == 404 and set(out) == {"error"}, path
     assert post(url, {}, "/api/probes")[0] == 404
+
+
+def test_the_page_starts_with_the_runs_probe_text_else_a_line_every_model_takes(tmp_path, char_tok, tiny_corpus):
+    """So that the first load shows every panel: the probe text of model A's run (the text its timeline shows),
+    else a stock line every model can take (the tiny runs' context of 32 takes only its "ROMEO:"), else none; a
+    prompt given (--prompt) wins."""
+    from data.tokenizer import CharTokenizer
+    from tests.test_viz_probes import snapshot
+    from viz import probes
+    from viz.explorer.model_view import STOCK_PROMPTS, first_prompt
+    cpu = torch.device("cpu")
+    run = tiny_run(tmp_path / "run", char_tok)
+    views = load_views([("run", str(run))], cpu)
+    assert first_prompt(views) == "ROMEO:"
+    with serving(views) as srv:
+        assert srv.prompt == "ROMEO:"
+    full = CharTokenizer(tiny_corpus.read_text() + STOCK_PROMPTS[0])
+    assert first_prompt(load_views([("run", str(tiny_run(tmp_path / "wide", full, block_size=64)))], cpu)) == \
+        STOCK_PROMPTS[0]
+    lower = load_views([("run", str(tiny_run(tmp_path / "lower", CharTokenizer("the king is good\n"))))], cpu)
+    assert first_prompt(lower) == "" and first_prompt([*views, *lower]) == ""  # (B cannot take it)
+    probes.write_snapshot(run, 3, **{**snapshot(3, L=3, H=2, T=8), "text": "The king", "ids": char_tok.encode("The king")})
+    assert first_prompt(views) == "The king"
+    with serving(views) as srv, serving(views, "KING:") as given:
+        assert (srv.prompt, given.prompt) == ("The king", "KING:")

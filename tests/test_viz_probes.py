@@ -1,5 +1,5 @@
 """viz/probes.py: the probe snapshot files: safetensors with JSON metadata (no pickle), half precision, each standing alone (its probe
-and val loss in it), atomic, listed by step in order, and a resumed run's later steps dropped."""
+and loss in it: val, train or none), atomic, listed by step in order, and a resumed run's later steps dropped."""
 from __future__ import annotations
 
 import json
@@ -47,3 +47,22 @@ def test_drop_after_keeps_the_steps_a_resumed_run_continues_from(tmp_path):
     assert probes.steps(tmp_path) == [0, 3, 6]
     probes.drop_after(tmp_path, -1)  # a new run: none
     assert probes.steps(tmp_path) == []
+
+
+def test_a_snapshot_says_which_loss_it_holds(tmp_path):
+    """val_loss at an evaluation, else train_loss (the step's), else neither; a file written before train_loss reads
+    as having none; a NaN is refused (strict JSON: the page's parser would reject the file's listing)."""
+    import pytest
+    from safetensors.torch import save_file
+    probes.write_snapshot(tmp_path, 7, **{**snapshot(7), "val_loss": None, "train_loss": 2.5})
+    probes.write_snapshot(tmp_path, 0, **{**snapshot(0), "val_loss": None})
+    assert [(s["val_loss"], s["train_loss"]) for s in (probes.read_snapshot(tmp_path, 7, tensors=False),
+                                                       probes.read_snapshot(tmp_path, 0, tensors=False))] == [
+        (None, 2.5), (None, None)]
+    old = {"step": 9, "text": "R", "ids": [0], "val_loss": 1.5}
+    save_file({"attention": torch.zeros(1, 1, 1, 1).half()}, tmp_path / "probes" / "step_000009.safetensors",
+              metadata={"probe": json.dumps(old)})
+    assert probes.read_snapshot(tmp_path, 9, tensors=False) == {**old, "train_loss": None}
+    with pytest.raises(ValueError):
+        probes.write_snapshot(tmp_path, 8, **{**snapshot(8), "val_loss": None, "train_loss": float("nan")})
+    assert probes.steps(tmp_path) == [0, 7, 9]

@@ -70,6 +70,7 @@ class TrainConfig:
     hellaswag: Optional[str] = None  # a HellaSwag jsonl also scored at each evaluation (evals/hellaswag.py)
     probe: bool = True  # record attention and logit lens on one text at each evaluation (RUN/probes/, the explorer)
     probe_text: Optional[str] = None  # that text (null: the first min(64, block_size) tokens of the validation split)
+    probe_steps: int = 8  # and at step 0 and this many steps log-spaced up to max_iters (0: at evaluations only)
 
 
 @dataclass
@@ -170,6 +171,10 @@ def validate(c: Config) -> None:
     _check(isinstance(r, bool) or (isinstance(r, str) and r.strip() != ""),
            f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
     t.resume = {"true": True, "false": False}.get(r.strip().lower(), r) if isinstance(r, str) else r
+    _check(t.probe_steps >= 0, f"train.probe_steps={t.probe_steps} must be >= 0: snapshots on a log scale besides "
+           "the evaluations, e.g. train.probe_steps=8 (0: at evaluations only)")
+    _check(t.probe or t.probe_steps == TrainConfig.probe_steps, f"train.probe_steps={t.probe_steps} has no effect "
+           "with train.probe=false: drop one of them")
     _check(t.probe_text != "", "train.probe_text='' is empty: give a text, or null (the validation split's start)")
     _check(t.probe or t.probe_text is None, f"train.probe_text={t.probe_text!r} has no effect with train.probe=false: "
            "drop one of them")

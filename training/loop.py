@@ -26,7 +26,7 @@ from training.config import Config, train_keys
 from training.metrics import RunLog
 from training.optim import build_optimizer, schedule, set_lr
 from training.precision import setup_precision
-from training.probe import ProbeRecorder
+from training.probe import ProbeRecorder, probe_steps
 from training.state import LossWindow, RNGState, TrainResult, TrainState, seed_all
 from training.step import (CompileGuard, EvalInterrupted, TrainingDiverged, compile_regions, eval_stats,
                            train_step)
@@ -96,7 +96,8 @@ class Trainer:
         self.resumed = self.ckpt.resume(t.resume) is not None
         self.probe = t.probe and ProbeRecorder.start(self.run_dir, t.probe_text, self.tokenizer,
                                                      self.prepared.token_files()[1], m.block_size, ranks,
-                                                     self.state.step, self.resumed)
+                                                     self.state.step, self.resumed,
+                                                     probe_steps(t.max_iters, t.probe_steps))
         self.window.start(self.state.step)
         self.compiled = resolve_compile(t.compile, device)
         if self.compiled:  # its blocks and output, as regions (training/step.py): the steps still call step_model
@@ -127,6 +128,8 @@ class Trainer:
             with progress_bar(t.max_iters, st.step, show=self.ranks.is_main and sys.stderr.isatty()) as self.report.bar:
                 if st.eval_pending or (t.eval_at_start and not self.resumed):  # pending: a stop cut it short
                     self._eval_and_save(save=st.eval_pending and st.step > 0)  # as the straight run did it
+                elif self.probe and not self.resumed and 0 in self.probe.steps:
+                    self._probe()  # the model before training (or the one fine-tuning starts from)
                 while st.step < t.max_iters and not self.early_stopped and not self.stop.agreed():
                     set_lr(self.optimizer, self.lr_at(st.step))
                     loss = self.guard.run("train", lambda: train_step(
@@ -144,6 +147,8 @@ class Trainer:
                         self._log_train()
                     if st.step % t.eval_interval == 0 or st.step == t.max_iters:
                         self._eval_and_save()
+                    elif self.probe and st.step in self.probe.steps:
+                        self._probe(loss)
                 self.stop.finish()  # the stop all-reduce still in flight (every rank has one)
                 if self.window.n or self.stop.signum is not None:
                     self._log_train(write=self.stop.signum is None)
@@ -206,6 +211,13 @@ class Trainer:
         if self.probe:  # what the model does with the probe text now (training/probe.py)
             self.probe.record(self.model, step, stats["val"]["loss"])
         self.t_mark += time.perf_counter() - t0  # evals and saves do not count as training time
+
+    def _probe(self, loss: Optional[torch.Tensor] = None) -> None:
+        """A probe snapshot between evaluations, with this step's train loss (`loss`: every rank, a collective)."""
+        train_loss = None if loss is None else self.ranks.all_reduce_mean(loss.detach().clone()).item()  # (a sync)
+        t0 = time.perf_counter()
+        self.probe.record(self.model, self.state.step, train_loss=train_loss)
+        self.t_mark += time.perf_counter() - t0  # as an evaluation's: not training time
 
     def _save(self, step: int, best: bool = False) -> None:  # every rank calls it (collectives); never diverged weights
         if not self.ranks.weights_finite(self.model.parameters()):

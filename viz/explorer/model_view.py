@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from model.lens import top_of_lens
+from viz import probes
 
 TOP_N = 20  # bars in the next-token panel
 
@@ -158,6 +159,25 @@ class ModelView:
         if not torch.isfinite(probs).all():
             raise NonFiniteError("the model computed NaN or infinity in the logit lens: are its weights finite?")
         return probs.cpu(), top_ids.cpu()
+
+
+STOCK_PROMPTS = ("ROMEO:\nBut soft, what light through yonder window breaks?", "ROMEO:")
+
+
+def first_prompt(views: list) -> str:
+    """The text the page starts with when none is given: model A's run's probe text (what its timeline shows), else
+    a line of the Shakespeare the presets train on, the first that every model can take ("": none can)."""
+    run = views[0].run_dir
+    recorded = probes.steps(run) if run is not None else []
+    probe = [probes.read_snapshot(run, recorded[0], tensors=False)["text"]] if recorded else []
+    for text in (*probe, *STOCK_PROMPTS):
+        try:
+            for view in views:
+                view.encode(text)
+        except ValueError:
+            continue
+        return text
+    return ""
 
 
 def load_source(kind: str | None, path: str | None, device):

@@ -22,7 +22,7 @@ import torch
 from common.cli import failure_reason
 from viz import probes
 from viz.explorer import guard
-from viz.explorer.model_view import ModelView, next_tokens, token_text
+from viz.explorer.model_view import ModelView, first_prompt, next_tokens, token_text
 from viz.explorer.request import FIELDS, LENS_FIELDS, RequestError, parse_request
 
 MAX_BODY = 64 * 1024
@@ -105,13 +105,14 @@ def lens_json(req: dict) -> bytes:
 
 
 def probes_json(view: ModelView, step: str | None) -> bytes:
-    """Model A's run's probe snapshots (viz/probes.py): the probe, its steps and val losses, or one step's."""
+    """Model A's run's probe snapshots (viz/probes.py): the probe, its steps and losses (val at an evaluation, else
+    the step's train loss; null where none), or one step's."""
     recorded = probes.steps(view.run_dir) if view.run_dir is not None else []
     if step is None:  # (the metadata only: the tensors are not read)
         snaps = [probes.read_snapshot(view.run_dir, s, tensors=False) for s in recorded]
         first = snaps[0] if snaps else {"text": "", "ids": []}
         return to_json({"text": first["text"], "tokens": [token_text(view.tokenizer, i) for i in first["ids"]],
-                        "steps": recorded, "val_loss": [s["val_loss"] for s in snaps]})
+                        "steps": recorded, **{k: [s[k] for s in snaps] for k in ("val_loss", "train_loss")}})
     if int(step) not in recorded:
         raise RequestError(f"no probe snapshot at step {step[:20]}: GET /api/probes lists the steps recorded", 404)
     snap = probes.read_snapshot(view.run_dir, int(step))
@@ -254,5 +255,6 @@ class ExplorerServer(ThreadingHTTPServer):
 
 def make_server(views: list[ModelView], host: str = "127.0.0.1", port: int = 8000,
                 prompt: str = "") -> ExplorerServer:
-    """A bound server (port 0: a free one, see server.server_address); OSError when the port is taken."""
-    return ExplorerServer((host, port), views, prompt)
+    """A bound server (port 0: a free one, see server.server_address); OSError when the port is taken. The page
+    starts with `prompt`, or else first_prompt's, so that its first load shows every panel."""
+    return ExplorerServer((host, port), views, prompt or first_prompt(views))

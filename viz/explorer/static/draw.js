@@ -1,6 +1,7 @@
 // Drawing for the attention explorer: heat maps on canvas (one pixel per cell, scaled up without smoothing, so
-// 256 x 256 and more draw in a few milliseconds), the masked future drawn as hatched cells, the next-token bars,
-// the loss curve, and a panel's canvases exported as one PNG. No library, no network.
+// 256 x 256 and more draw in a few milliseconds), the masked future drawn as hatched cells, each map's colour key on
+// its canvas (so a PNG keeps it), the next-token bars, the loss curve, and a panel's canvases exported as one PNG.
+// No library, no network.
 "use strict";
 
 const Draw = (() => {
@@ -31,17 +32,18 @@ const Draw = (() => {
     return ctx.createPattern(p, "repeat");
   }
 
-  // Heat map of a T x T matrix `m` (row = query, column = key) onto `canvas`.
+  // Heat map of a T x T matrix `m` (row = query, column = key) onto `canvas`, its colour key on the right.
   // opts: kind "weights" | "scores" | "masked" | "diff"; sqrt (weights); labels (token strings); side (px);
-  // the canvas keeps what hovering needs in its dataset: origin, cell size, T.
+  // key (default true; false: a thumbnail's, none). The canvas keeps what hovering needs in its dataset: origin,
+  // cell size, T.
   function heatmap(canvas, m, T, opts) {
-    const kind = opts.kind, masked = kind !== "scores";
+    const kind = opts.kind, masked = kind !== "scores", key = opts.key !== false;
     const fit = (opts.side || 512) / T; // whole pixels per cell, or a fraction when T exceeds the side
     const cell = Math.min(fit >= 1 ? Math.floor(fit) : fit, opts.maxCell || 28);
     const labels = opts.labels && cell >= 10 ? opts.labels : null;
-    const margin = labels ? 56 : 2, side = Math.round(cell * T);
-    canvas.width = margin + side + 2;
-    canvas.height = margin + side + 2;
+    const margin = labels ? 56 : 2, side = Math.round(cell * T), keyHeight = Math.max(side, 90);
+    canvas.width = margin + side + 2 + (key ? KEY_WIDTH : 0);
+    canvas.height = margin + (key ? keyHeight : side) + 2;
     const ctx = canvas.getContext("2d");
     ctx.fillStyle = "#fff";
     ctx.fillRect(0, 0, canvas.width, canvas.height);
@@ -98,6 +100,41 @@ const Draw = (() => {
       }
     }
     Object.assign(canvas.dataset, {origin: margin, cell, t: T, kind, scale});
+    if (key) colourKey(canvas, ctx, kind, sqrt, scale, margin + side + 14, margin + 6, keyHeight - 12);
+  }
+
+  // The colour key of a map: a bar from the top value's colour down to the bottom one's, and its ticks: weights 0 to
+  // 1 (on the square-root scale the ticks sit where their colours are), scores and differences -scale to +scale (the
+  // largest |value| drawn), and where the future is masked a hatched swatch. Its place and ticks go in the dataset.
+  const KEY_WIDTH = 76;
+  function colourKey(canvas, ctx, kind, sqrt, scale, x, top, height) {
+    const weights = kind === "weights", masked = kind !== "scores", bar = masked ? height - 24 : height;
+    const colour = f => { // f in [0, 1]: the bar's colour at that height (1: the top)
+      const p = weights ? VIR[Math.round(f * 255)] : DIV[Math.round(f * 510)];
+      return `rgb(${p & 255},${(p >>> 8) & 255},${(p >>> 16) & 255})`;
+    };
+    for (let y = 0; y < bar; y++) {
+      ctx.fillStyle = colour(1 - y / (bar - 1));
+      ctx.fillRect(x, top + y, 12, 1);
+    }
+    const ticks = !weights ? [-1, -0.5, 0, 0.5, 1] : sqrt ? [0, 0.05, 0.2, 0.5, 1] : [0, 0.25, 0.5, 0.75, 1];
+    const text = t => (weights ? String(t) : t === 0 ? "0" : (t * scale).toPrecision(2));
+    ctx.fillStyle = "#333";
+    ctx.font = "10px sans-serif";
+    ctx.textAlign = "left";
+    ctx.textBaseline = "middle";
+    for (const t of ticks) {
+      const y = top + Math.round((1 - (weights ? (sqrt ? Math.sqrt(t) : t) : (t + 1) / 2)) * (bar - 1));
+      ctx.fillRect(x + 12, y, 4, 1);
+      ctx.fillText(text(t), x + 19, y);
+    }
+    if (masked) {
+      ctx.fillStyle = hatch(ctx);
+      ctx.fillRect(x, top + height - 14, 12, 12);
+      ctx.fillStyle = "#333";
+      ctx.fillText("masked", x + 16, top + height - 8);
+    }
+    Object.assign(canvas.dataset, {keyX: x, keyTop: top, keyBar: bar, ticks: ticks.map(text).join(" ")});
   }
 
   function shortLabel(s) {
@@ -142,25 +179,45 @@ const Draw = (() => {
     canvas.dataset.row = row;
   }
 
-  // Val loss against step (the evaluations' points joined), the step `mark` as a vertical line.
-  function curve(canvas, points, mark) {
+  // Loss against step: each series {name, colour, points: [[step, loss]]} joined, named in a key; the steps on a log
+  // scale (of 1 + step: the snapshots are log-spaced, so they spread evenly) spanning `domain` (every snapshot's step,
+  // so the mark always shows), the losses spanning theirs; the step `mark` as a vertical line. The axes' ends go in
+  // the dataset.
+  function curve(canvas, series, mark, domain) {
     const w = canvas.width = 360, h = canvas.height = 220, pad = 36, ctx = canvas.getContext("2d");
-    const x1 = Math.max(1, ...points.map(p => p[0])), y0 = Math.min(...points.map(p => p[1]));
-    const y1 = Math.max(y0 + 1e-3, ...points.map(p => p[1]));
-    const X = s => pad + s / x1 * (w - pad - 10), Y = v => 10 + (y1 - v) / (y1 - y0) * (h - pad - 10);
+    const losses = series.flatMap(s => s.points.map(p => p[1]));
+    const x0 = Math.min(...domain), x1 = Math.max(...domain), span = Math.max(1e-9, Math.log1p(x1) - Math.log1p(x0));
+    const y0 = losses.length ? Math.min(...losses) : 0, y1 = Math.max(y0 + 1e-3, ...losses);
+    const X = s => pad + (Math.log1p(s) - Math.log1p(x0)) / span * (w - pad - 10);
+    const Y = v => 10 + (y1 - v) / (y1 - y0) * (h - pad - 10);
     ctx.fillStyle = "#fff";
     ctx.fillRect(0, 0, w, h);
     ctx.fillStyle = "#333";
     ctx.font = "11px sans-serif";
-    for (const [text, x, y] of [[y1.toFixed(2), 2, 18], [y0.toFixed(2), 2, h - pad], [0, pad, h - pad + 14],
-                                [`step ${x1}`, w - 60, h - pad + 14]]) ctx.fillText(text, x, y);
-    for (const [colour, line] of [["#f4b400", [[mark, y0], [mark, y1]]], ["#ff7f0e", points]]) {
-      ctx.strokeStyle = ctx.fillStyle = colour;
-      ctx.beginPath();
-      line.forEach(([s, v]) => ctx.lineTo(X(s), Y(v)));
-      ctx.stroke();
+    const labels = [[String(x0), pad, h - pad + 14], [`step ${x1}`, w - 60, h - pad + 14],
+                    ["steps on a log scale", pad + 80, h - pad + 28]];
+    for (let t = 10; t < x1; t *= 10) { // the powers of ten between the ends, ticked
+      if (X(t) - X(x0) > 24 && X(x1) - X(t) > 64) labels.push([String(t), X(t) - 6, h - pad + 14]);
     }
-    for (const [s, v] of points) ctx.fillRect(X(s) - 3, Y(v) - 3, 6, 6); // (in the last colour: the points')
+    labels.push(...(losses.length ? [[y1.toFixed(2), 2, 18], [y0.toFixed(2), 2, h - pad]]
+                                  : [["no loss recorded", pad + 20, h / 2]]));
+    for (const [text, x, y] of labels) ctx.fillText(text, x, y);
+    ctx.strokeStyle = "#f4b400";
+    ctx.beginPath();
+    ctx.moveTo(X(mark), 10);
+    ctx.lineTo(X(mark), h - pad);
+    ctx.stroke();
+    series.filter(s => s.points.length).forEach((s, i) => {
+      ctx.strokeStyle = ctx.fillStyle = s.colour;
+      ctx.beginPath();
+      s.points.forEach(([step, v]) => ctx.lineTo(X(step), Y(v)));
+      ctx.stroke();
+      for (const [step, v] of s.points) ctx.fillRect(X(step) - 3, Y(v) - 3, 6, 6);
+      ctx.fillRect(w - 150, 14 + 14 * i, 12, 3); // the key, top right (where a falling loss leaves room)
+      ctx.fillStyle = "#333";
+      ctx.fillText(s.name, w - 134, 18 + 14 * i);
+    });
+    Object.assign(canvas.dataset, {x0, x1, y0, y1});
   }
 
   // All canvases of a panel side by side (captions under them) as one PNG download.

@@ -152,7 +152,7 @@ function renderHeads(grid, att, T, sqrt, map) { // thumbnails of a layer's heads
     fig.className = "thumb" + (h === S.head ? " selected" : "");
     const c = document.createElement("canvas");
     c.setAttribute("aria-label", `layer ${S.layer} head ${h}`);
-    Draw.heatmap(c, headOf(att, h, T), T, {kind: "weights", sqrt, side: 96, maxCell: 8});
+    Draw.heatmap(c, headOf(att, h, T), T, {kind: "weights", sqrt, side: 96, maxCell: 8, key: false});
     fig.appendChild(c);
     const cap = document.createElement("figcaption");
     cap.textContent = `head ${h}`;

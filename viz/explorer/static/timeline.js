@@ -1,5 +1,6 @@
 // The training timeline: a run's probe snapshots (GET /api/probes) under a step slider and a play button: at the step,
-// the layer's heads, the head's map and the probe text's logit lens beside the val loss curve (no snapshots: hidden).
+// the layer's heads, the head's map and the probe text's logit lens beside the loss curve (the val loss of the
+// evaluations, the train loss of the steps between), no snapshots: hidden.
 "use strict";
 
 const TL = {info: null, snaps: new Map(), i: 0, playing: false};
@@ -36,14 +37,22 @@ async function play() { // from the first step (or where the slider is), one ste
   $("play").textContent = "play";
 }
 
+function lossAt(i) { // a snapshot's loss, and which: the evaluation's val loss, else the step's train loss
+  const {val_loss: val, train_loss: train} = TL.info;
+  if (val[i] !== null) return `val loss ${val[i].toFixed(4)}`;
+  return train[i] !== null ? `train loss ${train[i].toFixed(4)} (the step's batch)` : "no loss (no evaluation)";
+}
+
 function renderTimeline() {
   const snap = TL.info && TL.snaps.get(TL.info.steps[TL.i]);
   if (!snap) return;
-  const {steps, val_loss: val, tokens} = TL.info, step = steps[TL.i], T = tokens.length;
+  const {steps, val_loss: val, train_loss: train, tokens} = TL.info, step = steps[TL.i], T = tokens.length;
   const size = S.info.models[0].n_head * T * T, att = snap.att.subarray(S.layer * size, (S.layer + 1) * size);
   $("tl-layer").textContent = S.layer;
-  $("tl-status").textContent = `step ${step} · val loss ${val[TL.i].toFixed(4)} · head ${S.head}`;
-  Draw.curve($("tl-curve"), steps.map((s, i) => [s, val[i]]), step);
+  $("tl-status").textContent = `step ${step} · ${lossAt(TL.i)} · head ${S.head}`;
+  const points = losses => steps.map((s, i) => [s, losses[i]]).filter(p => p[1] !== null);
+  Draw.curve($("tl-curve"), [{name: "val loss", colour: "#ff7f0e", points: points(val)},
+                             {name: "train loss (a batch)", colour: "#1f77b4", points: points(train)}], step, steps);
   Draw.heatmap($("tl-map"), headOf(att, S.head, T), T, {kind: "weights", sqrt: $("sqrt").checked, side: 380});
   renderHeads($("tl-heads"), att, T, $("sqrt").checked, "tl-map");
   Lens.grid($("tl-lens"), snap.lens, tokens);
