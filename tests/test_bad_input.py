@@ -10,6 +10,7 @@ reused by every row through TINYGPT_CACHE, so no row prepares data twice.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import random
@@ -114,7 +115,9 @@ ROWS = [
     ("train-missing-corpus", ["train.py", *TINY, "data=text", "data.path={inputs}/missing.txt"],
      ["data.path={inputs}/missing.txt does not exist", "give an existing text file"], {}, []),
     ("train-too-short-corpus", ["train.py", *TINY, "data=text", "data.path={inputs}/short.txt"],
-     ["split has only", "block_size=32 needs at least 33", "use more text"], {}, []),
+     ["the text is too small to train on: the train split has only 11 tokens and the val split has only 2 tokens",
+      "model.block_size=32 needs at least 33 in each split", "use a longer text (at least 330 tokens with "
+      "data.val_fraction=0.1; the text: {inputs}/short.txt)"], {}, []),
     # --- training: configuration
     ("train-unknown-key", [*TRAIN, "train.max_iter=5"],
      ["unknown config key 'train.max_iter'", "did you mean train.max_iters?"], {}, []),
@@ -202,9 +205,9 @@ ROWS = [
      ["{inputs}/empty.parquet is empty (no rows)", "give a text file with some content"], {}, []),
     ("prepare-jsonl-text-not-a-string", [*PREPARE, "--path", "{inputs}/number.jsonl"],
      ["number.jsonl line 2: its 'text' is a number (int), not a string", "set --text-key <the field"], {}, []),
-    ("prepare-directory-of-unknown-files", [*PREPARE, "--path", "{inputs}/csv"],
-     ["has no .txt files (nor .jsonl, .parquet or a datasets save_to_disk directory; it has 2 .csv)",
-      "convert your text to one of these"], {}, []),
+    ("prepare-directory-of-compressed-files", [*PREPARE, "--path", "{inputs}/gz"],
+     ["has no .txt files (nor .jsonl, .json, .csv, .parquet, .arrow or a datasets save_to_disk directory; it has "
+      "2 .gz)", "decompress them first (.gz files are compressed)"], {}, []),
     ("prepare-pyarrow-not-installed", [*PREPARE, "--path", "{inputs}/good.parquet"],
      ["good.parquet is a parquet file: reading it needs pyarrow, which is not installed: pip install pyarrow"],
      {"PYTHONPATH": "{inputs}/no_pyarrow" + os.pathsep + str(REPO)}, []),
@@ -256,7 +259,7 @@ ROWS = [
 
 
 def _columnar_inputs(inputs: Path) -> None:
-    """Parquet files with a wrong column, a cut-short shard, no rows; a jsonl with a number; csv files; no pyarrow."""
+    """Parquet files with a wrong column, a cut-short shard, no rows; a jsonl with a number; gzip files; no pyarrow."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     pq.write_table(pa.table({"body": ["some text"], "n": [5]}), inputs / "columns.parquet")
@@ -267,9 +270,9 @@ def _columnar_inputs(inputs: Path) -> None:
     (inputs / "shards" / "001.parquet").write_bytes(good[: len(good) // 2])
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), inputs / "empty.parquet")
     (inputs / "number.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
-    (inputs / "csv").mkdir()
-    for name in ("a.csv", "b.csv"):
-        (inputs / "csv" / name).write_text("text\nhello\n")
+    (inputs / "gz").mkdir()
+    for name in ("a.txt.gz", "b.txt.gz"):
+        (inputs / "gz" / name).write_bytes(gzip.compress(b"hello\n"))
     (inputs / "no_pyarrow" / "pyarrow").mkdir(parents=True)
     (inputs / "no_pyarrow" / "pyarrow" / "__init__.py").write_text("raise ImportError(\"No module named 'pyarrow'\")\n")
 
