@@ -78,6 +78,8 @@ def project(tmp_path_factory) -> Path:
     (p / "run" / "train.log").write_text("[..][INFO] step 2/2: ...\n")
     last = (p / "run" / "last.pt").read_bytes()
     (inputs / "half.pt").write_bytes(last[: len(last) // 2])
+    (inputs / "kept").mkdir()  # a trained model kept without its last.pt: a new run must not overwrite it
+    (inputs / "kept" / "best.pt").write_bytes((p / "run" / "best.pt").read_bytes())
     assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png"} <= {f.name for f in (p / "run").iterdir()}
     import export
     assert export.main(["--hf", str(p / "export"), "--run", str(p / "run")]) == 0  # an HF export of the run
@@ -152,6 +154,10 @@ ROWS = [
       "choose another hydra.run.dir"], {}, []),
     ("train-existing-run-without-resume", [*TRAIN, "hydra.run.dir={run}"],
      ["{run} already holds last.pt", "continue it with train.resume=true", "choose another hydra.run.dir"], {}, []),
+    ("train-run-dir-with-only-best-pt", [*TRAIN, "hydra.run.dir={inputs}/kept"],
+     ["{inputs}/kept already holds best.pt from an earlier run, which a new run would overwrite: choose another "
+      "hydra.run.dir (to train on from it: train.resume={inputs}/kept/best.pt), or move it out of {inputs}/kept "
+      "(nothing was overwritten)"], {}, []),
     ("train-run-dir-in-use", [*TRAIN, "hydra.run.dir={busy}", "train.resume=true"],
      ["hydra.run.dir={busy} is in use by another training run (pid {pid} on host", "wait for it to finish",
       "choose another hydra.run.dir"], {}, []),
