@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, is_sharded_checkpoint,
-                             link_checkpoint, read_checkpoint, remove_stale_temp_files, save_checkpoint,
-                             tokens_per_step)
+from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, instead,
+                             is_sharded_checkpoint, link_checkpoint, read_checkpoint, remove_stale_temp_files,
+                             save_checkpoint, tokens_per_step)
 from common.files import remove_quietly, replace, temp_path
 from model.gpt import check_weights, clean_state_dict
 
@@ -66,7 +66,7 @@ class CheckpointManager:
         loader_step = self.states["loader"].state_dict()["step"] if self.states.get("loader") else self.last_step
         if loader_step != self.last_step:
             raise ValueError(f"checkpoint {path} is inconsistent (step {self.last_step}, loader at step "
-                             f"{loader_step}): it is corrupt; use another checkpoint")
+                             f"{loader_step}): it is corrupt; {instead(path)}")
         self.config_diff = _config_diff(ckpt.get("config") or {}, self.meta["config"])
         self.source_tokens_per_step = tokens_per_step(ckpt)
         return self.last_step
