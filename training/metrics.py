@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from common.files import atomic_write
-from common.platform import command_line
+from common.platform import command_line, script
 from model.device import device_name
 
 if TYPE_CHECKING:
@@ -238,4 +238,4 @@ class RunLog:
         if status == "completed":
             done = f"best val loss {best:.4f} at step {st.best_step}" if st.best_step is not None else "no evaluation"
             log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in {format_duration(round(wall, 3))}, "
-                     f"{done}; sample with: {command_line(['python', 'sample.py', '--run', str(run_dir)])}")
+                     f"{done}; sample with: {command_line(['python', script('sample.py'), '--run', str(run_dir)])}")
