@@ -96,7 +96,8 @@ class CheckpointManager:
     def _load_file_weights(self, ckpt: dict, path: Path) -> None:
         model, optimizer = self.states["model"], self.states["optimizer"]
         if ckpt.get("optimizer") is None:
-            raise ValueError(f"checkpoint {path} has no optimizer state, so it cannot be resumed: start a new run")
+            raise ValueError(f"checkpoint {path} has no optimizer state, so it cannot be resumed: start a new run "
+                             f"from its weights with model.init_from={path} instead of train.resume")
         if self.sharded:
             from checkpoint import sharded
             sharded.load_full_model_state(model, ckpt["model"], str(path))
@@ -154,6 +155,9 @@ def resume_checkpoint(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[P
         path = last if file_step >= 0 and file_step >= _step(shard) else shard
     elif last.is_file():
         path = last
+    elif _step(d / "best.pt", resumable=True) >= 0:  # a run kept without its last.pt: its best.pt resumes
+        raise CheckpointError(f"{'train.resume=true but ' * (spec is True)}{d} has no last.pt, but its best.pt (step "
+                         f"{_step(d / 'best.pt')}) can be resumed: give train.resume={d / 'best.pt'}")
     elif spec is True:
         raise ValueError(f"train.resume=true but {d} has no last.pt (every run gets a new directory): pass the "
                          f"earlier run's directory with hydra.run.dir=<run dir> train.resume=true, or give "

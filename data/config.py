@@ -177,7 +177,7 @@ def _expand(given: str) -> tuple[list[Path], list[str] | None]:
     p = Path(os.path.expanduser(given))
     if not p.exists():
         raise setting_error("{path=}{0} does not exist (looked at {1}): give an existing text file or a directory "
-                            "of .txt, .jsonl or .parquet files", given, p.absolute(), cls=FileNotFoundError)
+                            "of such files ({2})", given, p.absolute(), ", ".join(FORMATS), cls=FileNotFoundError)
     if not p.is_dir():
         return [p], None
     from data.columnar import saved_dataset  # pyarrow-free, but only a directory needs it

@@ -37,7 +37,7 @@ def header(dtype: np.dtype, count: int, vocab_size: int) -> bytes:
 
 
 def _fix_hint(path: Path) -> str:
-    return f"delete {path.parent} so it is prepared again (or run python -m data.prepare)"
+    return f"delete {path.parent} so that the next run prepares it again"  # (data.prepare alone: the default set)
 
 
 class TokenFile:

@@ -182,7 +182,8 @@ def test_resume_refusals_name_the_fix(tmp_path):
                                          r"n_layer=2: resume with the checkpoint's model settings \(model.n_layer=2\)"):
         manager(meta={**_meta(m), "model_config": {**m.config.to_dict(), "n_layer": 3}}).resume(True)
     ck.save_checkpoint({**torch.load(run / "last.pt", weights_only=True), "optimizer": None}, run / "last.pt")
-    with pytest.raises(ValueError, match="has no optimizer state, so it cannot be resumed"):
+    with pytest.raises(ValueError, match=r"has no optimizer state, so it cannot be resumed: start a new run from its "
+                                         rf"weights with model.init_from={run / 'last.pt'} instead of train.resume$"):
         manager().resume(True)
     (run / "last.pt").unlink()
     assert manager().resume(False) is None  # a fresh run
@@ -249,6 +250,15 @@ def test_resume_checkpoint_picks_the_freshest_resumable_one(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="is a directory without last.pt or last_dcp/"):
         resume_checkpoint(str(tmp_path / "empty"), run)
+    # issue 43: a run kept without its last.pt: its best.pt is named, not "<path to last.pt>"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    save_checkpoint({**meta, "model": m.state_dict(), "optimizer": opt.state_dict(), "step": 4}, kept / "best.pt")
+    for spec, said in ((True, "train.resume=true but "), (str(kept), "")):
+        with pytest.raises(CheckpointError, match=rf"^{said}{kept} has no last.pt, but its best.pt \(step 4\) can be "
+                                                  rf"resumed: give train.resume={kept / 'best.pt'}$"):
+            resume_checkpoint(spec, kept)
+    assert resume_checkpoint(str(kept / "best.pt"), tmp_path)[0] == kept / "best.pt"
 
 
 def test_overwrite_refusal(tmp_path):

@@ -34,7 +34,8 @@ def test_directory_of_txt_files_sorted(tmp_path):
 
 def test_missing_empty_and_no_txt(tmp_path):
     one_line_error(FileNotFoundError, DataConfig(name="text", path=str(tmp_path / "nope.txt")),
-                    f"path={tmp_path / 'nope.txt'} does not exist")
+                    f"path={tmp_path / 'nope.txt'} does not exist", "a directory of such files (.txt, .jsonl, .json, "
+                    ".csv, .parquet, .arrow)")
     one_line_error(ValueError, DataConfig(name="text", path=str(write(tmp_path, "e.txt", ""))), "e.txt is empty")
     d = tmp_path / "d"
     d.mkdir()

@@ -59,7 +59,9 @@ def test_token_file_damage_is_detected(bins, damage, match):
     with pytest.raises(ValueError, match=match) as ei:
         TokenFile(bins[0])
     msg = str(ei.value)
-    assert "\n" not in msg and str(bins[0]) in msg and "delete" in msg
+    assert "\n" not in msg and str(bins[0]) in msg
+    # issue 43: not "or run python -m data.prepare", which prepares the default data set, not this one
+    assert msg.endswith(f": delete {bins[0].parent} so that the next run prepares it again"), msg
 
 
 def test_ids_outside_the_vocabulary_are_refused(bins):
