@@ -156,8 +156,8 @@ def resume_checkpoint(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[P
     elif last.is_file():
         path = last
     elif _step(d / "best.pt", resumable=True) >= 0:  # a run kept without its last.pt: its best.pt resumes
-        raise CheckpointError(f"{'train.resume=true but ' * (spec is True)}{d} has no last.pt, but its best.pt (step "
-                         f"{_step(d / 'best.pt')}) can be resumed: give train.resume={d / 'best.pt'}")
+        raise CheckpointError(f"{'train.resume=true but ' * (spec is True)}{d} has no last.pt, but its best.pt "
+                              f"(step {_step(d / 'best.pt')}) can be resumed: give train.resume={d / 'best.pt'}")
     elif spec is True:
         raise ValueError(f"train.resume=true but {d} has no last.pt (every run gets a new directory): pass the "
                          f"earlier run's directory with hydra.run.dir=<run dir> train.resume=true, or give "
@@ -185,7 +185,7 @@ RUN_OUTPUTS = ("metrics.jsonl", "loss.png", "probes")  # what a run writes besid
 # viz.probes), all replaced by a new run; .hydra/, train.log and .lock are not: the run's own (Hydra made them for it)
 
 
-def earlier_run(run_dir: str | os.PathLike) -> list[str]:
+def _earlier_run(run_dir: str | os.PathLike) -> list[str]:
     """What in `run_dir` a new run would overwrite: its checkpoints (last.pt, best.pt, any *.pt, sharded dirs),
     metrics.jsonl, loss.png and probe snapshots; [] for a new or empty directory, or one of a run stopped before
     its first step (it trained nothing: rerunning its command must work)."""
@@ -200,22 +200,22 @@ def earlier_run(run_dir: str | os.PathLike) -> list[str]:
 
 def _before_step_1(d: Path) -> bool:
     """Whether `d`'s metrics.jsonl is a tinygpt run's that stopped before step 1: every record at step 0 (a torn
-    last line aside); its loss.png and probes/ (a step-0 snapshot) are then that run's too."""
+    last line aside), or none (killed before its first); its loss.png and probes/ (step 0) are then that run's too."""
     try:
         lines = [ln for ln in (d / RUN_OUTPUTS[0]).read_text(encoding="utf-8").splitlines() if ln.strip()]
         records = [json.loads(ln) for ln in lines[:-1]]
-        with contextlib.suppress(ValueError):
+        with contextlib.suppress(ValueError, IndexError):  # (none at all: a run killed before its first record)
             records.append(json.loads(lines[-1]))
-    except (OSError, ValueError, IndexError):  # none, not text, not JSON lines: not a run's that trained nothing
+    except (OSError, ValueError):  # none, not text, not JSON lines: not a run's that trained nothing
         return False
-    return bool(records) and all(isinstance(r, dict) and r.get("type") in ("train", "eval", "summary") and
-                                 r.get("step") == 0 for r in records)
+    return (bool(records) or not lines) and all(isinstance(r, dict) and r.get("type") in ("train", "eval", "summary")
+                                                and r.get("step") == 0 for r in records)
 
 
 def overwrite_refusal(run_dir: str | os.PathLike, key: str = "hydra.run.dir") -> str | None:
     """Why a new run (train.resume=false) must not start in `run_dir`, given as the setting `key`: it holds an
-    earlier run's files (earlier_run). One line: what is there, and the flag or directory to use instead."""
-    found = earlier_run(run_dir)
+    earlier run's files (_earlier_run). One line: what is there, and the flag or directory to use instead."""
+    found = _earlier_run(run_dir)
     if not found:
         return None
     if _resumable(found):  # go on with it
@@ -238,7 +238,7 @@ def sweep_refusal(sweep_dir: str | os.PathLike) -> str | None:
     """Why a new sweep must not start in `sweep_dir`: a job directory in it holds an earlier run's files."""
     d = Path(sweep_dir)
     for job in sorted(p for p in d.iterdir() if p.is_dir()) if d.is_dir() else ():
-        if found := earlier_run(job):
+        if found := _earlier_run(job):
             again = ", or resume that sweep with train.resume=true" if _resumable(found) else ""
             return (f"hydra.sweep.dir={sweep_dir} holds an earlier sweep's runs ({job} holds {found[0]}): choose "
                     f"another hydra.sweep.dir{again} (nothing was overwritten)")

@@ -321,7 +321,8 @@ def test_a_new_run_never_overwrites_an_earlier_runs_files(tmp_path):
     (stopped / "probes" / "step_000010.safetensors").rename(stopped / "probes" / "step_000000.safetensors")
     (stopped / "loss.png").write_bytes(b"png")
     step0 = [{"type": "eval", "step": 0, "val_loss": 4.2}, {"type": "summary", "status": "stopped", "step": 0}]
-    for records, tail, refused in ((step0, "", False), (step0, '{"type": "tra', False), ([], "", True),
+    for records, tail, refused in ((step0, "", False), (step0, '{"type": "tra', False), ([], "", False),
+                                   ([], "my notes", True),
                                    ([*step0, {"type": "train", "step": 2}], "", True), ([{"step": 0}], "", True)):
         (stopped / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
         assert (overwrite_refusal(stopped) is not None) == refused, records
