@@ -22,8 +22,9 @@ OLD_DCP_META = "tinygpt.pt"  # its torch.save form before 2026-11-27, still read
 LAST_DCP = "last_dcp"
 BEST_DCP = "best_dcp"
 HF_CONFIG = "config.json"  # what makes a directory a Hugging Face model directory
-NOT_A_CHECKPOINT = "{} is not a PyTorch checkpoint (unreadable pickle data): use a last.pt or best.pt written by train.py"
-CORRUPT = "checkpoint {} is truncated or corrupt ({}): use another checkpoint, e.g. best.pt, or train again"
+NOT_A_CHECKPOINT = "{} is not a PyTorch checkpoint (unreadable pickle data): {}"
+WRITTEN_BY_TRAIN = "use a last.pt or best.pt written by train.py"
+CORRUPT = "checkpoint {} is truncated or corrupt ({}): {}, or train again"
 
 
 class CheckpointError(ValueError):
@@ -112,8 +113,7 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     if p.is_dir():
         raise CheckpointError(f"{p} is a directory, not a checkpoint file: give {p / 'last.pt'} or {p / 'best.pt'}")
     if p.stat().st_size == 0:
-        raise CheckpointError(f"checkpoint {p} is empty (0 bytes; an interrupted copy?): use another checkpoint, "
-                              f"e.g. best.pt, or train again")
+        raise CheckpointError(f"checkpoint {p} is empty (0 bytes; an interrupted copy?): {instead(p)}, or train again")
     try:
         if p.name == DCP_META:  # a sharded checkpoint's metadata (JSON; ValueError: not what tinygpt writes)
             from checkpoint.meta import read_meta
@@ -127,35 +127,49 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
             raise CheckpointError(f"checkpoint {p} contains a pickled Python object{f' ({m[1]})' if m else ''}, "
                                   f"which tinygpt refuses to load (torch.load weights_only=True, for safety): use a "
                                   f"checkpoint written by tinygpt's train.py") from None
-        raise CheckpointError(NOT_A_CHECKPOINT.format(p)) from None
+        raise CheckpointError(NOT_A_CHECKPOINT.format(p, instead(p, WRITTEN_BY_TRAIN))) from None
     except OSError as e:
         if e.errno in (errno.EACCES, errno.EPERM, errno.ENOENT, errno.EISDIR, errno.EIO):
             raise CheckpointError(f"cannot read checkpoint {p}: {e.strerror or e}: check the path and its "
                                   f"permissions") from None
-        raise CheckpointError(CORRUPT.format(p, e.strerror or e)) from None  # EINVAL: a seek past a cut archive
+        raise CheckpointError(CORRUPT.format(p, e.strerror or e, instead(p))) from None  # EINVAL: seek past the end
     except (EOFError, RuntimeError) as e:
         msg = str(e) or type(e).__name__
         if isinstance(e, EOFError) or any(s in msg for s in ("zip archive", "central directory", "PytorchStream")):
-            raise CheckpointError(CORRUPT.format(p, "unexpected end of file or incomplete zip archive")) from None
-        raise CheckpointError(f"checkpoint {p} could not be read ({msg.splitlines()[0]}): use a last.pt or best.pt "
-                              f"written by train.py") from None
+            raise CheckpointError(CORRUPT.format(p, "unexpected end of file or incomplete zip archive",
+                                                 instead(p))) from None
+        raise CheckpointError(f"checkpoint {p} could not be read ({msg.splitlines()[0]}): {WRITTEN_BY_TRAIN}") from None
     except Exception as e:  # noqa: BLE001 - torch reads non-zip bytes as pickle; garbage raises KeyError, IndexError..
-        raise CheckpointError(CORRUPT.format(p, e) if p.name == DCP_META else NOT_A_CHECKPOINT.format(p)) from None
+        raise CheckpointError(CORRUPT.format(p, e, instead(p)) if p.name == DCP_META else
+                              NOT_A_CHECKPOINT.format(p, instead(p, WRITTEN_BY_TRAIN))) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{p} is a PyTorch file but not a tinygpt checkpoint (no format='tinygpt' key): "
-                              f"use a last.pt or best.pt written by train.py")
+                              f"{WRITTEN_BY_TRAIN}")
     version = ckpt.get("version")
     if not isinstance(version, int) or version < 1:
-        raise CheckpointError(f"checkpoint {p} has an invalid format version {version!r}: it is corrupt; use "
-                              f"another checkpoint")
+        raise CheckpointError(f"checkpoint {p} has an invalid format version {version!r}: it is corrupt; {instead(p)}")
     if version > VERSION:
         raise CheckpointError(f"checkpoint {p} was written by a newer tinygpt (format version {version}; this one "
                               f"reads up to {VERSION}): upgrade tinygpt")
     missing = [k for k in REQUIRED_KEYS if k not in ckpt]
     if missing:
-        raise CheckpointError(f"checkpoint {p} lacks {', '.join(missing)}: it is incomplete; use another "
-                              f"checkpoint")
+        raise CheckpointError(f"checkpoint {p} lacks {', '.join(missing)}: it is incomplete; {instead(p)}")
     return ckpt
+
+
+def instead(path: str | os.PathLike, default: str = "use another checkpoint") -> str:
+    """What to use when the checkpoint `path` cannot be: the run's other one beside it (best.pt for last.pt and
+    back; not a hard link of it) when that one reads, never `path` itself; else `default`."""
+    import torch
+    p = Path(path)
+    for other in (p.parent / name for name in CHECKPOINT_NAMES if name != p.name):
+        try:
+            ckpt = None if other.samefile(p) else torch.load(other, map_location="cpu", weights_only=True, mmap=True)
+        except Exception:  # noqa: BLE001 - missing, unreadable: any reason it cannot be used
+            continue
+        if isinstance(ckpt, dict) and ckpt.get("format") == FORMAT and all(k in ckpt for k in REQUIRED_KEYS):
+            return f"use {other} beside it instead"
+    return default
 
 
 def sharded_meta(path: str | os.PathLike) -> Path | None:

@@ -3,14 +3,16 @@
 """
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, is_sharded_checkpoint,
-                             link_checkpoint, read_checkpoint, remove_stale_temp_files, save_checkpoint,
-                             tokens_per_step)
+from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, instead,
+                             is_sharded_checkpoint, link_checkpoint, read_checkpoint, remove_stale_temp_files,
+                             save_checkpoint, tokens_per_step)
 from common.files import remove_quietly, replace, temp_path
 from model.gpt import check_weights, clean_state_dict
 
@@ -64,7 +66,7 @@ class CheckpointManager:
         loader_step = self.states["loader"].state_dict()["step"] if self.states.get("loader") else self.last_step
         if loader_step != self.last_step:
             raise ValueError(f"checkpoint {path} is inconsistent (step {self.last_step}, loader at step "
-                             f"{loader_step}): it is corrupt; use another checkpoint")
+                             f"{loader_step}): it is corrupt; {instead(path)}")
         self.config_diff = _config_diff(ckpt.get("config") or {}, self.meta["config"])
         self.source_tokens_per_step = tokens_per_step(ckpt)
         return self.last_step
@@ -94,7 +96,8 @@ class CheckpointManager:
     def _load_file_weights(self, ckpt: dict, path: Path) -> None:
         model, optimizer = self.states["model"], self.states["optimizer"]
         if ckpt.get("optimizer") is None:
-            raise ValueError(f"checkpoint {path} has no optimizer state, so it cannot be resumed: start a new run")
+            raise ValueError(f"checkpoint {path} has no optimizer state, so it cannot be resumed: start a new run "
+                             f"from its weights with model.init_from={path} instead of train.resume")
         if self.sharded:
             from checkpoint import sharded
             sharded.load_full_model_state(model, ckpt["model"], str(path))
@@ -152,6 +155,9 @@ def resume_checkpoint(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[P
         path = last if file_step >= 0 and file_step >= _step(shard) else shard
     elif last.is_file():
         path = last
+    elif _step(d / "best.pt", resumable=True) >= 0:  # a run kept without its last.pt: its best.pt resumes
+        raise CheckpointError(f"{'train.resume=true but ' * (spec is True)}{d} has no last.pt, but its best.pt "
+                              f"(step {_step(d / 'best.pt')}) can be resumed: give train.resume={d / 'best.pt'}")
     elif spec is True:
         raise ValueError(f"train.resume=true but {d} has no last.pt (every run gets a new directory): pass the "
                          f"earlier run's directory with hydra.run.dir=<run dir> train.resume=true, or give "
@@ -175,11 +181,67 @@ def _step(path: Path, resumable: bool = False) -> int:
         return -1
 
 
-def overwrite_refusal(run_dir: str | os.PathLike) -> str | None:
-    """Why a new run (train.resume=false) must not start in `run_dir`: it holds an earlier run's last.pt."""
-    if (Path(run_dir) / "last.pt").exists():
-        return (f"{run_dir} already holds last.pt from an earlier run: continue it with train.resume=true, or "
-                f"choose another hydra.run.dir (nothing was overwritten)")
+RUN_OUTPUTS = ("metrics.jsonl", "loss.png", "probes")  # what a run writes besides checkpoints (training.metrics,
+# viz.probes), all replaced by a new run; .hydra/, train.log and .lock are not: the run's own (Hydra made them for it)
+
+
+def _earlier_run(run_dir: str | os.PathLike) -> list[str]:
+    """What in `run_dir` a new run would overwrite: its checkpoints (last.pt, best.pt, any *.pt, sharded dirs),
+    metrics.jsonl, loss.png and probe snapshots; [] for a new or empty directory, or one of a run stopped before
+    its first step (it trained nothing: rerunning its command must work)."""
+    d = Path(run_dir)
+    if not d.is_dir():
+        return []
+    pts = sorted((p.name for p in d.glob("*.pt")), key=lambda n: (n != "last.pt", n != "best.pt", n))
+    dirs = [f"{n}/" for n in (LAST_DCP, BEST_DCP, RUN_OUTPUTS[2]) if (d / n).is_dir() and any((d / n).iterdir())]
+    found = pts + [n for n in RUN_OUTPUTS[:2] if (d / n).exists()] + dirs
+    return [] if found and set(found) <= {*RUN_OUTPUTS[:2], f"{RUN_OUTPUTS[2]}/"} and _before_step_1(d) else found
+
+
+def _before_step_1(d: Path) -> bool:
+    """Whether `d`'s metrics.jsonl is a tinygpt run's that stopped before step 1: every record at step 0 (a torn
+    last line aside), or none (killed before its first); its loss.png and probes/ (step 0) are then that run's too."""
+    try:
+        lines = [ln for ln in (d / RUN_OUTPUTS[0]).read_text(encoding="utf-8").splitlines() if ln.strip()]
+        records = [json.loads(ln) for ln in lines[:-1]]
+        with contextlib.suppress(ValueError, IndexError):  # (none at all: a run killed before its first record)
+            records.append(json.loads(lines[-1]))
+    except (OSError, ValueError):  # none, not text, not JSON lines: not a run's that trained nothing
+        return False
+    return (bool(records) or not lines) and all(isinstance(r, dict) and r.get("type") in ("train", "eval", "summary")
+                                                and r.get("step") == 0 for r in records)
+
+
+def overwrite_refusal(run_dir: str | os.PathLike, key: str = "hydra.run.dir") -> str | None:
+    """Why a new run (train.resume=false) must not start in `run_dir`, given as the setting `key`: it holds an
+    earlier run's files (_earlier_run). One line: what is there, and the flag or directory to use instead."""
+    found = _earlier_run(run_dir)
+    if not found:
+        return None
+    if _resumable(found):  # go on with it
+        last = "last.pt" if "last.pt" in found else f"{LAST_DCP}/"
+        return (f"{run_dir} already holds {last} from an earlier run: continue it with train.resume=true, or "
+                f"choose another {key} (nothing was overwritten)")
+    files = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+    ckpt = Path(run_dir) / found[0]
+    more = f" (to train on from it: train.resume={ckpt})" if ckpt.suffix == ".pt" and \
+        _step(ckpt, resumable=True) >= 0 else ""
+    return (f"{run_dir} already holds {files} from an earlier run, which a new run would overwrite: choose another "
+            f"{key}{more}, or move {'it' if len(found) == 1 else 'them'} out of {run_dir} (nothing was overwritten)")
+
+
+def _resumable(found: list[str]) -> bool:  # what train.resume=true continues
+    return "last.pt" in found or f"{LAST_DCP}/" in found
+
+
+def sweep_refusal(sweep_dir: str | os.PathLike) -> str | None:
+    """Why a new sweep must not start in `sweep_dir`: a job directory in it holds an earlier run's files."""
+    d = Path(sweep_dir)
+    for job in sorted(p for p in d.iterdir() if p.is_dir()) if d.is_dir() else ():
+        if found := _earlier_run(job):
+            again = ", or resume that sweep with train.resume=true" if _resumable(found) else ""
+            return (f"hydra.sweep.dir={sweep_dir} holds an earlier sweep's runs ({job} holds {found[0]}): choose "
+                    f"another hydra.sweep.dir{again} (nothing was overwritten)")
     return None
 
 

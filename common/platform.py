@@ -256,3 +256,10 @@ def compile_unsupported(device_type: str) -> Optional[str]:
 def command_line(parts: list[str]) -> str:
     """`parts` as one command the user can paste into this system's shell (POSIX quoting, or Windows')."""
     return subprocess.list2cmdline(parts) if is_windows() else " ".join(shlex.quote(p) for p in parts)
+
+
+def script(name: str) -> str:
+    """This project's script `name` (train.py, sample.py) as a printed command names it, to run from the current
+    directory (where the user launched the run): relative to it when inside it, else absolute."""
+    path, cwd = Path(__file__).resolve().parent.parent / name, Path.cwd().resolve()
+    return os.path.relpath(path, cwd) if path.is_relative_to(cwd) else str(path)

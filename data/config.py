@@ -16,14 +16,12 @@ from typing import Any, Optional, Sequence
 
 from common.cli import setting_error
 from common.files import SHAKESPEARE_FILE, cache_dir
+from data.formats import COLUMNAR, FORMATS, KEYED, SNIFF_BYTES, archives, check_text
 
 NAMES = ("shakespeare_char", "shakespeare", "text")
 TOKENIZERS = ("char", "gpt2", "bpe")
 BPE_VOCAB = (257, 1 << 18)  # 256 byte tokens + <|endoftext|> .. 262,144 (the largest common vocabularies)
 ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
-COLUMNAR = (".parquet", ".arrow")  # parquet files and `datasets` save_to_disk Arrow files: data/columnar.py
-SUFFIXES = (".txt", ".jsonl", *COLUMNAR)  # what a directory contributes
-KEYED = (".jsonl", ".json", ".csv", *COLUMNAR)  # files whose text is under `text_key`
 BLOCK = 1 << 20  # bytes read at a time to hash
 @dataclass
 class DataConfig:
@@ -179,7 +177,7 @@ def _expand(given: str) -> tuple[list[Path], list[str] | None]:
     p = Path(os.path.expanduser(given))
     if not p.exists():
         raise setting_error("{path=}{0} does not exist (looked at {1}): give an existing text file or a directory "
-                            "of .txt, .jsonl or .parquet files", given, p.absolute(), cls=FileNotFoundError)
+                            "of such files ({2})", given, p.absolute(), ", ".join(FORMATS), cls=FileNotFoundError)
     if not p.is_dir():
         return [p], None
     from data.columnar import saved_dataset  # pyarrow-free, but only a directory needs it
@@ -190,14 +188,16 @@ def _expand(given: str) -> tuple[list[Path], list[str] | None]:
         for d in sorted({f.parent for f in found if f.name in ("state.json", "dataset_dict.json")}, key=lambda d: len(d.parts)):
             if not any(r in d.parents for r in groups):
                 groups[d] = saved_dataset(d)
-        groups.update({f: [f] for f in found if f.suffix in SUFFIXES and not any(r in f.parents for r in groups)})
+        groups.update({f: [f] for f in found if f.suffix in FORMATS and not any(r in f.parents for r in groups)})
         files = [f for _, fs in sorted(groups.items(), key=lambda kv: kv[0].relative_to(p).as_posix()) for f in fs]
         if not files:
             kinds = Counter(f.suffix or "(no suffix)" for f in found)
             has = ", ".join(f"{n} {k}" for k, n in kinds.most_common(6)) or "no files"
-            raise setting_error("directory {0} has no .txt files (nor .jsonl, .parquet or a datasets save_to_disk "
-                                "directory; it has {1}): convert your text to one of these, or point {path} at a "
-                                "single text file", p, has)
+            fix = (f"decompress them first ({', '.join(archives(kinds))} files are compressed)" if archives(kinds) else
+                   "convert your text to one of these")
+            raise setting_error("directory {0} has no .txt files (nor {1} or a datasets save_to_disk directory; it "
+                                "has {2}): {3}, or point {path} at a single text file", p, ", ".join(list(FORMATS)[1:]),
+                                has, fix)
     return files, [f.relative_to(p).as_posix() for f in files]
 
 
@@ -231,9 +231,14 @@ def resolve(cfg: DataConfig) -> Corpus:
 
 
 def _has_text(src: Corpus, path: Path) -> bool:
-    """Whether the file holds anything; a parquet / Arrow file's text column is checked (one line if wrong)."""
+    """Whether the file holds anything; a parquet / Arrow file's text column is checked, any other file's first
+    bytes (data.formats.check_text): one line if wrong."""
     if path.suffix not in COLUMNAR:
-        return path.stat().st_size > 0
+        if path.stat().st_size == 0:
+            return False
+        with src.open(path) as f:  # a compressed or binary file is named as such, not read as text
+            check_text(path, f.read(SNIFF_BYTES))
+        return True
     from data.columnar import check
     with src.open(path) as f:
         return check(f, path, src.text_key)

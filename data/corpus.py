@@ -13,7 +13,8 @@ from typing import Iterator
 import numpy as np
 
 from common.cli import setting_error
-from data.config import BLOCK, COLUMNAR, Corpus
+from data.config import BLOCK, Corpus
+from data.formats import file_format
 
 CHUNK_BYTES = 4 << 20  # bytes read and decoded at a time
 csv.field_size_limit(2**31 - 1)  # a document in one cell may be long (the default limit is 128 KiB)
@@ -123,7 +124,7 @@ def _csv_documents(f, path: Path, errors: str, key: str, feed) -> Iterator[tuple
                          f"or as .jsonl") from None
 
 
-READERS = {".jsonl": _jsonl_documents, ".json": _json_documents, ".csv": _csv_documents}  # else: plain text
+READERS = {"jsonl": _jsonl_documents, "json": _json_documents, "csv": _csv_documents}  # data.formats' kinds
 
 
 def read_text(src: Corpus, errors: str, hasher=None, bar=None) -> Iterator[str | None]:
@@ -146,12 +147,13 @@ def read_text(src: Corpus, errors: str, hasher=None, bar=None) -> Iterator[str |
         if hasher is not None:
             hasher.update(src.header(i))
         with src.open(path) as f:
-            columns = path.suffix in COLUMNAR
+            kind = file_format(path)
+            columns = kind == "columnar"
             if columns:
                 from data.columnar import documents  # pyarrow: only for these files
                 docs = documents(f, path, src.text_key, errors, advance)
-            elif path.suffix in READERS:
-                docs = READERS[path.suffix](f, path, errors, src.text_key, feed)
+            elif kind in READERS:
+                docs = READERS[kind](f, path, errors, src.text_key, feed)
             else:
                 docs = [_text_chunks(f, path, errors, feed)]
             for doc in docs:

@@ -6,6 +6,8 @@ torch is imported lazily: preparing data does not need it.
 """
 from __future__ import annotations
 
+import json
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -35,7 +37,7 @@ def header(dtype: np.dtype, count: int, vocab_size: int) -> bytes:
 
 
 def _fix_hint(path: Path) -> str:
-    return f"delete {path.parent} so it is prepared again (or run python -m data.prepare)"
+    return f"delete {path.parent} so that the next run prepares it again"  # (data.prepare alone: the default set)
 
 
 class TokenFile:
@@ -173,21 +175,44 @@ def _positive_int(name: str, value) -> int:
     return int(value)
 
 
+MIN_CONTEXT = 8  # the smallest model.block_size advice offers: below it there is no language model to speak of
+
+
 def _too_short(files: dict, block_size: int) -> ValueError:
-    """A split is shorter than one window; every fix offered satisfies both splits."""
+    """A split is shorter than one window; every fix offered satisfies both splits and leaves a context of at least
+    MIN_CONTEXT tokens, else the text is too small to train on and the message says how much it needs."""
     need = block_size + 1
     sizes = {split: len(tf) for split, tf in files.items()}
     short = [split for split, n in sizes.items() if n < need]
     what = " and the ".join(f"{split} split has only {sizes[split]:,} token{'s' * (sizes[split] != 1)}"
                             for split in short)
-    fixes = ["lower {block_size} to at most {3}"] if min(sizes.values()) >= 2 else []
+    fixes = ["lower {block_size} to at most {3}"] if min(sizes.values()) - 1 >= MIN_CONTEXT else []
     if len(short) == 1 and sum(sizes.values()) >= 2 * need:
         fixes.append("raise {val_fraction} to keep more text for validation" if short == ["val"] else
                      "lower {val_fraction} to keep more text for training")
-    fixes.append("use more text ({4})")
-    fix = ", ".join(fixes[:-1]) + f" or {fixes[-1]}" if len(fixes) > 1 else fixes[0]
-    return setting_error("the {0} but {block_size=}{1} needs at least {2:,}: " + fix, what, block_size, need,
-                         min(sizes.values()) - 1, files[short[0]].path.parent)
+    prepared = files[short[0]].path.parent
+    meta = _meta(prepared)
+    vf, source = meta.get("split", {}).get("val_fraction"), meta.get("source", {}).get("path")
+    fits = isinstance(vf, float) and 0 < vf < 1
+    enough = "(at least {5:,} tokens with {val_fraction=}{6}; " if fits else "(at least {2:,} tokens in each split; "
+    enough += "the text: {7})" if source else "prepared in {4})"
+    values = (what, block_size, need, min(sizes.values()) - 1, prepared, math.ceil(need / min(vf, 1 - vf)) if fits
+              else None, vf, source)
+    if not fixes:
+        return setting_error("the text is too small to train on: the {0} but {block_size=}{1} needs at least {2:,} in "
+                             "each split: use a longer text " + enough, *values)
+    fixes.append("use more text " + enough)
+    return setting_error("the {0} but {block_size=}{1} needs at least {2:,}: " + ", ".join(fixes[:-1]) +
+                         f" or {fixes[-1]}", *values)
+
+
+def _meta(prepared: Path) -> dict:
+    """A prepared directory's meta.json (its source and split), {} when it has none (token files alone)."""
+    try:
+        meta = json.loads((prepared / "meta.json").read_text(encoding="utf-8"))
+        return meta if isinstance(meta, dict) else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _open_split(f) -> TokenFile | TokenShards:

@@ -13,7 +13,7 @@ from typing import Optional
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException, OverrideParseException
 
-from common.platform import command_line
+from common.platform import command_line, script
 from launch.config import ERRORS, PRESETS, check_override, compose, to_dataclass
 from training.config import KEYS, SCHEMA_KEYS
 
@@ -125,7 +125,8 @@ def data_path_note(name: str, path: object, overrides: list[str]) -> Optional[st
 
 
 def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], ranks=None) -> str:
-    """The command that resumes this run, launched as it was: its overrides, run dir and train.resume=true."""
+    """The command that resumes this run, launched as it was: its overrides, run dir and train.resume=true, from
+    the directory it was launched in (train.py's path from there: common.platform.script)."""
     keep = [o for o in (cli_overrides or []) if not o.startswith(("train.resume=", "hydra.run.dir=", "hydra.sweep."))]
     launch = ["python"]
     if ranks is not None and ranks.distributed:
@@ -135,7 +136,7 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], ranks=None
             ["torchrun", f"--nnodes={nodes}", "--node-rank=NODE_RANK", f"--nproc_per_node={local}",
              "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
     # (the user's overrides are as Hydra read them, quoted already; the run dir is quoted for Hydra here)
-    return command_line([*launch, "train.py", *keep, override("hydra.run.dir", run_dir), "train.resume=true"])
+    return command_line([*launch, script("train.py"), *keep, override("hydra.run.dir", run_dir), "train.resume=true"])
 
 
 def with_override(args: list[str], override: str) -> list[str]:

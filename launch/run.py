@@ -110,8 +110,9 @@ def set_up(cfg: Any, run_dir: Optional[str | os.PathLike] = None, overrides: Opt
         problem = memory.check(config, device, ranks.world_size, ranks.local_world_size) if ranks.is_main else None
         claimed, created = None, not run_dir.exists()
         if ranks.is_main and not problem:
-            refusal = overwrite_refusal if config.train.resume is False else None
-            problem = run_lock.claim(given, "hydra.run.dir", refusal) if claim else refusal and refusal(run_dir)
+            key = "hydra.run.dir" if claim else "hydra.sweep.dir"  # (a sweep's job: its sweep's directory)
+            refusal = (lambda d: overwrite_refusal(d, key)) if config.train.resume is False else None
+            problem = run_lock.claim(given, key, refusal) if claim else refusal and refusal(run_dir)
             claimed = given if claim and not problem else None
         if problem := ranks.broadcast_object(problem):
             raise ValueError(problem)

@@ -135,6 +135,7 @@ def hydra_job(cfg: DictConfig) -> object:
 def run_with_hydra(args: list[str], jobs: list[list[str]], task: Callable[[DictConfig], object]) -> int:
     """`task` (train.py's hydra_job: Hydra names the job after its file, so the log is train.log) under hydra.main,
     for a sweep (its directory claimed first and pinned: the default is dated) or Hydra's own flags."""
+    from checkpoint.manager import sweep_refusal
     from common import run_lock
     from runtime.ranks import torchrun_env
     if {"-m", "--multirun"} & set(args):
@@ -142,8 +143,9 @@ def run_with_hydra(args: list[str], jobs: list[list[str]], task: Callable[[DictC
             raise Failed("sweeps (-m) cannot run under torchrun: start one torchrun per configuration")
         if not any(a.startswith("-") and a not in ("-m", "--multirun") for a in args):
             first = jobs[0] if jobs else [a for a in args if a.startswith("hydra.")]
-            sweep_dir = str(compose(first, return_hydra_config=True).hydra.sweep.dir)
-            if problem := run_lock.claim(sweep_dir, "hydra.sweep.dir"):
+            cfg = compose(first, return_hydra_config=True)
+            sweep_dir, fresh = str(cfg.hydra.sweep.dir), cfg.train.resume is False  # (an earlier sweep's runs: kept)
+            if problem := run_lock.claim(sweep_dir, "hydra.sweep.dir", sweep_refusal if fresh else None):
                 raise Failed(problem)
             from launch.overrides import override
             args = [*args, override("hydra.sweep.dir", sweep_dir)]

@@ -10,6 +10,7 @@ reused by every row through TINYGPT_CACHE, so no row prepares data twice.
 """
 from __future__ import annotations
 
+import gzip
 import hashlib
 import os
 import random
@@ -77,6 +78,8 @@ def project(tmp_path_factory) -> Path:
     (p / "run" / "train.log").write_text("[..][INFO] step 2/2: ...\n")
     last = (p / "run" / "last.pt").read_bytes()
     (inputs / "half.pt").write_bytes(last[: len(last) // 2])
+    (inputs / "kept").mkdir()  # a trained model kept without its last.pt: a new run must not overwrite it
+    (inputs / "kept" / "best.pt").write_bytes((p / "run" / "best.pt").read_bytes())
     assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png"} <= {f.name for f in (p / "run").iterdir()}
     import export
     assert export.main(["--hf", str(p / "export"), "--run", str(p / "run")]) == 0  # an HF export of the run
@@ -114,7 +117,9 @@ ROWS = [
     ("train-missing-corpus", ["train.py", *TINY, "data=text", "data.path={inputs}/missing.txt"],
      ["data.path={inputs}/missing.txt does not exist", "give an existing text file"], {}, []),
     ("train-too-short-corpus", ["train.py", *TINY, "data=text", "data.path={inputs}/short.txt"],
-     ["split has only", "block_size=32 needs at least 33", "use more text"], {}, []),
+     ["the text is too small to train on: the train split has only 11 tokens and the val split has only 2 tokens",
+      "model.block_size=32 needs at least 33 in each split", "use a longer text (at least 330 tokens with "
+      "data.val_fraction=0.1; the text: {inputs}/short.txt)"], {}, []),
     # --- training: configuration
     ("train-unknown-key", [*TRAIN, "train.max_iter=5"],
      ["unknown config key 'train.max_iter'", "did you mean train.max_iters?"], {}, []),
@@ -149,6 +154,10 @@ ROWS = [
       "choose another hydra.run.dir"], {}, []),
     ("train-existing-run-without-resume", [*TRAIN, "hydra.run.dir={run}"],
      ["{run} already holds last.pt", "continue it with train.resume=true", "choose another hydra.run.dir"], {}, []),
+    ("train-run-dir-with-only-best-pt", [*TRAIN, "hydra.run.dir={inputs}/kept"],
+     ["{inputs}/kept already holds best.pt from an earlier run, which a new run would overwrite: choose another "
+      "hydra.run.dir (to train on from it: train.resume={inputs}/kept/best.pt), or move it out of {inputs}/kept "
+      "(nothing was overwritten)"], {}, []),
     ("train-run-dir-in-use", [*TRAIN, "hydra.run.dir={busy}", "train.resume=true"],
      ["hydra.run.dir={busy} is in use by another training run (pid {pid} on host", "wait for it to finish",
       "choose another hydra.run.dir"], {}, []),
@@ -202,9 +211,9 @@ ROWS = [
      ["{inputs}/empty.parquet is empty (no rows)", "give a text file with some content"], {}, []),
     ("prepare-jsonl-text-not-a-string", [*PREPARE, "--path", "{inputs}/number.jsonl"],
      ["number.jsonl line 2: its 'text' is a number (int), not a string", "set --text-key <the field"], {}, []),
-    ("prepare-directory-of-unknown-files", [*PREPARE, "--path", "{inputs}/csv"],
-     ["has no .txt files (nor .jsonl, .parquet or a datasets save_to_disk directory; it has 2 .csv)",
-      "convert your text to one of these"], {}, []),
+    ("prepare-directory-of-compressed-files", [*PREPARE, "--path", "{inputs}/gz"],
+     ["has no .txt files (nor .jsonl, .json, .csv, .parquet, .arrow or a datasets save_to_disk directory; it has "
+      "2 .gz)", "decompress them first (.gz files are compressed)"], {}, []),
     ("prepare-pyarrow-not-installed", [*PREPARE, "--path", "{inputs}/good.parquet"],
      ["good.parquet is a parquet file: reading it needs pyarrow, which is not installed: pip install pyarrow"],
      {"PYTHONPATH": "{inputs}/no_pyarrow" + os.pathsep + str(REPO)}, []),
@@ -256,7 +265,7 @@ ROWS = [
 
 
 def _columnar_inputs(inputs: Path) -> None:
-    """Parquet files with a wrong column, a cut-short shard, no rows; a jsonl with a number; csv files; no pyarrow."""
+    """Parquet files with a wrong column, a cut-short shard, no rows; a jsonl with a number; gzip files; no pyarrow."""
     import pyarrow as pa
     import pyarrow.parquet as pq
     pq.write_table(pa.table({"body": ["some text"], "n": [5]}), inputs / "columns.parquet")
@@ -267,9 +276,9 @@ def _columnar_inputs(inputs: Path) -> None:
     (inputs / "shards" / "001.parquet").write_bytes(good[: len(good) // 2])
     pq.write_table(pa.table({"text": pa.array([], pa.string())}), inputs / "empty.parquet")
     (inputs / "number.jsonl").write_text('{"text": "fine"}\n{"text": 5}\n')
-    (inputs / "csv").mkdir()
-    for name in ("a.csv", "b.csv"):
-        (inputs / "csv" / name).write_text("text\nhello\n")
+    (inputs / "gz").mkdir()
+    for name in ("a.txt.gz", "b.txt.gz"):
+        (inputs / "gz" / name).write_bytes(gzip.compress(b"hello\n"))
     (inputs / "no_pyarrow" / "pyarrow").mkdir(parents=True)
     (inputs / "no_pyarrow" / "pyarrow" / "__init__.py").write_text("raise ImportError(\"No module named 'pyarrow'\")\n")
 

@@ -214,6 +214,37 @@ def test_unusable_files_give_one_line_errors(rd, tiny_gpt_config, kind, match):
     assert isinstance(info.value, ValueError) and "\n" not in str(info.value)
 
 
+def test_an_unusable_checkpoint_advises_one_that_reads_never_itself(rd, tiny_gpt_config):
+    """Issue 43: a corrupt best.pt said "use another checkpoint, e.g. best.pt" while a good last.pt sat beside it.
+    The advice names the run's other checkpoint when that one reads (also through sample.py's --run, which picks
+    best.pt), and no file when none does (the other one corrupt too, or a hard link of the same bytes)."""
+    d, _ = _ckpt(tiny_gpt_config)
+    save_checkpoint(d, rd / "last.pt")
+    good = (rd / "last.pt").read_bytes()
+    beside = f"use {rd / 'last.pt'} beside it instead"
+    for bad, what in ((good[: len(good) // 2], f"checkpoint {rd / 'best.pt'} is truncated or corrupt ("),
+                      (b"", f"checkpoint {rd / 'best.pt'} is empty (0 bytes; an interrupted copy?): "),
+                      (b"not a checkpoint" * 10, f"{rd / 'best.pt'} is not a PyTorch checkpoint (unreadable pickle "
+                                                 f"data): ")):
+        (rd / "best.pt").write_bytes(bad)
+        for path in (rd / "best.pt", rd):  # (a run directory: best.pt first)
+            with pytest.raises(CheckpointError) as info:
+                read_checkpoint(path, model=True, run_dir=True)
+            msg = str(info.value)
+            assert msg.startswith(what) and beside in msg and "e.g. best.pt" not in msg, msg
+    save_checkpoint({k: v for k, v in d.items() if k != "model"}, rd / "best.pt")
+    with pytest.raises(CheckpointError, match=f"lacks model: it is incomplete; {re.escape(beside)}"):
+        read_checkpoint(rd / "best.pt")
+    (rd / "best.pt").write_bytes(good[:100])
+    (rd / "last.pt").write_bytes(good[:200])  # both corrupt: no file named
+    with pytest.raises(CheckpointError, match=r"truncated or corrupt \(.*\): use another checkpoint, or train again$"):
+        read_checkpoint(rd / "best.pt")
+    (rd / "best.pt").unlink()
+    os.link(rd / "last.pt", rd / "best.pt")  # the same bytes under both names (train.py links them)
+    with pytest.raises(CheckpointError, match="use another checkpoint, or train again$"):
+        read_checkpoint(rd / "last.pt")
+
+
 def test_stale_temp_files_are_removed(rd):
     (rd / ".last.pt.123.abcd.tmp").write_bytes(b"x")
     (rd / "last.pt").write_bytes(b"keep")

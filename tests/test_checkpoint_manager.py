@@ -182,7 +182,8 @@ def test_resume_refusals_name_the_fix(tmp_path):
                                          r"n_layer=2: resume with the checkpoint's model settings \(model.n_layer=2\)"):
         manager(meta={**_meta(m), "model_config": {**m.config.to_dict(), "n_layer": 3}}).resume(True)
     ck.save_checkpoint({**torch.load(run / "last.pt", weights_only=True), "optimizer": None}, run / "last.pt")
-    with pytest.raises(ValueError, match="has no optimizer state, so it cannot be resumed"):
+    with pytest.raises(ValueError, match=r"has no optimizer state, so it cannot be resumed: start a new run from its "
+                                         rf"weights with model.init_from={run / 'last.pt'} instead of train.resume$"):
         manager().resume(True)
     (run / "last.pt").unlink()
     assert manager().resume(False) is None  # a fresh run
@@ -249,11 +250,114 @@ def test_resume_checkpoint_picks_the_freshest_resumable_one(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="is a directory without last.pt or last_dcp/"):
         resume_checkpoint(str(tmp_path / "empty"), run)
+    # issue 43: a run kept without its last.pt: its best.pt is named, not "<path to last.pt>"
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    save_checkpoint({**meta, "model": m.state_dict(), "optimizer": opt.state_dict(), "step": 4}, kept / "best.pt")
+    for spec, said in ((True, "train.resume=true but "), (str(kept), "")):
+        with pytest.raises(CheckpointError, match=rf"^{said}{kept} has no last.pt, but its best.pt \(step 4\) can be "
+                                                  rf"resumed: give train.resume={kept / 'best.pt'}$"):
+            resume_checkpoint(spec, kept)
+    assert resume_checkpoint(str(kept / "best.pt"), tmp_path)[0] == kept / "best.pt"
 
 
 def test_overwrite_refusal(tmp_path):
     assert overwrite_refusal(tmp_path) is None
     (tmp_path / "last.pt").write_bytes(b"x")
+    (tmp_path / "best.pt").write_bytes(b"x")
     assert overwrite_refusal(tmp_path) == (f"{tmp_path} already holds last.pt from an earlier run: continue it with "
                                            f"train.resume=true, or choose another hydra.run.dir (nothing was "
                                            f"overwritten)")
+
+
+def _one_of_each(d, name):
+    """`d` holding only `name` of an earlier run (a checkpoint that resumes, a file, or a snapshot in probes/)."""
+    d.mkdir(parents=True)
+    if name == "probes/":
+        (d / "probes").mkdir()
+        (d / "probes" / "step_000010.safetensors").write_bytes(b"snapshot")
+    elif name.endswith(".pt"):
+        save_checkpoint({"format": "tinygpt", "version": 1, "step": 10, "model": {}, "model_config": {},
+                         "optimizer": {"state": {}, "param_groups": []}}, d / name)
+    elif name == "last_dcp/":
+        (d / "last_dcp").mkdir()
+        (d / "last_dcp" / ".metadata").write_bytes(b"x")
+    else:
+        (d / name).write_bytes(b"the user's")
+
+
+def test_a_new_run_never_overwrites_an_earlier_runs_files(tmp_path):
+    """Issue 43: a directory holding a best.pt but no last.pt took a new run (best.pt became a 2-step model,
+    metrics.jsonl replaced, the probe snapshots deleted). Any checkpoint, metrics.jsonl, loss.png or probes/ is
+    named, with what to do; .hydra/, train.log and .lock (Hydra's for this very run) and empty dirs are not."""
+    for name in ("best.pt", "model.pt", "metrics.jsonl", "loss.png", "probes/"):
+        d = tmp_path / name.strip("/")
+        _one_of_each(d, name)
+        more = f" (to train on from it: train.resume={d / name})" if name.endswith(".pt") else ""
+        assert overwrite_refusal(d) == (f"{d} already holds {name} from an earlier run, which a new run would "
+                                        f"overwrite: choose another hydra.run.dir{more}, or move it out of {d} "
+                                        f"(nothing was overwritten)"), name
+    _one_of_each(tmp_path / "dcp", "last_dcp/")  # a sharded run: resumable
+    assert overwrite_refusal(tmp_path / "dcp").startswith(f"{tmp_path / 'dcp'} already holds last_dcp/ from an "
+                                                          f"earlier run: continue it with train.resume=true")
+    d = tmp_path / "many"
+    _one_of_each(d, "metrics.jsonl")
+    for name in ("loss.png", "best.pt", "a.pt", "b.pt"):
+        (d / name).write_bytes(b"not a checkpoint")  # (none that resumes: no train.resume offered)
+    assert overwrite_refusal(d, "hydra.sweep.dir") == (
+        f"{d} already holds best.pt, a.pt, b.pt, metrics.jsonl and 1 more from an earlier run, which a new run "
+        f"would overwrite: choose another hydra.sweep.dir, or move them out of {d} (nothing was overwritten)")
+    own = tmp_path / "own"  # what Hydra wrote for this run (a sweep's job, Hydra's own flags), an empty probes/
+    (own / ".hydra").mkdir(parents=True)
+    (own / ".hydra" / "config.yaml").write_text("x")
+    for name in ("train.log", ".lock", "notes.txt"):
+        (own / name).write_text("x")
+    (own / "probes").mkdir()
+    assert overwrite_refusal(own) is None and overwrite_refusal(tmp_path / "new") is None
+    # a run stopped before step 1 trained nothing: rerunning its command is not refused (a step-0 eval and probe
+    # snapshot, the summary, a torn line); one record past step 0, or a file not of tinygpt's, is
+    stopped = tmp_path / "stopped"
+    _one_of_each(stopped, "probes/")
+    (stopped / "probes" / "step_000010.safetensors").rename(stopped / "probes" / "step_000000.safetensors")
+    (stopped / "loss.png").write_bytes(b"png")
+    step0 = [{"type": "eval", "step": 0, "val_loss": 4.2}, {"type": "summary", "status": "stopped", "step": 0}]
+    for records, tail, refused in ((step0, "", False), (step0, '{"type": "tra', False), ([], "", False),
+                                   ([], "my notes", True),
+                                   ([*step0, {"type": "train", "step": 2}], "", True), ([{"step": 0}], "", True)):
+        (stopped / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records) + tail)
+        assert (overwrite_refusal(stopped) is not None) == refused, records
+    (stopped / "metrics.jsonl").write_text(json.dumps(step0[0]) + "\n")
+    (stopped / "best.pt").write_bytes(b"x")  # a checkpoint is always an earlier run's
+    assert "already holds best.pt, metrics.jsonl, loss.png, probes/ from" in overwrite_refusal(stopped)
+
+
+def _tree(d):
+    return {str(p.relative_to(d)): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns)
+            for p in sorted(d.rglob("*"))}
+
+
+@pytest.mark.slow  # over ~1 s
+def test_set_up_refuses_before_writing_anything_and_a_sweep_before_its_first_job(tmp_path, monkeypatch):
+    """In process, as train.py and a sweep's job set up: the run directory is left exactly as it was (no .lock);
+    a sweep's job names hydra.sweep.dir; a resume goes on; run_with_hydra refuses a sweep into an earlier one."""
+    from launch import sweep
+    from launch.run import set_up
+    monkeypatch.chdir(tmp_path)
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        cfg = compose("config", overrides=["experiment=cpu", "train.device=cpu"])
+    run = tmp_path / "run"
+    _one_of_each(run, "best.pt")
+    before = _tree(run)
+    for claim, key in ((True, "hydra.run.dir"), (False, "hydra.sweep.dir")):
+        with pytest.raises(ValueError, match=rf"already holds best.pt .*: choose another {key} \(to train on"):
+            set_up(cfg, run, claim=claim)
+        assert _tree(run) == before
+    cfg.train.resume = str(run / "best.pt")  # resuming from it (into another directory) is not refused
+    set_up(cfg, tmp_path / "next", claim=False)
+    job = tmp_path / "sweep" / "1"
+    _one_of_each(job, "metrics.jsonl")
+    with pytest.raises(sweep.Failed, match=r"hydra.sweep.dir=sweep holds an earlier sweep's runs \(sweep.1 holds "
+                                           r"metrics.jsonl\): choose another hydra.sweep.dir \(nothing"):
+        sweep.run_with_hydra(["-m", "experiment=cpu", "optim.lr=1e-3,2e-3", "hydra.sweep.dir=sweep"],
+                             [["experiment=cpu", "optim.lr=1e-3", "hydra.sweep.dir=sweep"]], lambda cfg: None)
+    assert sorted(p.name for p in (tmp_path / "sweep").iterdir()) == ["1"]

@@ -137,10 +137,11 @@ def test_bad_columnar_input_is_one_line(tmp_path):
     # nothing readable in a directory: what it holds is named
     u = tmp_path / "u"
     u.mkdir()
-    for name in ("a.csv", "b.csv", "c.json.gz"):
+    for name in ("a.md", "b.md", "c.json.gz"):
         (u / name).write_text("x")
-    one_line_error(ValueError, DataConfig(name="text", path=str(u)), "has no .txt files (nor .jsonl, .parquet or a "
-                   "datasets save_to_disk directory; it has 2 .csv, 1 .gz)")
+    one_line_error(ValueError, DataConfig(name="text", path=str(u)), "has no .txt files (nor .jsonl, .json, .csv, "
+                   ".parquet, .arrow or a datasets save_to_disk directory; it has 2 .md, 1 .gz): decompress them first "
+                   "(.gz files are compressed)")
 
 
 def test_non_utf8_bytes_in_a_string_column(tmp_path):

@@ -34,7 +34,8 @@ def test_directory_of_txt_files_sorted(tmp_path):
 
 def test_missing_empty_and_no_txt(tmp_path):
     one_line_error(FileNotFoundError, DataConfig(name="text", path=str(tmp_path / "nope.txt")),
-                    f"path={tmp_path / 'nope.txt'} does not exist")
+                    f"path={tmp_path / 'nope.txt'} does not exist", "a directory of such files (.txt, .jsonl, .json, "
+                    ".csv, .parquet, .arrow)")
     one_line_error(ValueError, DataConfig(name="text", path=str(write(tmp_path, "e.txt", ""))), "e.txt is empty")
     d = tmp_path / "d"
     d.mkdir()
@@ -291,6 +292,66 @@ def test_json_array_and_csv_are_read_by_their_format(tmp_path):
     (tmp_path / "nums.json").write_text('[{"text": 3}]')
     one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / "nums.json")),
                    "nums.json record 0: its 'text' is a number (int), not a string", "set text_key=<")
+
+
+def test_a_directory_takes_every_format_a_single_file_takes(tmp_path):
+    """Issue 43: a directory of .csv files was refused though one .csv trains. data.formats.FORMATS is the one
+    table: each of its formats is read from a directory as it is alone."""
+    from data.formats import FORMATS
+    files = {".txt": "hello there\n", ".jsonl": '{"text": "hello there\\n"}\n',
+             ".json": '[{"text": "hello there\\n"}]', ".csv": 'id,text\n1,"hello there\n"\n'}
+    assert set(files) | {".parquet", ".arrow"} == set(FORMATS)  # (parquet, arrow: tests/test_data_columnar.py)
+    for suffix, content in files.items():
+        d = tmp_path / suffix[1:]
+        d.mkdir()
+        for name in ("a", "b"):
+            (d / f"{name}{suffix}").write_text(content, encoding="utf-8")
+        both = prepare(DataConfig(name="text", path=str(d), val_fraction=0.5), progress=False)
+        text = both.tokenizer.decode(tokens(both.train_path).tolist() + tokens(both.val_path).tolist())
+        assert text == "hello there\n" * 2 and both.meta["source"]["files"] == 2, suffix
+
+
+def test_a_compressed_or_binary_file_is_named_for_what_it_is(tmp_path):
+    """Issue 43: a gzip file was told "set data.encoding_errors=replace", which trains on its compressed bytes.
+    Compressed (gzip, zip, bz2, xz, zstd), PDF, UTF-16 and NUL-holding files are named, with what to do; with
+    encoding_errors=replace too, and inside a directory; a directory of only archives says to decompress them."""
+    import bz2
+    import gzip
+    import lzma
+    import zipfile
+    text = b"hello there, general kenobi\n" * 50
+    with zipfile.ZipFile(tmp_path / "book.zip", "w") as z:
+        z.writestr("book.txt", text)
+    cases = {"book.txt.gz": (gzip.compress(text), "is compressed (gzip), not text: decompress it first (gzip -dc "
+                                                  f"{tmp_path / 'book.txt.gz'} > {tmp_path / 'book.txt'})"),
+             "book.zip": (None, f"is compressed (zip), not text: decompress it first (unzip {tmp_path / 'book.zip'})"),
+             "book.bz2": (bz2.compress(text), "is compressed (bzip2)"),
+             "book.xz": (lzma.compress(text), "is compressed (xz)"),
+             "book.zst": (b"\x28\xb5\x2f\xfd" + bytes(20), "is compressed (zstd)"),
+             "gz.txt": (gzip.compress(text), f"(gzip -dc {tmp_path / 'gz.txt'} > {tmp_path / 'gz-text.txt'})"),
+             "book.docx": ((tmp_path / "book.zip").read_bytes(), "is a zip archive (as .docx files are), not text: "
+                                                                 "export its text to a .txt file"),
+             "book.pdf": (b"%PDF-1.7\n" + text, "is a PDF document, not text: extract its text to a .txt file"),
+             "wide.txt": (text.decode().encode("utf-16"), "is UTF-16 text (it starts with a UTF-16 byte-order mark): "
+                                                          "re-save it as UTF-8"),
+             "data.bin": (b"\x01\x02" + bytes(10) + text, "is a binary file, not text (a NUL byte at offset 2): point "
+                                                          "path at text")}
+    for name, (content, words) in cases.items():
+        if content is not None:
+            (tmp_path / name).write_bytes(content)
+        for errors in ("strict", "replace"):
+            msg = one_line_error(ValueError, DataConfig(name="text", path=str(tmp_path / name), encoding_errors=errors),
+                                 f"{tmp_path / name} ", words)
+            assert "encoding_errors" not in msg, msg
+    d = tmp_path / "corpus"
+    d.mkdir()
+    (d / "a.txt").write_bytes(text)
+    (d / "b.txt").write_bytes(gzip.compress(text))
+    one_line_error(ValueError, DataConfig(name="text", path=str(d)), f"{d / 'b.txt'} is compressed (gzip)")
+    (d / "a.txt").rename(d / "a.txt.gz")
+    (d / "b.txt").rename(d / "b.txt.gz")
+    one_line_error(ValueError, DataConfig(name="text", path=str(d)), "it has 2 .gz): decompress them first (.gz files "
+                   "are compressed), or point path at a single text file")
 
 
 def test_datasets_metadata_is_not_text(tmp_path):

@@ -59,7 +59,9 @@ def test_token_file_damage_is_detected(bins, damage, match):
     with pytest.raises(ValueError, match=match) as ei:
         TokenFile(bins[0])
     msg = str(ei.value)
-    assert "\n" not in msg and str(bins[0]) in msg and "delete" in msg
+    assert "\n" not in msg and str(bins[0]) in msg
+    # issue 43: not "or run python -m data.prepare", which prepares the default data set, not this one
+    assert msg.endswith(f": delete {bins[0].parent} so that the next run prepares it again"), msg
 
 
 def test_ids_outside_the_vocabulary_are_refused(bins):
@@ -191,16 +193,38 @@ def test_split_too_short_says_how_many_and_what_to_change(tmp_path):
     with pytest.raises(ValueError, match="the train split has only 100 tokens"):
         BatchLoader(tr, va, 128, 4, seed=0)
     BatchLoader(tr, va, 9, 4, seed=0).next_batch()  # exactly block_size + 1 tokens is enough
-    # both splits short: the block size offered fits both (not just the first one checked), and no split
-    # point can make room for two windows of 65 in 28 tokens
-    tr = write_token_file(tmp_path / "train.bin", np.arange(25) % 7, 7)
-    va = write_token_file(tmp_path / "val.bin", np.arange(3) % 7, 7)
+    # both splits short: the block size offered fits both (not just the first one checked)
+    tr = write_token_file(tmp_path / "train.bin", np.arange(60) % 7, 7)
+    va = write_token_file(tmp_path / "val.bin", np.arange(12) % 7, 7)
     with pytest.raises(ValueError) as ei:
         BatchLoader(tr, va, 64, 4, seed=0)
-    assert str(ei.value).startswith("the train split has only 25 tokens and the val split has only 3 tokens but "
-                                    "block_size=64 needs at least 65: lower block_size to at most 2 or use "
-                                    "more text")
-    BatchLoader(tr, va, 2, 4, seed=0).eval_batch("val", 0)
+    assert str(ei.value).startswith("the train split has only 60 tokens and the val split has only 12 tokens but "
+                                    "block_size=64 needs at least 65: lower block_size to at most 11 or use "
+                                    "more text (at least 65 tokens in each split; prepared in ")
+    BatchLoader(tr, va, 11, 4, seed=0).eval_batch("val", 0)
+
+
+def test_a_text_too_small_to_train_on_says_so_and_what_it_needs(tmp_path):
+    """Issue 43: a 12-character text was told "lower model.block_size to at most 1", a context of one token. A
+    fix that leaves less than MIN_CONTEXT tokens is not offered: the text is too small, and how much is needed."""
+    from data.loader import MIN_CONTEXT
+    text = tmp_path / "short.txt"
+    text.write_text("hello world\n", encoding="utf-8")
+    p = prepare(DataConfig(name="text", path=str(text)), progress=False)
+    assert (p.train_tokens, p.val_tokens) == (10, 2)
+    with pytest.raises(ValueError) as ei:
+        BatchLoader(p.train_path, p.val_path, 64, 4, seed=0)
+    assert str(ei.value) == (f"the text is too small to train on: the train split has only 10 tokens and the val split "
+                             f"has only 2 tokens but block_size=64 needs at least 65 in each split: use a longer text "
+                             f"(at least 650 tokens with val_fraction=0.1; the text: {text})")
+    # ~MIN_CONTEXT tokens in the val split: a context of that size is offered, one token fewer is not
+    for n, offered in ((10 * (MIN_CONTEXT + 1), True), (10 * MIN_CONTEXT, False)):
+        text.write_text("ab" * (n // 2), encoding="utf-8")
+        p = prepare(DataConfig(name="text", path=str(text)), progress=False)
+        with pytest.raises(ValueError) as ei:
+            BatchLoader(p.train_path, p.val_path, 64, 4, seed=0)
+        assert ("lower block_size to at most" in str(ei.value)) == offered, str(ei.value)
+        assert str(ei.value).startswith("the text is too small") != offered
 
 
 def test_bad_loader_arguments(bins):

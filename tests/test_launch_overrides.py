@@ -6,6 +6,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from launch.overrides import data_path_note, flag_hint, lexer_hint, override, quote, word_hint
+from tests.helpers import REPO
 
 
 @pytest.mark.parametrize("value", ["outputs/2026-01-01/10-00-00", "my runs/a b", "é/ü 中", "it's", 'say "hi"',
@@ -40,6 +41,17 @@ def test_data_path_without_a_data_group_is_noted():
     assert data_path_note("shakespeare_char", None, []) is None
 
 
+def test_printed_commands_name_the_script_by_a_path_that_runs_from_the_current_directory(monkeypatch):
+    """Issue 43: `python train.py ...` printed by a run started from another directory did not run from there."""
+    from common.platform import script
+    from launch.overrides import resume_command
+    monkeypatch.chdir(REPO)
+    assert script("train.py") == "train.py" and resume_command("runs/a", []).startswith("python train.py ")
+    monkeypatch.chdir(REPO / "docs")  # inside the repo, but not where train.py is: absolute
+    assert script("sample.py") == str(REPO / "sample.py")
+    assert resume_command("runs/a", []) == f"python {REPO / 'train.py'} hydra.run.dir=runs/a train.resume=true"
+
+
 def test_the_resume_command_pastes_back_for_any_run_dir():
     """Quoted for Hydra's grammar and for the shell: the run dir comes back exactly, whatever its characters."""
     import shlex
@@ -49,6 +61,6 @@ def test_the_resume_command_pastes_back_for_any_run_dir():
     from launch.overrides import resume_command
     for run in ("outputs/2026-01-01/10-00-00", "my runs/é a", "it's here", 'a "b"'):
         parts = shlex.split(resume_command(run, ["model.n_layer=2", "data.path='my book.txt'"]))
-        assert parts[:2] == ["python", "train.py"] and parts[-1] == "train.resume=true"
+        assert parts[:2] == ["python", str(REPO / "train.py")] and parts[-1] == "train.resume=true"  # (cwd: a tmp dir)
         parsed = {o.key_or_group: o.value() for o in OverridesParser.create().parse_overrides(parts[2:])}
         assert parsed["hydra.run.dir"] == run and parsed["data.path"] == "my book.txt"

@@ -14,6 +14,7 @@ import common.platform
 from launch.overrides import resume_command
 from runtime import signals
 from runtime.signals import EXIT_CODES, StopRequest
+from tests.helpers import REPO
 
 REPO = Path(__file__).resolve().parent.parent
 # What Python's `signal` module offers on Windows: the signals signal.signal accepts there, the two handler
@@ -66,7 +67,7 @@ def test_the_resume_line_reads_back_in_cmd_exe_and_hydra(windows):
     run_dir = Path(r"C:\Users\me\my runs\2024-05-01_12-00-00")
     line = resume_command(run_dir, ["model.n_layer=2", "train.resume=false", r"data.path=D:\corpus.txt"])
     argv = windows_argv(line)
-    assert argv[:2] == ["python", "train.py"], line
+    assert argv[:2] == ["python", str(REPO / "train.py")], line  # (the test's cwd is not the repo)
     parser = OverridesParser.create()
     overrides = {o.key_or_group: o.value() for o in parser.parse_overrides(argv[2:])}
     assert overrides == {"model.n_layer": 2, "data.path": r"D:\corpus.txt", "hydra.run.dir": str(run_dir),

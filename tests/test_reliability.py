@@ -195,7 +195,7 @@ def test_ctrl_c_saves_exits_130_and_the_resume_is_bitwise_exact(tmp_path, tiny_c
 
     # resume with exactly the command the interrupted run printed
     cmd = shlex.split(re.search(r"resume with: (.*)$", out, flags=re.M).group(1))
-    assert cmd[:2] == ["python", "train.py"] and "train.resume=true" in cmd and "hydra.run.dir=split" in cmd
+    assert cmd[:2] == ["python", str(REPO / "train.py")] and "train.resume=true" in cmd and "hydra.run.dir=split" in cmd
     cmd = [sys.executable, str(REPO / "train.py"), *cmd[2:]]
     proc = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
@@ -406,7 +406,8 @@ def test_a_second_ctrl_c_aborts_at_once_and_leaves_the_files_intact(tmp_path, ti
     assert proc.returncode == 130, proc.stderr
     assert "Traceback" not in proc.stderr + proc.stdout and "error:" not in proc.stderr, proc.stderr
     line = _last_line(proc.stdout)
-    assert line.startswith("interrupted; last.pt is from step 4: resume with: python train.py experiment=cpu ")
+    train_py = shlex.quote(str(REPO / "train.py"))  # (run from tmp_path: named by its path)
+    assert line.startswith(f"interrupted; last.pt is from step 4: resume with: python {train_py} experiment=cpu ")
     assert line.endswith(" hydra.run.dir=run train.resume=true") and "stopped by" not in proc.stdout
     assert line in (tmp_path / "run" / "train.log").read_text()
     run = tmp_path / "run"

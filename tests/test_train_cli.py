@@ -338,7 +338,9 @@ def test_a_refused_resume_leaves_every_file_of_the_run_dir_as_it_was(tmp_path, t
 
 @pytest.mark.slow
 def test_the_printed_resume_command_works_for_a_run_dir_with_a_space_and_non_ascii(tmp_path, tiny_corpus):
-    """SIGTERM a run in `my runs/é a`, then paste the command it printed (shlex.split, as a shell would)."""
+    """SIGTERM a run in `my runs/é a`, then paste the command it printed (shlex.split, as a shell would) where the
+    run was started: a directory other than the repo's, so train.py is named by its path (issue 43), and so is
+    sample.py in the closing line."""
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     args = [sys.executable, str(REPO / "train.py"), "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
             "train.max_iters=100000", "train.eval_interval=100000", "train.log_interval=1",
@@ -346,13 +348,14 @@ def test_the_printed_resume_command_works_for_a_run_dir_with_a_space_and_non_asc
     proc, out, err = _sigterm_once_training(args, tmp_path, env)
     assert proc.returncode == 143, err
     command = shlex.split(out.split("resume with: ")[1].splitlines()[0])
-    assert command[:2] == ["python", "train.py"]
+    assert command[:2] == ["python", str(REPO / "train.py")]
     step = ck.load_checkpoint(tmp_path / "my runs" / "é a" / "last.pt")["step"]
-    resumed = run_cli(["train.py", *command[2:], f"train.max_iters={step + 2}"], cwd=tmp_path)
+    resumed = subprocess.run([sys.executable, *command[1:], f"train.max_iters={step + 2}"], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=300)  # as printed, from where it was started
     assert resumed.returncode == 0, resumed.stderr
     assert ck.load_checkpoint(tmp_path / "my runs" / "é a" / "last.pt")["step"] == step + 2
     sample = shlex.split(resumed.stdout.split("sample with: ")[1].splitlines()[0])
-    assert sample[:3] == ["python", "sample.py", "--run"] and sample[3] == "my runs/é a"
+    assert sample == ["python", str(REPO / "sample.py"), "--run", "my runs/é a"]
 
 
 @pytest.mark.slow

@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -28,6 +29,9 @@ register_configs()
 TINY = ["experiment=cpu", "train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16",
         "train.batch_size=4", "train.eval_iters=2", "train.log_interval=2", "train.eval_at_start=false",
         "optim.warmup_iters=2"]
+
+
+TRAIN_PY = shlex.quote(str(REPO / "train.py"))  # as a printed command names it from the test's cwd (a tmp dir)
 
 
 def make_cfg(corpus, *overrides):
@@ -269,7 +273,7 @@ def test_a_closed_pipe_before_a_resumed_run_s_first_step_saves_nothing_new(tmp_p
         res = train(make_cfg(tiny_corpus, "train.max_iters=4", "train.eval_interval=2", "train.resume=true"), run)
     assert (res.status, res.exit_code, res.step) == ("stopped", 141, 2) and (run / "last.pt").read_bytes() == before
     assert caplog.records[-1].message.startswith(f"stopped by {PIPE} before step 3: nothing new to save "
-                                                 f"({run / 'last.pt'} is from step 2); resume with: python train.py ")
+                                                 f"({run / 'last.pt'} is from step 2); resume with: python {TRAIN_PY} ")
 
 
 @pytest.mark.parametrize("after, stopped", [(3, True), (6, False)], ids=["during", "at-the-end"])
@@ -504,7 +508,7 @@ def test_a_second_ctrl_c_aborts_with_one_closing_line(tmp_path, tiny_corpus, mon
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), run,
                     cli_overrides=["train.max_iters=50"])
     assert (res.status, res.exit_code, res.step) == ("interrupted", 130, 4)  # step 5 never finished
-    assert caplog.records[-1].message == (f"interrupted; last.pt is from step 4: resume with: python train.py "
+    assert caplog.records[-1].message == (f"interrupted; last.pt is from step 4: resume with: python {TRAIN_PY} "
                                           f"train.max_iters=50 hydra.run.dir={run} train.resume=true")
     assert not any(r.message.startswith("stopped by") for r in caplog.records)
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4 and records(run)[-1]["status"] == "interrupted"

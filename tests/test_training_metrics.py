@@ -13,6 +13,7 @@ from training.config import Config
 from runtime.ranks import Ranks
 from training.precision import Precision, setup_precision
 from training.state import TrainState
+from tests.helpers import REPO
 
 
 def test_metrics_records_and_plot(tmp_path):
@@ -65,7 +66,8 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     assert "x 1 process); 4 steps to go" in lines[4]
     assert lines[5:7] == ["step 2/4: loss 3.5000 | lr 1.00e-03 | 1.0k tok/s",
                           "step 4/4: train loss 3.0000, val loss 3.2500 (2.000 bpb) (best) | 1.00K tokens | 2s"]
-    assert lines[7].startswith("done: 4 steps, ") and lines[7].endswith(f"python sample.py --run {run_dir}")
+    assert lines[7].startswith("done: 4 steps, ")  # sample.py named by a path that runs from the cwd (a tmp dir)
+    assert lines[7].endswith(f"python {REPO / 'sample.py'} --run {run_dir}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["type"] for r in records] == ["train", "eval", "summary"] and "mfu" not in records[0]
     assert records[2] == {"type": "summary", "status": "completed", "step": 4, "best_step": 4, "best_val_loss": 3.25,

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 from common.files import atomic_write
-from common.platform import command_line
+from common.platform import command_line, script
 from model.device import device_name
 
 if TYPE_CHECKING:
@@ -248,4 +248,4 @@ class RunLog:
             run_s = format_duration(round(st.elapsed_before + wall, 3))
             session = f" ({format_duration(round(wall, 3))} this session)" if st.elapsed_before else ""
             log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in {run_s}{session}, {done}; "
-                     f"sample with: {command_line(['python', 'sample.py', '--run', str(run_dir)])}")
+                     f"sample with: {command_line(['python', script('sample.py'), '--run', str(run_dir)])}")
