@@ -31,7 +31,7 @@ def test_the_key_table_gives_each_key_s_default():
     register_configs()
     cfg = OmegaConf.to_container(compose(["~experiment"]))
     text = _read(CONFIGURATION)
-    rows = re.findall(r"^\| (`[^|]+`) \| ([^|]*) \|", text[text.index("## The keys"):text.index("## Examples")], re.M)
+    rows = re.findall(r"^\| (`[^|]+`) \| ([^|]*) \|", text[text.index("## The keys"):text.index("\n## ", text.index("## The keys") + 1)], re.M)
     checked, wrong = 0, []
     for keys, defaults in rows:
         keys = re.findall(r"`([\w.]+)`", keys)

@@ -32,7 +32,8 @@ SPANS = {"<your overrides>": "", "<that run>": "outputs/latest"}  # placeholders
 MADE = {  # flags whose file or directory a CLI checks as it parses: made in the scratch dir first
     "--checkpoint": "file", "--prompt-file": "text", "--init": "hf", "--nanogpt": "nanogpt"}
 FAILS = {  # commands the docs show failing, and the start of the line they fail with
-    "train.max_iter=500": "unknown config key 'train.max_iter' (did you mean train.max_iters?)"}
+    "train.max_iter=500": "unknown config key 'train.max_iter' (did you mean train.max_iters?)",
+    "--out_dir=out-shakespeare-char": "sample.py takes --run out-shakespeare-char, not --out_dir"}
 HELLASWAG = {"ctx": "A man is", "endings": ["a", "b", "c", "d"], "label": 0}
 
 
@@ -212,13 +213,18 @@ def test_every_documented_cli_command_parses(scratch):
         args = [os.path.expanduser(a) if a.startswith("~/") else a for a in args]  # as the shell does
         for flag, value in zip(args, args[1:]):
             _make(flag, value)
+        expected = next((v for k, v in FAILS.items() if k in args), None)
         try:
             __import__(script).parse_args(args)
         except SystemExit as e:  # argparse: an unknown flag or a bad value (0: --help)
             if e.code != 0:
                 wrong.append(f"{where}: python {script}.py {shlex.join(args)} does not parse (exit {e.code})")
         except (ValueError, OSError) as e:
-            wrong.append(f"{where}: python {script}.py {shlex.join(args)}: {e}")
+            if not (expected and str(e).startswith(expected)):
+                wrong.append(f"{where}: python {script}.py {shlex.join(args)}: {e}")
+        else:
+            if expected:
+                wrong.append(f"{where}: python {script}.py {shlex.join(args)} should fail with {expected}")
     assert not wrong, "documented commands that do not parse:\n" + "\n".join(wrong)
 
 
