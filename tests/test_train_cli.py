@@ -214,7 +214,7 @@ def _wait_for(proc, text: str, timeout: float = 120) -> None:
 
 
 @pytest.mark.slow
-def test_a_running_run_owns_its_directory(tmp_path, tiny_corpus, monkeypatch, capsys):
+def test_a_running_run_owns_its_directory(tmp_path, tiny_corpus, monkeypatch, capsys, environ_restored):
     """A second run into a live run's directory (resuming or not) is refused naming the live one; once that
     one is killed (SIGKILL: the kernel drops its lock) a new run takes over and resumes, and sample.py still
     finds the run (the .lock file is in nobody's way). The live run reads data.path='~/corpus.txt' (quoted ~).
@@ -224,10 +224,7 @@ def test_a_running_run_owns_its_directory(tmp_path, tiny_corpus, monkeypatch, ca
     import train
     (tmp_path / "corpus.txt").write_bytes(tiny_corpus.read_bytes())
     args = [*TINY, "data=text", "data.path='~/corpus.txt'", "train.eval_interval=2", "hydra.run.dir=outputs/run"]
-    home = {"HOME": str(tmp_path)}
-    for var, value in {**home, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
-                       "TRITON_CACHE_DIR": str(tmp_path / "triton")}.items():
-        monkeypatch.setenv(var, value)  # (train.main would set the caches' for the rest of the session)
+    monkeypatch.setenv("HOME", str(tmp_path))
     first = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, "train.max_iters=100000"], cwd=tmp_path,
                              env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
