@@ -243,13 +243,11 @@ def test_every_bad_source_is_one_line(tmp_path, tiny_corpus, tiny_hf, cache_with
 
 
 @pytest.mark.slow
-def test_round_trip_hf_finetune_export_eval(tmp_path, tiny_hf, cache_with_gpt2, tiny_corpus, capsys,
-                                            environ_restored):
+def test_round_trip_hf_finetune_export_eval(tmp_path, tiny_hf, cache_with_gpt2, tiny_corpus, capsys):
     """`python train.py model.init_from=HF ...` (the automatic CPU preset), then export.py --hf and eval.py: the
     exported fine-tuned model scores a text exactly as its checkpoint does."""
     import eval as eval_cli
     import export
-    import train as train_py
     hf_dir = tiny_hf[0]
     proc = run_cli(["train.py", "train.device=cpu", *GPT2_DATA, f"data.path={tiny_corpus}", f"model.init_from={hf_dir}",
                     "model.block_size=32", "train.batch_size=2", "train.max_iters=2", "train.eval_interval=2",
@@ -259,10 +257,9 @@ def test_round_trip_hf_finetune_export_eval(tmp_path, tiny_hf, cache_with_gpt2, 
            f"to 32" in proc.stdout
     assert "model: " in proc.stdout and "2 layers, 2 heads, 64 wide, context 32, vocab 50257" in proc.stdout
     run = tmp_path / "run"
-    capsys.readouterr()
-    assert train_py.main(["train.device=cpu", *GPT2_DATA, f"data.path={tiny_corpus}", f"model.init_from={hf_dir}",
-                          "model.n_embd=32", "hydra.run.dir=run2"]) == 2  # one line from the CLI's main
-    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: model.n_embd=32 contradicts")
+    bad = run_cli(["train.py", "train.device=cpu", *GPT2_DATA, f"data.path={tiny_corpus}",  # one line from the CLI
+                   f"model.init_from={hf_dir}", "model.n_embd=32", "hydra.run.dir=run2"], cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: model.n_embd=32 contradicts")
     assert export.main(["--hf", str(tmp_path / "out"), "--run", str(run)]) == 0
     capsys.readouterr()
     text = tmp_path / "text.txt"
