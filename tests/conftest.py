@@ -6,6 +6,7 @@ that need it skip when absent, saying where they looked.
 """
 from __future__ import annotations
 
+import functools
 import multiprocessing.process
 import os
 import random
@@ -47,7 +48,10 @@ SHARED_DATA = _find_shared_data()
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `cuda` skip (one reason, no error) on a machine without a CUDA GPU."""
+    """Tests marked `cuda` skip (one reason, no error) on a machine without a CUDA GPU; pytest-xdist's workers
+    list the slow tests first (see pytest_xdist_make_scheduler)."""
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # (stable: the files' order in each)
     import torch
     if torch.cuda.is_available():
         return
@@ -55,6 +59,37 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "cuda" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(optionalhook=True)  # (pytest-xdist's hook: absent under -p no:xdist)
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's default (`--dist load`) hands each worker runs of consecutive tests fixed in advance (at first a
+    quarter of its share): the slow ones of a run stay on their worker, the other may idle at the end, and a file's
+    module-scoped fixture (test_runtime_distributed's torchrun runs: a minute) runs on both workers when its tests
+    are split. Here the workers take the tests two or three at a time, slow ones first (so that the two finish
+    together on the quick ones), and a file with a module-scoped fixture is one unit, run by one worker.
+    (`--dist loadgroup` with xdist_group marks cannot do it under pytest 9.2 with pytest-xdist 3.8: the mark
+    renames the test, and pytest 9 ignores the new name, so every group is silently split.)"""
+    if config.getvalue("dist") != "load":  # another --dist asked for
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class OneAtATime(LoadScopeScheduling):  # its units in the order collected, the larger units first
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return path if _has_module_fixture(path) else nodeid
+
+    return OneAtATime(config, log)
+
+
+@functools.cache
+def _has_module_fixture(path: str) -> bool:
+    """Whether the test file (relative to the repo) defines a fixture shared by several of its tests."""
+    try:
+        text = (REPO / path).read_text(encoding="utf-8")
+    except OSError:
+        return False
+    return re.search(r"scope=[\"'](module|class|package)[\"']", text) is not None
 
 
 # ------------------------------------------------------------------ the quick set (-m "not slow") stays quick
@@ -146,6 +181,17 @@ def _hermetic(tmp_path, monkeypatch):
     monkeypatch.setenv("HYDRA_FULL_ERROR", "0")
     monkeypatch.chdir(tmp_path)
     yield
+
+
+@pytest.fixture
+def environ_restored():
+    """For a test that runs an entry point's main() in this process (train.main, cheaper than a child Python): what
+    it sets in os.environ (the compile caches under this test's cache dir, the OpenMP wait policy) is undone."""
+    before = dict(os.environ)
+    yield
+    for key in set(os.environ) - set(before):
+        del os.environ[key]
+    os.environ.update(before)
 
 
 @pytest.fixture(autouse=True)

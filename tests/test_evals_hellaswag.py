@@ -4,7 +4,6 @@ acc_norm_tokens pick by sum / per character (lm-eval's) / per token (llm.c's), e
 lm-evaluation-harness on the exported model gives the same log-likelihoods (within 1e-4) and accuracies."""
 from __future__ import annotations
 
-import glob
 import json
 
 import pytest
@@ -178,11 +177,30 @@ metric_list:
 """
 
 
+# lm-eval as `lm_eval --model hf --model_args pretrained=DIR,dtype=float32 --tasks tinygpt_hellaswag --include_path
+# TASKS --device cpu --log_samples` runs it (simple_evaluate, batch size 1), for each model in one process, with its
+# task index holding the local task alone: the CLI reads lm-eval's ~14,000 task files first (17 s of CPU)
+LM_EVAL = r"""
+import json, sys
+from lm_eval import simple_evaluate
+from lm_eval.tasks import TaskManager
+tasks, out, models = sys.argv[1], sys.argv[2], sys.argv[3:]
+manager = TaskManager(include_path=tasks, include_defaults=False)
+got = {}
+for model in models:
+    r = simple_evaluate(model="hf", model_args=f"pretrained={model},dtype=float32", tasks=["tinygpt_hellaswag"],
+                        device="cpu", batch_size=1, log_samples=True, task_manager=manager)
+    got[model] = {"results": r["results"]["tinygpt_hellaswag"], "samples": r["samples"]["tinygpt_hellaswag"]}
+with open(out, "w") as f:
+    json.dump(got, f, default=str)
+"""
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["gpt2", "bpe"])
-def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus, kind):
-    """The same file through lm-evaluation-harness (a local task) on the export: the same per-ending
-    log-likelihoods (within 1e-4 nats; logits 4x larger than at init, lm-eval sums in float32), acc and acc_norm."""
+def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus):
+    """The same file through lm-evaluation-harness (a local task) on the export, for GPT-2's tokenizer (a 50k
+    vocabulary) and an own BPE: the same per-ending log-likelihoods (within 1e-4 nats; logits 4x larger than at
+    init, lm-eval sums in float32), acc and acc_norm."""
     pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (pip install lm-eval)")
     pytest.importorskip("accelerate", reason="lm-eval's hf model needs accelerate (pip install accelerate)")
     import random
@@ -190,9 +208,7 @@ def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus, kin
     import export
     from data import bpe
     from data.tokenizer import GPT2Tokenizer
-    tok = GPT2Tokenizer() if kind == "gpt2" else bpe.train([tiny_corpus.read_text()], 300)  # or an own BPE
-    vocab, T = (50304, 24) if kind == "gpt2" else (tok.vocab_size, 64)  # 300 tokens: longer endings
-    ckpt = str(save_run(tmp_path / "run", peaky(tiny_model(vocab, n_embd=8, block_size=T), 4.0), tok))
+    from model.gpt import GPT
     lines = [line for line in tiny_corpus.read_text().splitlines() if line.strip()]
     rng, rows = random.Random(0), []
     for i in range(12):
@@ -200,23 +216,27 @@ def test_agrees_with_lm_eval(tmp_path, capsys, cache_with_gpt2, tiny_corpus, kin
         rng.shuffle(ends)
         rows.append({"ctx": lines[i], "endings": ends, "label": ends.index(lines[(i + 1) % len(lines)])})
     path = write_rows(tmp_path / "hs.jsonl", rows)
-    assert export.main(["--hf", str(tmp_path / "hf"), "--checkpoint", ckpt]) == 0
-    assert eval_cli.main(["--hellaswag", path, "--checkpoint", ckpt, "--json"]) == 0
-    ours = json.loads(capsys.readouterr().out.splitlines()[-1])
+    kinds = {}
+    for kind in ("gpt2", "bpe"):
+        tok = GPT2Tokenizer() if kind == "gpt2" else bpe.train([tiny_corpus.read_text()], 300)  # or an own BPE
+        vocab, T = (50304, 24) if kind == "gpt2" else (tok.vocab_size, 64)  # 300 tokens: longer endings
+        ckpt = str(save_run(tmp_path / kind, peaky(tiny_model(vocab, n_embd=8, block_size=T), 4.0), tok))
+        assert export.main(["--hf", str(tmp_path / kind / "hf"), "--checkpoint", ckpt]) == 0
+        assert eval_cli.main(["--hellaswag", path, "--checkpoint", ckpt, "--json"]) == 0
+        kinds[kind] = tok, T, json.loads(capsys.readouterr().out.splitlines()[-1])
     (tmp_path / "tasks").mkdir()
     (tmp_path / "tasks" / "hs.yaml").write_text(LM_EVAL_TASK.format(path=path))
     offline = {k: "1" for k in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")}
-    proc = run_cli(["-m", "lm_eval", "--model", "hf", "--model_args", f"pretrained={tmp_path / 'hf'},dtype=float32",
-                    "--tasks", "tinygpt_hellaswag", "--include_path", str(tmp_path / "tasks"), "--device", "cpu",
-                    "--output_path", str(tmp_path / "out"), "--log_samples"], cwd=tmp_path, env=offline, check=True)
-    (results,) = glob.glob(str(tmp_path / "out" / "**" / "results_*.json"), recursive=True)
-    r = json.load(open(results))["results"]["tinygpt_hellaswag"]
-    assert (r["acc,none"], r["acc_norm,none"]) == pytest.approx((ours["acc"], ours["acc_norm"])), proc.stdout
-    (samples,) = glob.glob(str(tmp_path / "out" / "**" / "samples_*.jsonl"), recursive=True)
-    from model.gpt import GPT
-    model = GPT.from_pretrained(str(tmp_path / "hf"))
-    for line in open(samples):
-        s = json.loads(line)
-        ex = hellaswag.parse_row(json.dumps(s["doc"]))
-        total, _ = hellaswag.ending_losses(model, hellaswag.encode(ex, tok.encode, T), tok.vocab_size)
-        assert (-total).tolist() == pytest.approx([float(ll) for ll, _ in s["filtered_resps"]], abs=1e-4)
+    run_cli(["-c", LM_EVAL, str(tmp_path / "tasks"), str(tmp_path / "lm_eval.json"),
+             *(str(tmp_path / kind / "hf") for kind in kinds)], cwd=tmp_path, check=True,
+            env={**offline, "HF_DATASETS_CACHE": str(tmp_path / "datasets"), "OMP_NUM_THREADS": "1"})
+    got = json.loads((tmp_path / "lm_eval.json").read_text())
+    for kind, (tok, T, ours) in kinds.items():
+        r, samples = got[str(tmp_path / kind / "hf")]["results"], got[str(tmp_path / kind / "hf")]["samples"]
+        assert (r["acc,none"], r["acc_norm,none"]) == pytest.approx((ours["acc"], ours["acc_norm"])), kind
+        model = GPT.from_pretrained(str(tmp_path / kind / "hf"))
+        assert len(samples) == len(rows)
+        for s in samples:
+            ex = hellaswag.parse_row(json.dumps(s["doc"]))
+            total, _ = hellaswag.ending_losses(model, hellaswag.encode(ex, tok.encode, T), tok.vocab_size)
+            assert (-total).tolist() == pytest.approx([float(ll) for ll, _ in s["filtered_resps"]], abs=1e-4), kind

@@ -173,13 +173,13 @@ def spiky(config, attention="sdpa", seed=0):
     return model
 
 
-def future_perturbations(config, seed=1):
-    """(base ids (2, T), [(t, ids with every token after t changed)]) for t in 0..T-2."""
+def future_perturbations(config, seed=1, at=None):
+    """(base ids (2, T), [(t, ids with every token after t changed)]) for t in 0..T-2, or for t = `at` only."""
     g = torch.Generator().manual_seed(seed)
     V, T = config.vocab_size, config.block_size
     idx = torch.randint(0, V, (2, T), generator=g)
     out = []
-    for t in range(T - 1):
+    for t in range(T - 1) if at is None else [at]:
         changed = idx.clone()
         changed[:, t + 1:] = (idx[:, t + 1:] + torch.randint(1, V, (2, T - t - 1), generator=g)) % V
         out.append((t, changed))
@@ -243,19 +243,31 @@ def test_every_setting_cached_chunks_match_full_forward(config, attention):
     assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4, rtol=0)
 
 
+def on_path(model, attention):
+    """`model` with every layer switched to the `attention` path (the attribute forward() reads), same weights."""
+    for block in model.transformer.h:
+        assert block.attn.attention in PATHS
+        block.attn.attention = attention
+    return model
+
+
 @pytest.mark.slow
 def test_the_full_product_of_settings_is_causal_and_paths_agree():
-    """All 576 combinations (the quick set covers each attention combination and each per-position one)."""
+    """All 576 combinations (the quick set covers each attention combination and each per-position one); one
+    model per combination, switched from one path to the other (building a model costs more than its forwards)."""
     for name, config in model_variants(exhaustive=True):
-        sdpa, manual = spiky(config, "sdpa"), make_model(config, "manual")
-        manual.load_state_dict(sdpa.state_dict())
-        idx, perturbed = future_perturbations(config)
-        t, changed = perturbed[config.block_size // 2]
+        model, manual_scores = spiky(config, "sdpa"), []  # only the manual path's scores pass through attn.scores
+        model.transformer.h[-1].attn.scores.register_forward_hook(lambda *_: manual_scores.append(1))
+        t = config.block_size // 2
+        idx, [(_, changed)] = future_perturbations(config, at=t)
         with torch.no_grad():
-            base = sdpa(idx)[0]
-            assert (base - manual(idx)[0]).abs().max() <= 1e-4, name
-            assert torch.equal(sdpa(changed)[0][:, :t + 1], base[:, :t + 1]), name
-            assert torch.equal(manual(changed)[0][:, :t + 1], manual(idx)[0][:, :t + 1]), name
+            base, base_changed = model(idx)[0], model(changed)[0]
+            assert not manual_scores
+            manual, manual_changed = on_path(model, "manual")(idx)[0], model(changed)[0]
+            assert len(manual_scores) == 2, name  # the switch took
+        assert (base - manual).abs().max() <= 1e-4, name
+        assert torch.equal(base_changed[:, :t + 1], base[:, :t + 1]), name
+        assert torch.equal(manual_changed[:, :t + 1], manual[:, :t + 1]), name
 
 
 def rope_by_complex_numbers(x, pos, theta):

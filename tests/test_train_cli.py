@@ -241,25 +241,30 @@ def _wait_for(proc, text: str, timeout: float = 120) -> None:
 
 
 @pytest.mark.slow
-def test_a_running_run_owns_its_directory(tmp_path, tiny_corpus):
+def test_a_running_run_owns_its_directory(tmp_path, tiny_corpus, monkeypatch, capsys, environ_restored):
     """A second run into a live run's directory (resuming or not) is refused naming the live one; once that
     one is killed (SIGKILL: the kernel drops its lock) a new run takes over and resumes, and sample.py still
-    finds the run (the .lock file is in nobody's way). The live run reads data.path='~/corpus.txt' (quoted ~)."""
+    finds the run (the .lock file is in nobody's way). The live run reads data.path='~/corpus.txt' (quoted ~).
+    The refusals and sample.py run in this process (train.main, sample.main: what the scripts run), the live run
+    and the one that takes over in their own."""
+    import sample
+    import train
     (tmp_path / "corpus.txt").write_bytes(tiny_corpus.read_bytes())
     args = [*TINY, "data=text", "data.path='~/corpus.txt'", "train.eval_interval=2", "hydra.run.dir=outputs/run"]
-    home = {"HOME": str(tmp_path)}
+    monkeypatch.setenv("HOME", str(tmp_path))
     first = subprocess.Popen([sys.executable, str(REPO / "train.py"), *args, "train.max_iters=100000"], cwd=tmp_path,
-                             env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", **home),
+                             env=dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1"),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         _wait_for(first, "step 4/")  # under way, last.pt written at step 2
         log = (tmp_path / "outputs/run/train.log").read_text()
+        capsys.readouterr()
         for extra in ([], ["train.resume=true"]):
-            proc = run_cli(["train.py", *args, "train.max_iters=4", *extra], cwd=tmp_path, timeout=120, env=home)
-            assert proc.returncode == 2
-            _no_traceback(proc)
-            error = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]
-            assert error == [ln for ln in proc.stderr.splitlines() if ln.strip()][-1:], proc.stderr
+            assert train.main([*args, "train.max_iters=4", *extra]) == 2
+            out, err = capsys.readouterr()
+            assert "Traceback" not in out + err, err
+            error = [ln for ln in err.splitlines() if ln.startswith("error:")]
+            assert error == [ln for ln in err.splitlines() if ln.strip()][-1:], err
             assert error[0].startswith("error: hydra.run.dir=outputs/run is in use by another training run (pid "
                                        f"{first.pid} on host ") and "choose another hydra.run.dir" in error[0]
         assert (tmp_path / "outputs/run/train.log").read_text().startswith(log)  # the refusals wrote nothing
@@ -267,13 +272,14 @@ def test_a_running_run_owns_its_directory(tmp_path, tiny_corpus):
         first.kill()
         first.wait()
     step = ck.load_checkpoint(tmp_path / "outputs/run/last.pt")["step"]
-    proc = run_cli(["train.py", *args, "train.resume=true", f"train.max_iters={step + 2}"], cwd=tmp_path, env=home)
+    proc = run_cli(["train.py", *args, "train.resume=true", f"train.max_iters={step + 2}"], cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert ck.load_checkpoint(tmp_path / "outputs/run/last.pt")["step"] == step + 2
     assert f'"pid": {first.pid},' not in (tmp_path / "outputs/run/.lock").read_text()
-    proc = run_cli(["sample.py", "--max-new-tokens", "5"], cwd=tmp_path, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert f"using {os.path.join('outputs', 'run', 'last.pt')}" in proc.stderr or "outputs/run" in proc.stderr
+    capsys.readouterr()
+    assert sample.main(["--max-new-tokens", "5"]) == 0
+    err = capsys.readouterr().err
+    assert f"using {os.path.join('outputs', 'run', 'last.pt')}" in err or "outputs/run" in err
 
 
 @pytest.mark.slow
@@ -477,18 +483,36 @@ def test_a_sweep_over_tokenizers_is_told_a_command_that_works(tmp_path, tiny_cor
     assert ok.returncode == 0 and "1 of 1 jobs completed" in ok.stdout, ok.stderr
 
 
-@pytest.mark.slow  # two short runs
+RUNS_IN_ONE_PROCESS = r"""
+import json, runpy, sys
+train_py, runs = sys.argv[1], json.loads(sys.argv[2])
+for args in runs:  # python train.py ARGS, one after another (each must exit 0)
+    sys.argv = [train_py, *args]
+    try:
+        runpy.run_path(train_py, run_name="__main__")
+    except SystemExit as e:
+        if e.code:
+            raise
+"""
+
+
+@pytest.mark.slow  # four short runs, in one process
 def test_a_run_that_does_not_compile_imports_no_compiler_and_no_fsdp(tmp_path, tiny_corpus):
     """Issue 37: neither optimizer (Muon with AdamW, or AdamW) imports torch._dynamo, sympy or FSDP in a run, its
-    resume (load_state_dict) included: seconds before the first step on a GPU machine, ~65 MiB on a CPU."""
-    base = [str(REPO / "train.py"), "experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}",
-            "train.eval_interval=2", "hydra.run.dir=outputs/r"]
-    for extra in (["train.max_iters=2"], ["train.max_iters=4", "train.resume=true"],
-                  ["optim=adamw", "train.max_iters=2", "hydra.run.dir=outputs/a"],
-                  ["optim=adamw", "train.max_iters=4", "hydra.run.dir=outputs/a", "train.resume=true"]):
-        proc = run_cli(["-X", "importtime", *base, *extra], cwd=tmp_path)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
-        assert "torch" in imported and not {"torch._dynamo", "sympy", "torch.distributed.fsdp"} & imported, extra
+    resume (load_state_dict) included: seconds before the first step on a GPU machine, ~65 MiB on a CPU. The four
+    runs share one process (one start-up): `-X importtime` lists every module the first time any of them imports
+    it, so a module none of them may import is absent from the list exactly when no run imported it."""
+    base = ["experiment=cpu", *TINY, "data=text", f"data.path={tiny_corpus}", "train.eval_interval=2",
+            "hydra.run.dir=outputs/r"]
+    runs = [[*base, *extra] for extra in (
+        ["train.max_iters=2"], ["train.max_iters=4", "train.resume=true"],
+        ["optim=adamw", "train.max_iters=2", "hydra.run.dir=outputs/a"],
+        ["optim=adamw", "train.max_iters=4", "hydra.run.dir=outputs/a", "train.resume=true"])]
+    proc = run_cli(["-X", "importtime", "-c", RUNS_IN_ONE_PROCESS, str(REPO / "train.py"), json.dumps(runs)],
+                   cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.count("resumed from") == 2, proc.stdout
+    imported = {ln.rsplit("|", 1)[1].strip() for ln in proc.stderr.splitlines() if ln.startswith("import time:")}
+    assert "torch" in imported and not {"torch._dynamo", "sympy", "torch.distributed.fsdp"} & imported
     assert ck.load_checkpoint(tmp_path / "outputs" / "r" / "last.pt")["step"] == 4
     assert ck.load_checkpoint(tmp_path / "outputs" / "a" / "last.pt")["step"] == 4
