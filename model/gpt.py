@@ -180,8 +180,8 @@ class GPT(nn.Module):
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
         """nanoGPT's model.generate: idx (B, T) followed by max_new_tokens sampled tokens, (B, T + max_new_tokens);
         temperature 0 is greedy. With the KV cache; top_p, a seeded generator and more: model.generate.generate."""
-        from model.generate import generate  # here: training never loads the sampler (it imports nothing of this file)
-        return generate(self, idx, max_new_tokens, temperature, top_k)
+        from model.generate import Sampling, generate  # here: training never loads the sampler
+        return generate(self, idx, max_new_tokens, Sampling(temperature, top_k))
 
     @torch.no_grad()
     def attention_maps(self, idx) -> torch.Tensor:

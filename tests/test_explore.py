@@ -103,10 +103,10 @@ def test_contract(one):
     probs = [n["prob"] for n in nxt]
     assert probs == sorted(probs, reverse=True) and abs(sum(probs) - 1) < 1e-6 and min(probs) > 0
     assert len(post(url, {"text": PROMPT})[1]["next"]) == 20
-    from model.generate import logits_to_probs
+    from model.generate import Sampling, logits_to_probs
     logits = views[0].last.logits
     assert logits.numel() == views[0].tokenizer.vocab_size  # the padded rows are no tokens
-    expect = logits_to_probs(logits, 0.7, 5)
+    expect = logits_to_probs(logits, Sampling(0.7, 5))
     assert all(abs(expect[n["id"]] - n["prob"]) < 1e-6 and n["token"] == views[0].tokenizer.decode([n["id"]])
                for n in nxt)
     greedy = post(url, {"text": PROMPT, "temperature": 0})[1]["next"]
