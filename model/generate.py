@@ -51,9 +51,10 @@ class KVCache:
 
 def logits_to_probs(logits, sampling: Sampling = Sampling()) -> torch.Tensor:
     """logits (..., V) -> probabilities (..., V) under `sampling`: ids >= its vocab_limit at -inf, then top-k (clamped
-    to V, ties kept), the temperature and top-p (the smallest set of most probable tokens with mass >= top_p; the top
-    one always stays). Finite for every temperature: the logits are shifted so the largest is 0 before dividing (the
-    same softmax), so a tiny temperature gives the argmax all the mass (exact ties share it) instead of inf - inf."""
+    to V, ties kept), the temperature, top-p (the smallest set of most probable tokens with mass >= top_p) and min-p
+    (tokens at least min_p times as probable as the top one), HF's order; the top token always stays. Finite for
+    every temperature: the logits are shifted so the largest is 0 before dividing (the same softmax), so a tiny
+    temperature gives the argmax all the mass (exact ties share it) instead of inf - inf."""
     logits = logits.float()
     if sampling.vocab_limit is not None and sampling.vocab_limit < logits.size(-1):  # padded rows: never drawn
         logits = logits.masked_fill(torch.arange(logits.size(-1), device=logits.device) >= sampling.vocab_limit,
@@ -72,6 +73,9 @@ def logits_to_probs(logits, sampling: Sampling = Sampling()) -> torch.Tensor:
         mass_before[..., 0] = 0.0  # exact zero: the top token is always kept
         drop = mass_before >= sampling.top_p  # the kept tokens already reach top_p without this one
         probs = probs.masked_fill(drop.scatter(-1, order, drop), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if sampling.min_p:  # HF's MinPLogitsWarper, after top-p (which keeps the top token: the same ratio to it)
+        probs = probs.masked_fill(probs < sampling.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
 

@@ -24,6 +24,7 @@ class Sampling:
     temperature: float = setting(1.0, float, "T", "0 = greedy (default %(default)s)")
     top_k: int | None = setting(None, int, "K", "sample among the K most likely tokens")
     top_p: float | None = setting(None, float, "P", "nucleus sampling: smallest set with mass >= P, 0 < P <= 1")
+    min_p: float | None = setting(None, float, "P", "keep tokens at least P times as likely as the top one, 0 < P <= 1")
     vocab_limit: int | None = None  # ids >= vocab_limit are never drawn (a padded vocabulary): the tokenizer's size
 
     def __post_init__(self):
@@ -36,6 +37,9 @@ class Sampling:
         if self.top_p is not None and not (_number(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise setting_error("{top_p=}{0!r} is outside (0, 1]: use e.g. {top_p=}0.9 (1 keeps every token)",
                                 self.top_p)
+        if self.min_p is not None and not (_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
+            raise setting_error("{min_p=}{0!r} is outside [0, 1]: use e.g. {min_p=}0.05 (0 keeps every token)",
+                                self.min_p)
         if self.vocab_limit is not None and not (_number(self.vocab_limit, whole=True) and self.vocab_limit >= 1):
             raise setting_error("{vocab_limit=}{0!r} is invalid: use the tokenizer's vocabulary size, or None",
                                 self.vocab_limit)

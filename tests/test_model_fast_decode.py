@@ -14,7 +14,7 @@ from model.sampling import Sampling
 from tests.test_model_generate import decoder_config, spiky_model  # noqa: F401 (fixture)
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-SAMPLINGS = [Sampling(temperature=0), Sampling(temperature=1.5, top_k=20, top_p=0.95)]
+SAMPLINGS = [Sampling(temperature=0), Sampling(temperature=1.5, top_k=20, top_p=0.95, min_p=0.01)]
 
 
 def _run(model, idx, n, decode, sampling, seed=None):
@@ -256,7 +256,7 @@ def test_compiled_static_cache_decode_traces_once_and_matches_eager(tiny_gpt_con
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
-        for sampling, seed in ((Sampling(temperature=0), None), (Sampling(temperature=0.8, top_k=10, top_p=0.9), 5)):
+        for sampling, seed in ((Sampling(temperature=0), None), (Sampling(0.8, top_k=10, top_p=0.9, min_p=0.05), 5)):
             eager = _run(model, idx, n, next_token_probs, sampling, seed)
             assert torch.equal(_run(model, idx, n, step, sampling, seed), eager)
             assert step.works  # compiled for real, no silent fallback
@@ -357,7 +357,7 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95), dict(temperature=1.0)):
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02), dict(temperature=1.0)):
             run(graphed_step, **kw), run(next_token_probs, **kw)  # warm-up: CUDA context, cuBLAS, allocator
             (graphed, graphed_rate), (eager, eager_rate) = run(graphed_step, **kw), run(next_token_probs, **kw)
             assert graphed == eager, kw
@@ -389,6 +389,6 @@ def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95)):
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95, min_p=0.02)):
             assert torch.equal(run(graphed_step, **kw), run(next_token_probs, **kw)), kw
     assert graphed_step.works

@@ -83,9 +83,36 @@ def test_top_k_then_top_p_compose():
     assert (probs > 0).tolist() == [[True, True, True, False]]
 
 
+def test_min_p_keeps_tokens_at_least_min_p_times_the_top_one():
+    """min_p: the tokens with probability >= min_p x the top token's (boundary included), renormalised; 0 and None
+    keep every token. By hand, with powers of two (exact in float32)."""
+    probs = torch.tensor([0.125, 0.5, 0.03125, 0.25, 0.09375])
+    logits = probs.log()
+    kept = logits_to_probs(logits, Sampling(min_p=0.25))  # 0.25 x 0.5 = 0.125: 0.125 stays, 0.09375 goes
+    assert torch.equal(kept, torch.tensor([0.125, 0.5, 0, 0.25, 0]) / 0.875)
+    assert (logits_to_probs(logits, Sampling(min_p=0.5)) > 0).tolist() == [False, True, False, True, False]
+    assert (logits_to_probs(logits, Sampling(min_p=1.0)) > 0).tolist() == [False, True, False, False, False]
+    plain = logits_to_probs(logits)
+    assert torch.equal(logits_to_probs(logits, Sampling(min_p=0)), plain)
+    assert torch.equal(logits_to_probs(logits, Sampling(min_p=0.01)), plain)  # 0.03125 >= 0.005: all stay
+
+
+def test_min_p_comes_after_the_temperature_and_top_p():
+    """HF's order (MinPLogitsWarper after TemperatureLogitsWarper and TopPLogitsWarper): at temperature T a token
+    stays if (p / p_top) ** (1 / T) >= min_p; top-p first, on the whole distribution."""
+    logits = torch.tensor([0.5, 0.25, 0.125, 0.125]).log()
+    assert (logits_to_probs(logits, Sampling(min_p=0.4)) > 0).tolist() == [True, True, False, False]  # 0.25 < 0.4
+    hot = logits_to_probs(logits, Sampling(2.0, min_p=0.4))  # (1/4) ** (1/2) = 0.5 >= 0.4: the 0.125s stay
+    assert torch.allclose(hot, torch.tensor([2 ** 0.5, 1, 0.5 ** 0.5, 0.5 ** 0.5]) / (2 ** 0.5 + 1 + 2 * 0.5 ** 0.5))
+    logits = torch.tensor([0.4, 0.3, 0.2, 0.1]).log()
+    both = logits_to_probs(logits, Sampling(top_p=0.75, min_p=0.4))  # top-p keeps 3 (0.4 + 0.3 < 0.75), min-p 3
+    assert torch.allclose(both, torch.tensor([0.4, 0.3, 0.2, 0]) / 0.9)  # (min-p first: top-p would keep only 2)
+
+
 TINY_TEMPERATURES = [1e-45, 5e-324, 1e-39, 1e-38, 1e-30, 1e-10]  # below float32's smallest normal number, and above
 FILTERS = [dict(), dict(top_k=3), dict(top_p=0.5), dict(top_k=3, top_p=0.9), dict(vocab_limit=5),
-           dict(top_k=2, top_p=0.99, vocab_limit=5)]
+           dict(top_k=2, top_p=0.99, vocab_limit=5), dict(min_p=0.1),
+           dict(top_k=4, top_p=0.95, min_p=0.5, vocab_limit=5)]
 
 
 @pytest.mark.parametrize("kw", FILTERS, ids=lambda kw: ",".join(kw) or "plain")
@@ -126,6 +153,10 @@ def test_no_temperature_gives_nan_even_with_huge_logits(kw):
     (dict(top_k=2.5), "top_k"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
+    (dict(min_p=-0.1), "min_p"),
+    (dict(min_p=1.5), "min_p"),
+    (dict(min_p="0.1"), "min_p"),
+    (dict(min_p=True), "min_p"),
 ])
 def test_bad_sampling_parameters_raise(kwargs, field):
     """Checked once, where the settings are made (model/sampling.py): one line naming the setting as the caller
@@ -255,7 +286,7 @@ def test_rotary_positions_advance_once_per_step_not_per_layer(tiny_gpt_config, m
 def test_sampling_with_same_generator_is_identical_cached_and_uncached(decoder_config):
     model = spiky_model(decoder_config)
     idx = torch.zeros(2, 3, dtype=torch.long)
-    n, s = 3 * decoder_config.block_size, Sampling(temperature=2.0, top_k=20, top_p=0.95)
+    n, s = 3 * decoder_config.block_size, Sampling(temperature=2.0, top_k=20, top_p=0.95, min_p=0.01)
     a = generate(model, idx, n, s, generator=torch.Generator().manual_seed(5))
     b = generate(model, idx, n, s, use_kv_cache=False, generator=torch.Generator().manual_seed(5))
     c = generate(model, idx, n, s, generator=torch.Generator().manual_seed(6))
@@ -350,6 +381,12 @@ def test_model_generate_is_nanogpts(tiny_gpt_config):
         torch.manual_seed(5)
         runs.append(model.generate(idx, 20, temperature=0.9, top_k=5))
     assert torch.equal(*runs) and not torch.equal(runs[0], out[:, :23])
+    torch.manual_seed(5)  # min_p, a keyword: Sampling's; 1 keeps only the top token (no ties here): greedy
+    assert torch.equal(model.generate(idx, n, temperature=1.0, min_p=1.0), out)
+    torch.manual_seed(5)
+    with_min_p = model.generate(idx, 20, 0.9, 5, min_p=0.1)
+    torch.manual_seed(5)
+    assert torch.equal(with_min_p, generate(model, idx, 20, Sampling(0.9, 5, min_p=0.1)))
 
 
 @pytest.mark.slow  # over ~1 s: the 10.7M model of the first snippet, and a fresh interpreter
