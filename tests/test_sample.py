@@ -154,7 +154,7 @@ def test_a_tiny_temperature_prints_the_greedy_text(trained, capsys, t):
 def test_min_p_keeps_the_tokens_near_the_top_one(trained, capsys):
     """--min-p P keeps the tokens at least P times as likely as the top one: 1 keeps only the top one, so a hot
     temperature prints the greedy text; a smaller P samples, the same text again with the same --seed."""
-    args = ["--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 40]
+    args = ["--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 20]
     greedy = sample_main(capsys, *args, "--temperature", 0)[1]
     code, out, err = sample_main(capsys, *args, "--temperature", 1.5, "--min-p", 1, "--seed", 1)
     assert code == 0 and out == greedy, err
