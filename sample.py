@@ -9,6 +9,7 @@ if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below e
     from common.interrupt import stop_quietly
     stop_quietly()
 
+import dataclasses
 import io
 import re
 import sys
@@ -17,13 +18,14 @@ from pathlib import Path
 
 from checkpoint.file import add_checkpoint_options, check_hf_dir, load_model, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from, read_text_file
-from model.config import check_sampling
+from model.sampling import SETTINGS, Sampling
 from model.hub import download_command
 from common.platform import command_line, configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
 
 SEPARATOR = "\n---------------\n"
+FLAGS = {name: "--" + name.replace("_", "-") for name in SETTINGS}  # --top-k for top_k: model/sampling.py's settings
 
 
 def nanogpt_start(value: str | None) -> str:
@@ -51,9 +53,9 @@ def parse_args(argv: list[str] | None = None):
                     'understood)')
     pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file (- = stdin)")
     p.add_argument("--max-new-tokens", type=int, default=500, metavar="N", help="tokens per sample (default 500)")
-    p.add_argument("--temperature", type=float, default=0.8, metavar="T", help="0 = greedy (default 0.8)")
-    p.add_argument("--top-k", type=int, metavar="K", help="sample among the K most likely tokens")
-    p.add_argument("--top-p", type=float, metavar="P", help="nucleus sampling: smallest set with mass >= P, 0 < P <= 1")
+    for name, setting in SETTINGS.items():  # --temperature, --top-k, --top-p, ...
+        p.add_argument(FLAGS[name], default=setting.default, **setting.metadata)
+    p.set_defaults(temperature=0.8)  # nanoGPT's sample.py's
     p.add_argument("--num-samples", type=int, default=1, metavar="N", help="number of samples (default 1)")
     p.add_argument("--seed", type=int, help="random seed, for reproducible samples")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
@@ -75,8 +77,8 @@ def unescape(text: str) -> str:
 
 def check_args(a):
     """Cheap checks (no torch) so that mistakes are reported before anything heavy is loaded."""
-    with in_keys({"temperature": "--temperature", "top_k": "--top-k", "top_p": "--top-p"}):
-        check_sampling(a.temperature, a.top_k, a.top_p)
+    with in_keys(FLAGS):
+        a.sampling = Sampling(**{name: getattr(a, name) for name in SETTINGS})
     mistakes = [(a.max_new_tokens < 0, f"--max-new-tokens {a.max_new_tokens} is negative: use 0 or more (default 500)"),
                 (a.num_samples < 1, f"--num-samples {a.num_samples} is invalid: use 1 or more"),
                 (a.seed is not None and not 0 <= a.seed < 2**64,  # torch.Generator.manual_seed's range
@@ -108,15 +110,6 @@ def check_args(a):
         source = "--prompt" if a.prompt_file is None else f"--prompt-file {a.prompt_file}"
         raise ValueError(f"{source} is empty: give some text, or leave out the prompt to start from a newline")
     return a
-
-
-def load(init: str | None, source, device):
-    """(model in eval mode on `device`, tokenizer) from the checkpoint `source` alone (weights_only), or --init."""
-    from model.device import cuda_bf16_native
-    model, tokenizer = load_model(source, init, device)
-    if device.type == "cuda" and cuda_bf16_native():
-        model = model.bfloat16()  # decoding is memory-bound: half the bytes per token
-    return model, tokenizer
 
 
 def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
@@ -191,15 +184,18 @@ def run(argv: list[str] | None = None) -> int:
     args, out = parse_args(argv), sys.stdout
     source = args.init if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
     import torch
-    from model.device import resolve_device
+    from model.device import cuda_bf16_native, resolve_device
     from model.generate import generate_tokens, next_token_probs
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
-    model, tokenizer = load(args.init, source, device)
+    model, tokenizer = load_model(source, args.init, device)  # in eval mode, from the checkpoint alone (weights_only)
+    if device.type == "cuda" and cuda_bf16_native():
+        model = model.bfloat16()  # decoding is memory-bound: half the bytes per token
     ids = encode_prompt(tokenizer, args.prompt, model.config.block_size)
     head = args.prompt if args.prompt is not None else tokenizer.decode(ids)  # the prompt is printed in full
     decode = decode_step(args, device)
+    sampling = dataclasses.replace(args.sampling, vocab_limit=tokenizer.vocab_size)  # padded ids: never sampled
     if args.attention_map:
         from viz.attention_map import draw_attention_map
         draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(source))
@@ -214,10 +210,8 @@ def run(argv: list[str] | None = None) -> int:
         sink = out if args.stream else io.StringIO()  # --no-stream: each sample is printed whole once done
         write((SEPARATOR if i else "") + head)
         t0 = time.perf_counter()
-        tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens,
-                                 temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                                 use_kv_cache=args.kv_cache, generator=generator, decode=decode,
-                                 vocab_limit=tokenizer.vocab_size)  # padded vocabulary ids: never sampled
+        tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens, sampling,
+                                 use_kv_cache=args.kv_cache, generator=generator, decode=decode)
         n_tokens += stream_text(tokens, tokenizer, write, args.stop)
         seconds += time.perf_counter() - t0  # no sync needed: every token has been read back to print it
         out.write("" if sink is out else sink.getvalue())

@@ -130,7 +130,7 @@ def section_train(args, precision) -> dict:
 def section_decode(args, precision) -> dict:
     import torch
     from model.fast_decode import pick_decode
-    from model.generate import generate
+    from model.generate import Sampling, generate
     from model.gpt import GPT
     from model.device import cuda_bf16_native
     device, n = precision.device, args.decode_tokens
@@ -151,7 +151,7 @@ def section_decode(args, precision) -> dict:
         torch.manual_seed(0)
         sync(device)
         t0 = time.perf_counter()
-        assert generate(model, idx, tokens, temperature=1.0, **kw).shape == (1, 1 + tokens)
+        assert generate(model, idx, tokens, Sampling(temperature=1.0), **kw).shape == (1, 1 + tokens)
         sync(device)
         return time.perf_counter() - t0
     for mode, kw in modes:

@@ -88,15 +88,15 @@ def decode_rate(name: str, tokens: int = 500, reps: int = 3) -> float:
     import torch
     from launch.config import compose, register_configs, to_dataclass
     from model.gpt import GPT
-    from model.generate import generate
+    from model.generate import Sampling, generate
     register_configs()
     c = to_dataclass(compose(VARIANTS[name]))
     torch.manual_seed(0)
     model, idx, rates = GPT(c.model.with_vocab(65)).eval(), torch.zeros(1, 1, dtype=torch.long), []
-    generate(model, idx, 20, temperature=0)  # warm-up
+    generate(model, idx, 20, Sampling(temperature=0))  # warm-up
     for _ in range(reps):
         t0 = time.perf_counter()
-        generate(model, idx, tokens, temperature=0)
+        generate(model, idx, tokens, Sampling(temperature=0))
         rates.append(tokens / (time.perf_counter() - t0))
     return round(statistics.median(rates), 1)
 

@@ -145,17 +145,3 @@ class GPTConfig:
             raise ValueError(f"model config is missing {', '.join(missing)}: add these keys")
         return cls(**d)
 
-
-def check_sampling(temperature, top_k=None, top_p=None) -> None:
-    """The sampling settings, checked here for every caller (sample.py before torch loads, the explorer's API,
-    model.generate): one-line errors naming each setting as the caller does (common.cli.in_keys)."""
-    def number(x, whole=False):  # bool is an int, but True is a typo, not 1
-        return not isinstance(x, bool) and isinstance(x, int if whole else (int, float))
-    if not (number(temperature) and 0 <= temperature < math.inf):  # also NaN
-        raise setting_error("{temperature=}{0!r} is invalid: use 0 (greedy) or a positive number such as 0.8",
-                            temperature)
-    if top_k is not None and not (number(top_k, whole=True) and top_k >= 1):
-        raise setting_error("{top_k=}{0!r} is invalid: use a whole number >= 1 (e.g. {top_k=}50), or leave it out",
-                            top_k)
-    if top_p is not None and not (number(top_p) and 0.0 < top_p <= 1.0):
-        raise setting_error("{top_p=}{0!r} is outside (0, 1]: use e.g. {top_p=}0.9 (1 keeps every token)", top_p)

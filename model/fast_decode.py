@@ -67,7 +67,7 @@ class GraphedStep:
 class FastDecode:
     """next_token_probs over a static KVCache, torch.compile'd (compile=True) or replayed as a CUDA graph captured at
     the first call on each new cache (capture=False: run uncaptured on the graph's buffers, testable on a CPU). One
-    serves many generations (a graph holds its first call's model and sampling settings); if a first call on a cache
+    serves many generations (a graph holds its first call's model and Sampling); if a first call on a cache
     fails (compiling, capturing), it warns once, and that token and every later one decode eagerly. Out of memory is
     raised: an eager retry needs more memory, not less."""
 
@@ -77,14 +77,14 @@ class FastDecode:
         self.capture, self.works = capture, True
         self.cache, self.graph = None, None  # the cache the step was last made fast for; its graph
 
-    def __call__(self, model, tok, pos, cache, **kw) -> torch.Tensor:
-        """As next_token_probs(model, tok, pos, cache, **kw), for one token (B, 1) at pos (1,)."""
+    def __call__(self, model, tok, pos, cache, sampling) -> torch.Tensor:
+        """As next_token_probs(model, tok, pos, cache, sampling), for one token (B, 1) at pos (1,)."""
         if not self.works:
-            return next_token_probs(model, tok, pos, cache, **kw)
+            return next_token_probs(model, tok, pos, cache, sampling)
         if cache is self.cache:
-            return self.graph(tok, pos) if self.compiled is None else self.compiled(model, tok, pos, cache, **kw)
+            return self.graph(tok, pos) if self.compiled is None else self.compiled(model, tok, pos, cache, sampling)
         try:
-            return self._first_call(model, tok, pos, cache, **kw)
+            return self._first_call(model, tok, pos, cache, sampling)
         except torch.OutOfMemoryError:
             raise
         except Exception as e:  # noqa: BLE001 - inductor/Triton/C-compiler/capture failures take many forms
@@ -93,9 +93,9 @@ class FastDecode:
                                ("CUDA graph capture failed", "CUDA graphs"))
             # stacklevel: past generate.py's loop and inference_mode's generator wrapper, to whoever asked for a token
             warnings.warn(f"{failed} ({failure_reason(e)}): decoding without {without}", RuntimeWarning, stacklevel=4)
-        return next_token_probs(model, tok, pos, cache, **kw)  # rewrites the cache slot a failed call may have written
+        return next_token_probs(model, tok, pos, cache, sampling)  # rewrites the slot a failed call may have written
 
-    def _first_call(self, model, tok, pos, cache, **kw) -> torch.Tensor:
+    def _first_call(self, model, tok, pos, cache, sampling) -> torch.Tensor:
         """Compile or capture over a new cache, and run this token."""
         assert cache.static, "a fast step needs fixed shapes and addresses: KVCache(static=True)"
         self.cache, self.graph = None, None  # the last generation's graph goes before the next is captured
@@ -103,9 +103,9 @@ class FastDecode:
             import torch._dynamo  # (loaded by torch.compile already)
             for t in (*cache.k, *cache.v):  # guard=False: a new cache re-records, it does not recompile
                 torch._dynamo.mark_static_address(t, guard=False)
-            out = self.compiled(model, tok, pos, cache, **kw)
+            out = self.compiled(model, tok, pos, cache, sampling)
         else:
-            step = partial(next_token_probs, model, cache=cache, **kw)
+            step = partial(next_token_probs, model, cache=cache, sampling=sampling)
             self.graph = GraphedStep(step, tok, pos, capture=self.capture)
             out = self.graph(tok, pos)
         self.cache = cache  # only once it worked

@@ -1,8 +1,8 @@
-"""Sampling from a GPT as a ladder of small functions, each built on the one below (gpt-fast's generate.py): a KVCache
-written at explicit positions, next_token_probs (a prefill or one decode step), the random draw, the token loop.
-A faster decode step (model/fast_decode.py, CUDA) is chosen by the caller and passed in: this file never imports it.
-The window past block_size and the exact draw: docs/design.md, Model and generation.
-"""
+"""Sampling from a GPT as a ladder of small functions, each built on the one below (gpt-fast's generate.py) and each
+taking one Sampling (model/sampling.py) whole: a KVCache written at explicit positions, logits_to_probs (applying it),
+next_token_probs (a prefill or one decode step), the random draw, the token loop. A faster decode step (CUDA) is
+chosen by the caller (model/fast_decode.py) and passed in: this file never imports it. The window past block_size and
+the exact draw: docs/design.md, Model and generation."""
 from __future__ import annotations
 
 from typing import Iterator
@@ -10,7 +10,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from model.config import check_sampling
+from model.sampling import Sampling
 
 
 class KVCache:
@@ -49,60 +49,41 @@ class KVCache:
         return k_all[:, :, :n], v_all[:, :, :n]
 
 
-def _check_sampling(temperature, top_k, top_p, vocab_limit=None) -> None:
-    check_sampling(temperature, top_k, top_p)
-    if vocab_limit is not None and (isinstance(vocab_limit, bool) or not isinstance(vocab_limit, int)
-                                    or vocab_limit < 1):
-        raise ValueError(f"vocab_limit={vocab_limit!r} is invalid: use the tokenizer's vocabulary size, or None")
-
-
-def limit_vocab(logits, vocab_limit=None) -> torch.Tensor:
-    """logits (..., V) with ids >= vocab_limit at -inf: rows of a padded vocabulary are never sampled."""
-    if vocab_limit is None or vocab_limit >= logits.size(-1):
-        return logits
-    return logits.masked_fill(torch.arange(logits.size(-1), device=logits.device) >= vocab_limit, float("-inf"))
-
-
-# Sampling computes in float32. A temperature below its smallest normal number cannot be divided by (a GPU flushes
-# it to 0; 5e-324 is 0 in float32): it samples as temperature 0 does. Any other is exact: see logits_to_probs.
-GREEDY_BELOW = torch.finfo(torch.float32).tiny  # 1.18e-38
-
-
-def greedy(temperature) -> bool:
-    """Does `temperature` (checked) sample greedily: argmax, no random draw? 0, or positive but below GREEDY_BELOW.
-    The one rule every decode path (eager, CUDA graph, compiled) and the explorer follow."""
-    return temperature < GREEDY_BELOW
-
-
-def logits_to_probs(logits, temperature=1.0, top_k=None, top_p=None, vocab_limit=None) -> torch.Tensor:
-    """logits (..., V) -> probabilities (..., V) after the vocab limit, temperature, top-k (clamped to V, ties
-    kept) and top-p (the smallest set of most probable tokens with mass >= top_p; the top one always stays).
-    Finite for every temperature: the logits are shifted so the largest is 0 before dividing (the same softmax),
-    so a tiny temperature gives the argmax all the mass (exact ties share it) instead of inf - inf = NaN."""
-    _check_sampling(temperature, top_k, top_p, vocab_limit)
-    logits = limit_vocab(logits.float(), vocab_limit)
-    if greedy(temperature):
+def logits_to_probs(logits, sampling: Sampling = Sampling()) -> torch.Tensor:
+    """logits (..., V) -> probabilities (..., V) under `sampling`: ids >= its vocab_limit at -inf, then top-k (clamped
+    to V, ties kept), the temperature, top-p (the smallest set of most probable tokens with mass >= top_p) and min-p
+    (tokens at least min_p times as probable as the top one), HF's order; the top token always stays. Finite for
+    every temperature: the logits are shifted so the largest is 0 before dividing (the same softmax), so a tiny
+    temperature gives the argmax all the mass (exact ties share it) instead of inf - inf."""
+    logits = logits.float()
+    if sampling.vocab_limit is not None and sampling.vocab_limit < logits.size(-1):  # padded rows: never drawn
+        logits = logits.masked_fill(torch.arange(logits.size(-1), device=logits.device) >= sampling.vocab_limit,
+                                    float("-inf"))
+    if sampling.greedy:
         return F.one_hot(logits.argmax(dim=-1), logits.size(-1)).float()
-    if top_k is not None:  # before the temperature, which is monotonic: no two logits can merge into one first
-        kth = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
+    if sampling.top_k is not None:  # before the temperature (monotonic): no two logits can merge into one first
+        kth = torch.topk(logits, min(sampling.top_k, logits.size(-1)), dim=-1).values[..., -1:]  # (..., 1)
         logits = logits.masked_fill(logits < kth, float("-inf"))
     # a temperature past float32's largest number would be inf there, and -inf / inf is NaN
-    logits = (logits - logits.amax(dim=-1, keepdim=True)) / min(temperature, torch.finfo(torch.float32).max)
+    logits = (logits - logits.amax(dim=-1, keepdim=True)) / min(sampling.temperature, torch.finfo(torch.float32).max)
     probs = F.softmax(logits, dim=-1)
-    if top_p is not None and top_p < 1.0:
+    if sampling.top_p is not None and sampling.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of strictly better tokens
         mass_before[..., 0] = 0.0  # exact zero: the top token is always kept
-        drop = mass_before >= top_p  # the kept tokens already reach top_p without this one
+        drop = mass_before >= sampling.top_p  # the kept tokens already reach top_p without this one
         probs = probs.masked_fill(drop.scatter(-1, order, drop), 0.0)
+        probs = probs / probs.sum(dim=-1, keepdim=True)
+    if sampling.min_p:  # HF's MinPLogitsWarper, after top-p (which keeps the top token: the same ratio to it)
+        probs = probs.masked_fill(probs < sampling.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
         probs = probs / probs.sum(dim=-1, keepdim=True)
     return probs
 
 
-def draw(probs, temperature=1.0, generator=None) -> torch.Tensor:
-    """probs (B, V) -> tokens (B, 1): the most probable if greedy(temperature), with no random draw, else drawn ~ probs
+def draw(probs, sampling: Sampling = Sampling(), generator=None) -> torch.Tensor:
+    """probs (B, V) -> tokens (B, 1): the most probable if sampling.greedy, with no random draw, else drawn ~ probs
     by the exponential race argmax(p / E), exact like torch.multinomial but with no host sync."""
-    if greedy(temperature):
+    if sampling.greedy:
         return probs.argmax(dim=-1, keepdim=True)
     # on the generator's device, so a CPU generator gives the same draws whatever the model's device
     e = (torch.empty_like(probs).exponential_(1.0) if generator is None else
@@ -110,22 +91,22 @@ def draw(probs, temperature=1.0, generator=None) -> torch.Tensor:
     return (probs / e.clamp_min(torch.finfo(e.dtype).tiny)).argmax(dim=-1, keepdim=True)
 
 
-def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None, vocab_limit=None) -> torch.Tensor:
-    """logits (B, V) -> next tokens (B, 1); a greedy temperature (0, see `greedy`) is argmax, with no random draw."""
-    return draw(logits_to_probs(logits, temperature, top_k, top_p, vocab_limit), temperature, generator)
+def sample(logits, sampling: Sampling = Sampling(), generator=None) -> torch.Tensor:
+    """logits (B, V) -> next tokens (B, 1); a greedy temperature (0, see Sampling.greedy) is argmax, with no draw."""
+    return draw(logits_to_probs(logits, sampling), sampling, generator)
 
 
-def next_token_probs(model, idx, input_pos, cache=None, **kw) -> torch.Tensor:
+def next_token_probs(model, idx, input_pos, cache=None, sampling: Sampling = Sampling()) -> torch.Tensor:
     """Run idx (B, T) at positions input_pos (T,), writing its keys and values into the cache (if any) and attending
-    to the cache's earlier ones: the next token's probabilities (B, V) (kw: logits_to_probs's). A prefill is the whole
-    window at 0..T-1, a decode step one token at its position: the step model/fast_decode.py makes fast."""
+    to the cache's earlier ones: the next token's probabilities (B, V) under `sampling`. A prefill is the whole window
+    at 0..T-1, a decode step one token at its position: the step model/fast_decode.py makes fast."""
     logits, _ = model(idx, cache=cache, input_pos=input_pos, last_only=True)  # (B, 1, V)
-    return logits_to_probs(logits[:, -1], **kw)
+    return logits_to_probs(logits[:, -1], sampling)
 
 
 # inference_mode: no_grad minus per-op bookkeeping (~5% of a CPU step); not leaked to the caller between yields
 @torch.inference_mode()
-def _token_loop(model, idx, max_new_tokens, use_kv_cache, decode, generator, kw) -> Iterator[torch.Tensor]:
+def _token_loop(model, idx, max_new_tokens, sampling, use_kv_cache, decode, generator) -> Iterator[torch.Tensor]:
     """Prefill the window, then decode one token at a time (with `decode`), drawing each; past block_size the window
     restarts at its last half, re-prefilled. Without the cache every token is a prefill of the same windows."""
     block_size, (B, T0) = model.config.block_size, idx.shape
@@ -143,20 +124,21 @@ def _token_loop(model, idx, max_new_tokens, use_kv_cache, decode, generator, kw)
         if slide:
             start = n - max(1, block_size // 2)
         if cache is None or i == 0 or slide:  # prefill: the window at 0..T-1
-            probs = next_token_probs(model, tokens[:, start:n], positions[:n - start], cache, **kw)
+            probs = next_token_probs(model, tokens[:, start:n], positions[:n - start], cache, sampling)
         else:  # decode: token n-1 at its position, the earlier ones from the cache
-            probs = decode(model, tokens[:, n - 1:n], positions[n - 1 - start:n - start], cache, **kw)
-        tokens[:, n] = draw(probs, kw["temperature"], generator)[:, 0]  # the draw stays eager: see fast_decode.py
+            probs = decode(model, tokens[:, n - 1:n], positions[n - 1 - start:n - start], cache, sampling)
+        tokens[:, n] = draw(probs, sampling, generator)[:, 0]  # the draw stays eager: see fast_decode.py
         n += 1
         yield tokens[:, n - 1:n]
 
 
-def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-                    generator=None, vocab_limit=None, decode=next_token_probs) -> Iterator[torch.Tensor]:
-    """Yield max_new_tokens (B, 1) LongTensors continuing idx (B, T), never an id >= vocab_limit; arguments are
-    checked now, not at the first token; call model.eval() first. `decode`: the one-token step, next_token_probs or
-    a faster one from model.fast_decode.pick_decode (CUDA graphs, torch.compile)."""
-    _check_sampling(temperature, top_k, top_p, vocab_limit)
+def generate_tokens(model, idx, max_new_tokens, sampling: Sampling = Sampling(), use_kv_cache=True, generator=None,
+                    decode=next_token_probs) -> Iterator[torch.Tensor]:
+    """Yield max_new_tokens (B, 1) LongTensors continuing idx (B, T), drawn under `sampling` (checked when it was
+    made); arguments are checked now, not at the first token; call model.eval() first. `decode`: the one-token
+    step, next_token_probs or a faster one from model.fast_decode.pick_decode (CUDA graphs, torch.compile)."""
+    if not isinstance(sampling, Sampling):
+        raise ValueError(f"sampling={sampling!r} is not a Sampling: pass e.g. Sampling(temperature=0.8, top_k=50)")
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.is_floating_point():
         raise ValueError("idx must be a (batch, time) tensor of token ids: e.g. torch.tensor([[0]])")
     if idx.size(1) == 0:
@@ -166,12 +148,11 @@ def generate_tokens(model, idx, max_new_tokens, temperature=1.0, top_k=None, top
     if decode is not next_token_probs and not use_kv_cache:
         raise ValueError("a compiled or CUDA-graph decode step needs the KV cache: drop use_kv_cache=False, or the "
                          "decode step")
-    kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, vocab_limit=vocab_limit)
-    return _token_loop(model, idx.long(), max_new_tokens, use_kv_cache, decode, generator, kw)
+    return _token_loop(model, idx.long(), max_new_tokens, sampling, use_kv_cache, decode, generator)
 
 
-def generate(model, idx, max_new_tokens, temperature=1.0, top_k=None, top_p=None, use_kv_cache=True,
-             generator=None, vocab_limit=None, decode=next_token_probs) -> torch.Tensor:
+def generate(model, idx, max_new_tokens, sampling: Sampling = Sampling(), use_kv_cache=True, generator=None,
+             decode=next_token_probs) -> torch.Tensor:
     """idx (B, T) -> (B, T + max_new_tokens): the prompt followed by the generated tokens."""
-    return torch.cat([idx.long(), *generate_tokens(model, idx, max_new_tokens, temperature, top_k, top_p,
-                                                  use_kv_cache, generator, vocab_limit, decode)], dim=1)
+    return torch.cat([idx.long(), *generate_tokens(model, idx, max_new_tokens, sampling, use_kv_cache, generator,
+                                                  decode)], dim=1)

@@ -177,11 +177,13 @@ class GPT(nn.Module):
         return x, rope_cos_sin(input_pos, self.config.head_size, self.config.rope_theta)
 
     @torch.no_grad()
-    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None) -> torch.Tensor:
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None, *,
+                 min_p: float | None = None) -> torch.Tensor:
         """nanoGPT's model.generate: idx (B, T) followed by max_new_tokens sampled tokens, (B, T + max_new_tokens);
-        temperature 0 is greedy. With the KV cache; top_p, a seeded generator and more: model.generate.generate."""
-        from model.generate import generate  # here: training never loads the sampler (it imports nothing of this file)
-        return generate(self, idx, max_new_tokens, temperature, top_k)
+        temperature 0 is greedy; min_p: see Sampling. With the KV cache; top_p, a seeded generator and more:
+        model.generate.generate."""
+        from model.generate import Sampling, generate  # here: training never loads the sampler
+        return generate(self, idx, max_new_tokens, Sampling(temperature, top_k, min_p=min_p))
 
     @torch.no_grad()
     def attention_maps(self, idx) -> torch.Tensor:

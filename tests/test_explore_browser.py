@@ -96,6 +96,17 @@ def test_page_end_to_end(tmp_path, char_tok, driver):
         driver.find_element("css selector", "#heads figure:nth-child(1)").click()  # a thumbnail: enlarged
         assert driver.find_element("id", "map").get_attribute("data-head") == "0"
 
+        minp = driver.find_element("id", "minp")  # the min-p box: the bars are the API's `next` with min_p
+        minp.clear()
+        minp.send_keys("0.5")
+        bars = driver.execute_script("return NEXT.map(n => [n.id, n.prob])")
+        near_top = post(url, {"text": PROMPT, "min_p": 0.5})[1]["next"]
+        assert [i for i, _ in bars] == [n["id"] for n in near_top] and len(bars) < 20
+        assert all(abs(p - n["prob"]) < 1e-6 for (_, p), n in zip(bars, near_top))
+        minp.clear()
+        minp.send_keys("0")
+        assert driver.execute_script("return NEXT.length") == 20
+
         top = post(url, {"text": PROMPT})[1]["next"][0]
         driver.find_element("id", "append").click()  # the highlighted bar: the likeliest token
         WebDriverWait(driver, 30).until(lambda d: d.execute_script("return S.ids.length") == T + 1)

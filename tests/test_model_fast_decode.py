@@ -10,16 +10,17 @@ import torch
 from model.fast_decode import FastDecode, GraphedStep, pick_decode
 from model.generate import generate, generate_tokens, next_token_probs
 from model.gpt import GPT
+from model.sampling import Sampling
 from tests.test_model_generate import decoder_config, spiky_model  # noqa: F401 (fixture)
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-SAMPLINGS = [dict(temperature=0, top_k=None, top_p=None), dict(temperature=1.5, top_k=20, top_p=0.95)]
+SAMPLINGS = [Sampling(temperature=0), Sampling(temperature=1.5, top_k=20, top_p=0.95, min_p=0.01)]
 
 
-def _run(model, idx, n, decode, kw, seed=None):
+def _run(model, idx, n, decode, sampling, seed=None):
     """generate() with `decode`, and a generator seeded with `seed` (None: none)."""
     g = None if seed is None else torch.Generator().manual_seed(seed)
-    return generate(model, idx, n, **kw, generator=g, decode=decode)
+    return generate(model, idx, n, sampling, generator=g, decode=decode)
 
 
 # ---- which step ------------------------------------------------------------------------------
@@ -51,8 +52,8 @@ def test_a_fast_step_needs_the_kv_cache(tiny_gpt_config):
 
 # ---- CUDA graphs: the captured step, checked where it can be without a GPU -------------------------
 
-@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_graphed_step_on_fixed_buffers_gives_eager_tokens(decoder_config, monkeypatch, kw):
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
+def test_graphed_step_on_fixed_buffers_gives_eager_tokens(decoder_config, monkeypatch, sampling):
     """The function a CUDA graph captures, run uncaptured: called with the same input tensors and the same
     static cache every token (as a replay is), it gives eager decoding's tokens, the window sliding twice."""
     from model import fast_decode
@@ -62,25 +63,25 @@ def test_graphed_step_on_fixed_buffers_gives_eager_tokens(decoder_config, monkey
     n = 3 * decoder_config.block_size
     seen, graphs = [], []
 
-    def spy(model, tok, pos, cache, **skw):
+    def spy(model, tok, pos, cache, sampling):
         seen.append((tok, pos, tok.data_ptr(), pos.data_ptr(), cache, cache.k[0].data_ptr(), pos.item()))
-        return next_token_probs(model, tok, pos, cache, **skw)
+        return next_token_probs(model, tok, pos, cache, sampling)
     monkeypatch.setattr(fast_decode, "next_token_probs", spy)
     step = FastDecode(capture=False)
-    graphed = _run(model, idx, n, step, kw, seed=7)
-    assert torch.equal(graphed, _run(model, idx, n, next_token_probs, kw, seed=7))
+    graphed = _run(model, idx, n, step, sampling, seed=7)
+    assert torch.equal(graphed, _run(model, idx, n, next_token_probs, sampling, seed=7))
     first = seen[0]
     assert all(s[0] is first[0] and s[1] is first[1] and s[2:4] == first[2:4] for s in seen)  # same buffers
     assert all(s[4] is first[4] and s[5] == first[5] and s[4].static for s in seen)  # one static cache
     positions = [s[6] for s in seen]  # decode steps only: the first token and each slide's come from a prefill
     assert max(positions) == decoder_config.block_size - 1 and n - 1 - len(seen) >= 2  # the window slid
     graphs.append(step.graph)
-    assert torch.equal(_run(model, idx, n, step, kw, seed=7), graphed)  # a second generation: a new graph
+    assert torch.equal(_run(model, idx, n, step, sampling, seed=7), graphed)  # a second generation: a new graph
     assert step.graph is not graphs[0] and step.works
 
 
-@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_capture_and_replay_protocol_on_a_stand_in_gpu(decoder_config, monkeypatch, kw):
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
+def test_capture_and_replay_protocol_on_a_stand_in_gpu(decoder_config, monkeypatch, sampling):
     """GraphedStep's CUDA calls, with CPU stand-ins: warm-up on a side stream, one capture, then per token
     copy in + replay, which rewrites the one output tensor (as a real graph does). Tokens still equal eager
     decoding's: each output is drawn from before the next replay, and re-prefills keep the graph valid."""
@@ -112,8 +113,8 @@ def test_capture_and_replay_protocol_on_a_stand_in_gpu(decoder_config, monkeypat
     model = spiky_model(decoder_config)
     idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
     n = 3 * decoder_config.block_size
-    graphed = _run(model, idx, n, FastDecode(), kw, seed=2)
-    assert torch.equal(graphed, _run(model, idx, n, next_token_probs, kw, seed=2))
+    graphed = _run(model, idx, n, FastDecode(), sampling, seed=2)
+    assert torch.equal(graphed, _run(model, idx, n, next_token_probs, sampling, seed=2))
     assert len(steps) == 1 and steps[0].graph is not None
     assert events[0] == "capture" and events.count("capture") == 1 and len(events) > n // 2
 
@@ -137,20 +138,20 @@ def _host_reads(fn) -> list[str]:
     return reads
 
 
-@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_graphed_decoding_never_waits_on_the_device(decoder_config, kw):
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
+def test_graphed_decoding_never_waits_on_the_device(decoder_config, sampling):
     """No host read anywhere in a generation over the static cache (prefills, window slides, decode steps, draws):
     a CUDA graph replays back to back, and the only sync is the caller's, to print a token."""
     model = spiky_model(decoder_config)
     idx = torch.tensor([[1, 2, 3]])
     n = 2 * decoder_config.block_size
-    assert _host_reads(lambda: _run(model, idx, n, FastDecode(capture=False), kw, seed=1)) == []
+    assert _host_reads(lambda: _run(model, idx, n, FastDecode(capture=False), sampling, seed=1)) == []
     # sensitivity: the CPU's dynamic cache reads its fill level on the host (free there), and is caught
-    assert {"item", "_local_scalar_dense"} & set(_host_reads(lambda: _run(model, idx, n, next_token_probs, kw)))
+    assert {"item", "_local_scalar_dense"} & set(_host_reads(lambda: _run(model, idx, n, next_token_probs, sampling)))
 
 
-@pytest.mark.parametrize("kw", SAMPLINGS, ids=["greedy", "sampled"])
-def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_config, monkeypatch, kw):
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
+def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_config, monkeypatch, sampling):
     """The capture fails after its warm-up wrote the cache slot: one warning, that token and the rest are eager
     decoding's (the generator drawing as eagerly: the step never sees it), and later generations skip the capture."""
     def fail(self, warmup):
@@ -161,12 +162,12 @@ def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_
     model = spiky_model(tiny_gpt_config)
     idx = torch.tensor([[1, 2, 3]])
     n = 2 * tiny_gpt_config.block_size
-    eager = _run(model, idx, n, next_token_probs, kw, seed=4)
+    eager = _run(model, idx, n, next_token_probs, sampling, seed=4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert torch.equal(torch.cat([idx, *generate_tokens(model, idx, n, **kw, decode=step,
+        assert torch.equal(torch.cat([idx, *generate_tokens(model, idx, n, sampling, decode=step,
                                                             generator=torch.Generator().manual_seed(4))], 1), eager)
-        assert torch.equal(_run(model, idx, n, step, kw, seed=4), eager)  # a later generation: no capture
+        assert torch.equal(_run(model, idx, n, step, sampling, seed=4), eager)  # a later generation: no capture
     assert [str(w.message) for w in caught] == [
         "CUDA graph capture failed (RuntimeError: CUDA error: operation not permitted when stream is capturing): "
         "decoding without CUDA graphs"]
@@ -174,17 +175,17 @@ def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_
     assert not step.works and step.graph is None
 
 
-@pytest.mark.parametrize("kw", [dict(top_k=None, top_p=None), dict(top_k=5, top_p=0.9)], ids=["plain", "filtered"])
+@pytest.mark.parametrize("kw", [dict(), dict(top_k=5, top_p=0.9)], ids=["plain", "filtered"])
 def test_every_decode_path_gives_the_greedy_tokens_at_a_tiny_temperature(decoder_config, kw):
     """Cached, uncached and the CUDA graph's step (run uncaptured) follow the one rule: a temperature too small to
     divide by decodes greedily, past the context too (was: NaN probabilities, a token per NaN)."""
     model = spiky_model(decoder_config)
     idx, n = torch.tensor([[1, 2, 3], [4, 5, 6]]), 2 * decoder_config.block_size
-    want = generate(model, idx, n, temperature=0)
+    want = generate(model, idx, n, Sampling(temperature=0))
     for t in (1e-45, 5e-324):
-        tiny = dict(kw, temperature=t)
-        assert torch.equal(generate(model, idx, n, **tiny), want), t
-        assert torch.equal(generate(model, idx, n, **tiny, use_kv_cache=False), want), t
+        tiny = Sampling(temperature=t, **kw)
+        assert torch.equal(generate(model, idx, n, tiny), want), t
+        assert torch.equal(generate(model, idx, n, tiny, use_kv_cache=False), want), t
         assert torch.equal(_run(model, idx, n, FastDecode(capture=False), tiny, seed=1), want), t
 
 
@@ -193,7 +194,7 @@ def test_every_decode_path_gives_the_greedy_tokens_at_a_tiny_temperature(decoder
 def _failing_compiled(calls, exc):
     """Stands in for a compiled step that fails after writing its cache slot (as a half-run graph could): the
     eager retry must rewrite it."""
-    def step(model, tok, pos, cache, **kw):
+    def step(model, tok, pos, cache, sampling):
         calls.append(pos.item())
         for t in (*cache.k, *cache.v):
             t.index_fill_(2, pos, 123.0)
@@ -216,13 +217,13 @@ def test_failed_compile_warns_once_and_decodes_eagerly(tiny_gpt_config, temperat
     model = spiky_model(tiny_gpt_config)
     idx = torch.tensor([[1, 2, 3]])
     n = 2 * tiny_gpt_config.block_size  # the window slides: decoding resumes after re-prefills
-    kw = dict(temperature=temperature, top_k=10, top_p=0.9)
-    eager = _run(model, idx, n, next_token_probs, kw, seed)
+    sampling = Sampling(temperature=temperature, top_k=10, top_p=0.9)
+    eager = _run(model, idx, n, next_token_probs, sampling, seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert torch.equal(torch.cat([idx, *generate_tokens(model, idx, n, **kw, decode=step, generator=None if
+        assert torch.equal(torch.cat([idx, *generate_tokens(model, idx, n, sampling, decode=step, generator=None if
                                       seed is None else torch.Generator().manual_seed(seed))], 1), eager)
-        assert torch.equal(_run(model, idx, n, step, kw, seed), eager)  # a later generation: no compile
+        assert torch.equal(_run(model, idx, n, step, sampling, seed), eager)  # a later generation: no compile
     assert calls == [3]  # one try: the first decode step (position 3) of the first generation
     assert [str(w.message) for w in caught] == [
         "torch.compile failed (RuntimeError: no Triton): decoding without compilation"]
@@ -235,7 +236,7 @@ def test_out_of_memory_in_the_compiled_step_is_not_a_compile_failure(tiny_gpt_co
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "torch.compile failed" warning either
         with pytest.raises(torch.OutOfMemoryError):
-            list(generate_tokens(model, torch.tensor([[1]]), 5, temperature=0, decode=step))
+            list(generate_tokens(model, torch.tensor([[1]]), 5, Sampling(temperature=0), decode=step))
     assert step.works
 
 
@@ -255,8 +256,9 @@ def test_compiled_static_cache_decode_traces_once_and_matches_eager(tiny_gpt_con
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
-        for kw, seed in ((dict(temperature=0), None), (dict(temperature=0.8, top_k=10, top_p=0.9), 5)):
-            assert torch.equal(_run(model, idx, n, step, kw, seed), _run(model, idx, n, next_token_probs, kw, seed))
+        for sampling, seed in ((Sampling(temperature=0), None), (Sampling(0.8, top_k=10, top_p=0.9, min_p=0.05), 5)):
+            eager = _run(model, idx, n, next_token_probs, sampling, seed)
+            assert torch.equal(_run(model, idx, n, step, sampling, seed), eager)
             assert step.works  # compiled for real, no silent fallback
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 2  # greedy's and the sampled one's
         assert not torch._dynamo.utils.counters["graph_break"]
@@ -273,8 +275,8 @@ def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config):
     step = FastDecode(compile=True)
     model = spiky_model(tiny_gpt_config)
     idx = torch.tensor([[1, 2, 3]])
-    kw = dict(temperature=0.8, top_k=10, top_p=None)
-    eager = _run(model, idx, 20, next_token_probs, kw, seed=3)
+    sampling = Sampling(temperature=0.8, top_k=10)
+    eager = _run(model, idx, 20, next_token_probs, sampling, seed=3)
     torch._dynamo.reset()
     # config.patch restores the options on exit; monkeypatch's undo deletes options that torch defines
     # lazily, which made every later compile in the session fail (an order-dependent suite)
@@ -283,7 +285,7 @@ def test_compile_fallback_with_a_real_inductor_failure(tiny_gpt_config):
             # torch 2.13 wraps the reason in InductorError, 2.7 raises it bare: the warning names it either way
             reason = r"^torch.compile failed \((InductorError: )?InvalidCxxCompiler: No working C\+\+ compiler"
             with pytest.warns(RuntimeWarning, match=reason):
-                assert torch.equal(_run(model, idx, 20, step, kw, seed=3), eager)
+                assert torch.equal(_run(model, idx, 20, step, sampling, seed=3), eager)
     finally:
         torch._dynamo.reset()
     assert not step.works
@@ -325,7 +327,7 @@ def test_compile_fallback_warning_carries_the_reason_of_a_wrapped_failure(tiny_g
     step = _compiled_step(_failing_compiled([], exc))
     model = spiky_model(tiny_gpt_config)
     with pytest.warns(RuntimeWarning, match=r"^torch.compile failed \(InductorError: .*C\+\+ compiler") as caught:
-        list(generate_tokens(model, torch.tensor([[1]]), 5, temperature=0, decode=step))
+        list(generate_tokens(model, torch.tensor([[1]]), 5, Sampling(temperature=0), decode=step))
     assert len(caught) == 1
 
 
@@ -348,14 +350,14 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
     def run(decode, **kw):  # -> (tokens, tokens/s after the first 10: past the capture)
         g = torch.Generator(device="cuda").manual_seed(3)
         out, times = [], []
-        for t in generate_tokens(model, idx, 400, generator=g, decode=decode, **kw):
+        for t in generate_tokens(model, idx, 400, Sampling(**kw), generator=g, decode=decode):
             out.append(t.item())  # a sync per token, as sample.py's printing
             times.append(time.perf_counter())
         return out, 390 / (times[-1] - times[9])
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95), dict(temperature=1.0)):
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02), dict(temperature=1.0)):
             run(graphed_step, **kw), run(next_token_probs, **kw)  # warm-up: CUDA context, cuBLAS, allocator
             (graphed, graphed_rate), (eager, eager_rate) = run(graphed_step, **kw), run(next_token_probs, **kw)
             assert graphed == eager, kw
@@ -383,10 +385,10 @@ def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
 
     def run(decode, **kw):
         g = torch.Generator(device="cuda").manual_seed(3)
-        return torch.cat([idx, *generate_tokens(model, idx, n, generator=g, decode=decode, **kw)], dim=1)
+        return torch.cat([idx, *generate_tokens(model, idx, n, Sampling(**kw), generator=g, decode=decode)], dim=1)
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95)):
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95, min_p=0.02)):
             assert torch.equal(run(graphed_step, **kw), run(next_token_probs, **kw)), kw
     assert graphed_step.works

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from model.gpt import GPT
-from model.generate import generate
+from model.generate import Sampling, generate
 
 transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
 
@@ -119,7 +119,7 @@ def test_loaded_model_generates_like_hf_greedy(hf_model, tmp_path):
     hf_model.save_pretrained(tmp_path)
     model = GPT.from_pretrained(tmp_path)
     idx = torch.tensor([[1, 2, 3]])
-    ours = generate(model, idx, 10, temperature=0)
+    ours = generate(model, idx, 10, Sampling(temperature=0))
     seq = idx
     for _ in range(10):  # HF greedy by hand (no generate() config surprises)
         seq = torch.cat([seq, hf_logits(hf_model, seq)[:, -1].argmax(-1, keepdim=True)], 1)

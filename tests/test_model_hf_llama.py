@@ -17,7 +17,7 @@ import torch
 from model.config import GPTConfig
 from model.gpt import GPT
 from model import hf_llama
-from model.generate import generate
+from model.generate import Sampling, generate
 
 transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
 tokenizers = pytest.importorskip("tokenizers")
@@ -111,7 +111,7 @@ def test_sharded_safetensors_and_greedy_decode(tmp_path):
     for _ in range(20):  # past nothing: the cache's rotary offsets, step by step, against transformers' full pass
         with torch.no_grad():
             seq = torch.cat([seq, hf(seq).logits[:, -1].argmax(-1, keepdim=True)], 1)
-    assert torch.equal(generate(ours, idx, 20, temperature=0), seq)
+    assert torch.equal(generate(ours, idx, 20, Sampling(temperature=0)), seq)
 
 
 BASE = dict(model_type="llama", vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,

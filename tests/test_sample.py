@@ -151,6 +151,17 @@ def test_a_tiny_temperature_prints_the_greedy_text(trained, capsys, t):
         assert code == 0 and out == greedy, (more, err)
 
 
+def test_min_p_keeps_the_tokens_near_the_top_one(trained, capsys):
+    """--min-p P keeps the tokens at least P times as likely as the top one: 1 keeps only the top one, so a hot
+    temperature prints the greedy text; a smaller P samples, the same text again with the same --seed."""
+    args = ["--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 20]
+    greedy = sample_main(capsys, *args, "--temperature", 0)[1]
+    code, out, err = sample_main(capsys, *args, "--temperature", 1.5, "--min-p", 1, "--seed", 1)
+    assert code == 0 and out == greedy, err
+    a, b = (sample_main(capsys, *args, "--temperature", 1.5, "--min-p", 0.05, "--seed", 1)[1] for _ in range(2))
+    assert a == b != greedy
+
+
 def test_stop_string_ends_the_sample(trained, capsys):
     code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 200,
                                  "--seed", 3, "--stop", r"\n")  # typed as backslash-n, as in a shell
@@ -366,6 +377,8 @@ ARG_MISTAKES = [  # rejected before torch is imported: cheap even as subprocesse
     (["--top-p", "0"], "--top-p"),
     (["--top-p", "1.5"], "--top-p"),
     (["--top-k", "0"], "--top-k"),
+    (["--min-p", "1.5"], "--min-p 1.5 is outside [0, 1]: use e.g. --min-p 0.05"),
+    (["--min-p", "few"], "invalid float"),
     (["--max-new-tokens", "-1"], "--max-new-tokens"),
     (["--num-samples", "0"], "--num-samples"),
     (["--prompt", "a", "--prompt-file", "p.txt"], "not allowed with"),

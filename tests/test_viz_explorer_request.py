@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from model.sampling import Sampling
 from tests.helpers import tiny_model
 from tests.test_explore import char_tok  # noqa: F401 (fixture)
 from viz.explorer.model_view import ModelView, next_tokens
@@ -76,11 +77,23 @@ def test_a_lens_request_is_as_strict(views, body, words):
     assert e.value.status == 400 and words in str(e.value)
 
 
+def test_the_sampling_settings_are_the_api_fields(views):
+    """The API takes each of model/sampling.py's settings (SETTINGS) under its own name, checked as Sampling checks
+    it: a setting added there is a field here, with its one-line error."""
+    body = {"text": "ROMEO", "temperature": 0.5, "top_k": 3, "top_p": 0.9, "min_p": 0.1}
+    assert parse_request(json.dumps(body).encode(), views)["sampling"] == Sampling(0.5, 3, 0.9, 0.1)
+    assert parse_request(b'{"text": "ROMEO", "top_k": null}', views)["sampling"] == Sampling()
+    assert "top_p=1.5 is outside (0, 1]: use e.g. top_p=0.9" in refusal({"text": "ROMEO", "top_p": 1.5}, views)
+    assert "min_p='0.1' is outside [0, 1]: use e.g. min_p=0.05" in refusal({"text": "ROMEO", "min_p": "0.1"}, views)
+    assert "vocab_limit" in refusal({"text": "ROMEO", "vocab_limit": 3}, views)  # not a user's: no field
+
+
 def test_next_lists_only_tokens_that_can_be_drawn():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
-    assert [i for i, _ in next_tokens(logits, 1.0, top_k=3)] == [0, 1, 2]
-    assert next_tokens(logits, 0) == [(0, 1.0)]
-    assert len(next_tokens(logits, 1.0)) == 6 and len(next_tokens(logits, 1.0, n=4)) == 4
+    assert [i for i, _ in next_tokens(logits, Sampling(1.0, top_k=3))] == [0, 1, 2]
+    assert [i for i, _ in next_tokens(logits, Sampling(1.0, min_p=0.3))] == [0, 1]  # e^-1 = 0.37, e^-1.5 = 0.22
+    assert next_tokens(logits, Sampling(0)) == [(0, 1.0)]
+    assert len(next_tokens(logits)) == 6 and len(next_tokens(logits, n=4)) == 4
 
 
 @pytest.mark.parametrize("logits,temperature", [
@@ -89,6 +102,6 @@ def test_next_lists_only_tokens_that_can_be_drawn():
 ], ids=["tiny", "denormal", "negative", "overflow", "overflow_ties"])
 def test_next_never_holds_a_non_finite_probability(logits, temperature):
     for top_k in (None, 2):
-        out = next_tokens(torch.tensor(logits), temperature, top_k)
+        out = next_tokens(torch.tensor(logits), Sampling(temperature, top_k))
         assert all(0 < p <= 1 for _, p in out) and sum(p for _, p in out) <= 1 + 1e-6, out
         json.dumps(out, allow_nan=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from model.generate import Sampling, logits_to_probs
 from model.lens import top_of_lens
 from viz import probes
 
@@ -78,13 +79,10 @@ def token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode_bytes([token_id]).decode("utf-8", errors="backslashreplace")
 
 
-def next_tokens(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                n: int = TOP_N) -> list[tuple[int, float]]:
-    """The n likeliest next tokens as (id, probability) under temperature (0 = greedy) and top-k, as sampled: only
-    those that can be drawn (probability > 0), and never a non-finite probability, whatever the division by the
-    temperature made of the logits."""
-    from model.generate import logits_to_probs
-    probs = logits_to_probs(logits, temperature, top_k)
+def next_tokens(logits: torch.Tensor, sampling: Sampling = Sampling(), n: int = TOP_N) -> list[tuple[int, float]]:
+    """The n likeliest next tokens as (id, probability) under `sampling`, as sampled: only those that can be drawn
+    (probability > 0), never a non-finite probability, whatever the division by the temperature made of the logits."""
+    probs = logits_to_probs(logits, sampling)
     probs = torch.where(torch.isfinite(probs), probs, 0.0)
     top = torch.topk(probs, min(n, int((probs > 0).sum())))
     return [(int(i), float(p)) for p, i in zip(top.values, top.indices)]

@@ -8,9 +8,9 @@ from __future__ import annotations
 import collections
 import json
 
-from model.config import check_sampling
+from model.sampling import SETTINGS, Sampling
 
-FIELDS = {"text", "ids", "layers", "temperature", "top_k", "model", "scores", "logits"}
+FIELDS = {"text", "ids", "layers", "model", "scores", "logits", *SETTINGS}  # SETTINGS: temperature, top_k, ...
 LENS_FIELDS = {"text", "ids", "model", "top"}
 
 
@@ -22,10 +22,6 @@ class RequestError(Exception):
 
 def _whole(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _unique_fields(pairs: list) -> dict:
@@ -107,10 +103,9 @@ def parse_request(body: bytes, views: list, fields: set = FIELDS) -> dict:
     if len(set(layers)) < len(layers):
         twice = next(l for l, count in collections.Counter(layers).items() if count > 1)
         raise RequestError(f"layer {twice} is asked twice: list each layer once")
-    temperature, top_k = req.get("temperature", 1.0), req.get("top_k")
     try:
-        check_sampling(temperature, top_k)  # (top_k null: as if left out)
+        sampling = Sampling(**{name: req[name] for name in SETTINGS if name in req})  # (top_k null: as if left out)
     except ValueError as e:
         raise RequestError(str(e)) from None
-    return {"view": view, "ids": ids, "layers": layers, "temperature": float(temperature), "top_k": top_k,
-            "scores": _flag(req, "scores"), "logits": _flag(req, "logits")}
+    return {"view": view, "ids": ids, "layers": layers, "sampling": sampling, "scores": _flag(req, "scores"),
+            "logits": _flag(req, "logits")}

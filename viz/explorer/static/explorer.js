@@ -242,6 +242,7 @@ async function start() {
   $("sqrt").onchange = () => render();
   $("temperature").oninput = renderNext;
   $("topk").oninput = renderNext;
+  $("minp").oninput = renderNext;
   $("bars").onclick = e => {
     const i = Math.floor((e.offsetY - 2) / +$("bars").dataset.row);
     if (i >= 0 && i < NEXT.length) { S.chosen = i; Draw.bars($("bars"), NEXT, i); }

@@ -1,10 +1,11 @@
 // The next-token panel: the distribution the page computes from the last position's logits, fetched once, under
-// the temperature and top-k controls (softmax as sample.py samples, so a slider never asks the server), its bars
+// the temperature, top-k and min-p controls (as sample.py samples, so a slider never asks the server), its bars
 // (only tokens that can be drawn) and the draw that "sample & append" and "generate" make from it.
 "use strict";
 
 function distribution(logits) {
   const temp = +$("temperature").value, k = Math.max(0, Math.floor(+$("topk").value || 0));
+  const minP = Math.min(1, Math.max(0, +$("minp").value || 0));
   const V = logits.length, p = new Float64Array(V);
   if (temp === 0) { p[logits.reduce((b, v, i) => (v > logits[b] ? i : b), 0)] = 1; return p; }
   let kth = -Infinity;
@@ -12,7 +13,11 @@ function distribution(logits) {
   let max = -Infinity;
   for (let i = 0; i < V; i++) if (logits[i] >= kth) max = Math.max(max, logits[i] / temp);
   let sum = 0;
-  for (let i = 0; i < V; i++) { p[i] = logits[i] >= kth ? Math.exp(logits[i] / temp - max) : 0; sum += p[i]; }
+  for (let i = 0; i < V; i++) {  // the top token's is exp(0) = 1, so min-p keeps the tokens with p >= minP
+    p[i] = logits[i] >= kth ? Math.exp(logits[i] / temp - max) : 0;
+    if (p[i] < minP) p[i] = 0;
+    sum += p[i];
+  }
   for (let i = 0; i < V; i++) p[i] /= sum;
   return p;
 }
