@@ -20,6 +20,8 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import IO, Iterator
 
+import platformdirs
+
 from common.interrupt import held, on_stop
 from common.platform import is_windows
 
@@ -27,9 +29,14 @@ SHAKESPEARE_FILE = "tinyshakespeare/input.txt"  # in the cache: data/sources.py 
 
 
 def cache_dir(check: bool = False) -> Path:
-    """`$TINYGPT_CACHE` if set (and non-empty), else `~/.cache/tinygpt`: where every download and prepared data set
-    is kept. Not created here; `check`: a one-line ValueError when it is a file."""
-    d = Path(os.environ.get("TINYGPT_CACHE") or "~/.cache/tinygpt").expanduser()
+    """Where every download and prepared data set is kept: `$TINYGPT_CACHE` if set (and non-empty), else the OS's
+    (platformdirs: ~/.cache/tinygpt on Linux, ~/Library/Caches/tinygpt on macOS, %LOCALAPPDATA%\\tinygpt\\Cache on
+    Windows), or ~/.cache/tinygpt where an earlier tinygpt filled it and the OS's is not there yet. Not created
+    here; `check`: a one-line ValueError when it is a file."""
+    env, old = os.environ.get("TINYGPT_CACHE"), Path("~/.cache/tinygpt").expanduser()
+    d = Path(env).expanduser() if env else Path(platformdirs.user_cache_dir("tinygpt", appauthor=False))
+    if not env and not d.exists() and old.is_dir():  # (on Linux they are the same)
+        d = old
     if check and d.exists() and not d.is_dir():
         raise ValueError(f"the tinygpt cache {d} is a file, not a directory: set TINYGPT_CACHE to a directory "
                          f"(or move the file away)")
@@ -50,16 +57,12 @@ REPLACE_WAITS = (0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0)  # seconds between tri
 
 def fsync_dir(path: str | os.PathLike) -> None:
     """Make a rename in `path` durable (best effort: some platforms cannot open directories)."""
-    try:
+    with suppress(OSError):
         fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def temp_path(path: str | os.PathLike) -> Path:

@@ -1,24 +1,24 @@
-"""Facts about the machine that differ by operating system, answered in one place.
-
-Linux reads /proc, macOS asks sysctl/vm_stat, Windows asks kernel32 through ctypes; anything else (or any
-failure) answers None, so callers degrade to "no check" instead of crashing. Standard library only: this is
+"""Facts about the machine that differ by operating system, answered in one place: psutil's where it has them
+(available memory, CPU load), else read here (a container's memory limit, the peak memory, the CPU's name). Anything
+unknown (or any failure) answers None, so callers degrade to "no check" instead of crashing. No torch: this is
 imported before torch (configure_threads). No other module reads /proc (tests/test_common_platform.py scans).
 """
 from __future__ import annotations
 
-import ctypes
 import importlib.util
 import os
 import platform
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Optional
 
+import psutil
+
 PROC = Path("/proc")
 CGROUP = Path("/sys/fs/cgroup")
+FAILURES = (OSError, RuntimeError, psutil.Error)  # what psutil raises where the OS does not answer
 
 
 def is_windows() -> bool:
@@ -43,92 +43,27 @@ def _command_output(*cmd: str) -> Optional[str]:
         return None
 
 
-def _kernel32():
-    return ctypes.WinDLL("kernel32", use_last_error=True)  # only ever called on Windows
-
-
-class _MemoryStatusEx(ctypes.Structure):  # GlobalMemoryStatusEx's MEMORYSTATUSEX
-    _fields_ = [("dwLength", ctypes.c_uint32), ("dwMemoryLoad", ctypes.c_uint32),
-                ("ullTotalPhys", ctypes.c_uint64), ("ullAvailPhys", ctypes.c_uint64),
-                ("ullTotalPageFile", ctypes.c_uint64), ("ullAvailPageFile", ctypes.c_uint64),
-                ("ullTotalVirtual", ctypes.c_uint64), ("ullAvailVirtual", ctypes.c_uint64),
-                ("ullAvailExtendedVirtual", ctypes.c_uint64)]
-
-
-def _windows_memory() -> Optional[tuple[int, int]]:
-    try:
-        status = _MemoryStatusEx(dwLength=ctypes.sizeof(_MemoryStatusEx))
-        if not _kernel32().GlobalMemoryStatusEx(ctypes.byref(status)):
-            return None
-    except (OSError, AttributeError):
-        return None
-    return status.ullTotalPhys, status.ullAvailPhys
-
-
-def _meminfo(key: str) -> Optional[int]:
-    text = _read(PROC / "meminfo")
-    try:
-        info = dict(line.split(":", 1) for line in (text or "").splitlines())
-        return int(info[key].split()[0]) * 1024
-    except (KeyError, ValueError, IndexError):
-        return None
-
-
-def _sysconf_pages(name: str) -> Optional[int]:
-    try:
-        n, page = os.sysconf(name), os.sysconf("SC_PAGE_SIZE")
-    except (AttributeError, ValueError, OSError):  # no os.sysconf (Windows) or no such name (macOS: AVPHYS)
-        return None
-    return n * page if n > 0 and page > 0 else None
-
-
-def total_memory() -> Optional[int]:
-    """Physical memory in bytes, or None where it cannot be read."""
-    if is_windows():
-        mem = _windows_memory()
-        return mem and mem[0]
-    if is_macos():
-        out = _command_output("sysctl", "-n", "hw.memsize")
-        return int(out) if out and out.strip().isdigit() else None
-    return _meminfo("MemTotal") or _sysconf_pages("SC_PHYS_PAGES")
-
-
-def _macos_available() -> Optional[int]:
-    """vm_stat's free + inactive + speculative pages: what macOS hands out without swapping (Activity
-    Monitor's "available" is close to this)."""
-    out = _command_output("vm_stat")
-    if not out or "page size of" not in out:
-        return None
-    try:
-        page = int(out.split("page size of", 1)[1].split()[0])
-        pages = {k.strip(): int(v.strip().rstrip(".")) for k, _, v in (line.partition(":") for line in
-                                                                       out.splitlines()[1:]) if v.strip()}
-        return page * sum(pages[k] for k in ("Pages free", "Pages inactive", "Pages speculative"))
-    except (KeyError, ValueError, IndexError):
-        return None
-
-
 def _cgroup_room() -> Optional[int]:
-    """Bytes this container may still allocate (cgroup v2, else v1), or None without a limit."""
+    """Bytes this container may still allocate (cgroup v2, else v1), or None without a limit. Not psutil's: it
+    reports the machine's memory, whatever the container's limit."""
     for limit, usage in (("memory.max", "memory.current"),
                          ("memory/memory.limit_in_bytes", "memory/memory.usage_in_bytes")):
         try:
-            return max(int(_read(CGROUP / limit) or "") - int(_read(CGROUP / usage) or ""), 0)
-        except ValueError:  # no such cgroup file, or "max"
+            return max(int((CGROUP / limit).read_text()) - int((CGROUP / usage).read_text()), 0)
+        except (OSError, ValueError):  # no such cgroup file, or "max"
             continue
     return None
 
 
 def available_memory() -> Optional[int]:
-    """Bytes a new allocation can get without swapping (Linux: MemAvailable within the cgroup's limit), or None
-    where that cannot be read (then callers skip their memory check)."""
-    if is_windows():
-        mem = _windows_memory()
-        return mem and mem[1]
-    if is_macos():
-        return _macos_available()
-    free = _meminfo("MemAvailable") or _sysconf_pages("SC_AVPHYS_PAGES")
-    room = _cgroup_room() if free is not None else None
+    """Bytes a new allocation can get without swapping (psutil's "available": Linux's MemAvailable; macOS: free and
+    inactive pages), within a Linux container's limit; None where that cannot be read (then callers skip their
+    memory check)."""
+    try:
+        free = psutil.virtual_memory().available
+    except FAILURES:
+        return None
+    room = _cgroup_room()
     return free if room is None else min(free, room)
 
 
@@ -138,39 +73,13 @@ def uses_host_memory(device_type: str) -> bool:
     return device_type in ("cpu", "mps")
 
 
-def _cpu_times() -> Optional[tuple[int, int]]:
-    """(idle, total) CPU time since boot, all CPUs, in the platform's unit; None where unknown."""
-    if is_windows():
-        idle, kernel, user = (ctypes.c_uint64() for _ in range(3))  # FILETIMEs; kernel time includes idle
-        try:
-            if not _kernel32().GetSystemTimes(ctypes.byref(idle), ctypes.byref(kernel), ctypes.byref(user)):
-                return None
-        except (OSError, AttributeError):
-            return None
-        return idle.value, kernel.value + user.value
-    text = _read(PROC / "stat")
-    try:
-        fields = [int(x) for x in (text or "").splitlines()[0].split()[1:]]
-        return fields[3] + fields[4], sum(fields)  # idle + iowait, total (jiffies)
-    except (ValueError, IndexError):
-        return None
-
-
 def busy_cores(interval: float = 0.05) -> Optional[float]:
-    """How many cores other processes keep busy right now (this one sleeps while it measures). Linux and
-    Windows measure CPU time over `interval`; elsewhere (macOS) the 1-minute load average stands in; None
-    where neither exists."""
-    first = _cpu_times()
-    if first is None:
-        try:
-            return min(os.getloadavg()[0], float(os.cpu_count() or 1))
-        except (AttributeError, OSError):
-            return None
-    time.sleep(interval)
-    second = _cpu_times()
-    if second is None or second[1] <= first[1]:
+    """How many cores other processes keep busy right now (this one sleeps while it measures the CPU time over
+    `interval`), or None where the OS does not say."""
+    try:
+        return psutil.cpu_percent(interval) / 100 * (psutil.cpu_count() or 1)
+    except FAILURES:
         return None
-    return (1 - (second[0] - first[0]) / (second[1] - first[1])) * (os.cpu_count() or 1)
 
 
 BUSY_CORES = 0.5  # other processes using at least half a core: OpenMP threads must not spin
@@ -190,7 +99,7 @@ def configure_threads() -> None:
 
 def peak_rss() -> Optional[int]:
     """This process's peak resident memory in bytes since it started its program (Linux: VmHWM; macOS: the
-    rusage maximum), or None where it cannot be read."""
+    rusage maximum; psutil has no peak there), or None where it cannot be read."""
     status = _read(PROC / "self" / "status") or ""
     line = next((ln for ln in status.splitlines() if ln.startswith("VmHWM:")), None)
     if line is not None:

@@ -1,5 +1,5 @@
 """The downloads: Tiny Shakespeare and the GPT-2 BPE ranks, each with one fixed place in `$TINYGPT_CACHE`
-(default `~/.cache/tinygpt`), looked at first, so an offline machine works once `python -m data.sources` has filled
+(`~/.cache/tinygpt` on Linux), looked at first, so an offline machine works once `python -m data.sources` has filled
 a cache elsewhere and it is copied there. Your own corpus files are named and hashed by data/config.py.
 """
 from __future__ import annotations

@@ -39,33 +39,47 @@ def vocab_size(c: Config, kind: Optional[str] = None) -> int:
     return pad_vocab(n, c.model.pad_vocab_to)
 
 
-def num_params(c: Config, vocab: int) -> tuple[int, int]:
-    """(all parameters, those Muon updates: the blocks' matrices) of the GPT `c.model` describes, every setting
-    (SwiGLU, GQA, head_dim, rope) included: the model built on the meta device, which allocates nothing."""
+def meta_model(c: Config, vocab: int):
+    """The GPT `c.model` describes, every setting included, built on the meta device (it allocates nothing): the
+    estimate reads its parameters and its layers' widths."""
     import torch
 
     from model.gpt import GPT
-    from training.optim import muon_param_groups
     with torch.device("meta"):
-        model = GPT(dataclasses.replace(c.model, vocab_size=vocab))  # (vocab: padded already)
-    return model.num_params(non_embedding=False), sum(p.numel() for p in muon_param_groups(model, 0.0)[0]["params"])
+        return GPT(dataclasses.replace(c.model, vocab_size=vocab))  # (vocab: padded already)
+
+
+def saved_per_token(model, half: bool) -> int:
+    """Bytes one block keeps for backward per token, from the model's own widths: a new MLP width or activation
+    (gated: c_fc twice as wide) or head layout needs no edit here. Within 5% of what saved_tensors_hooks count on
+    torch 2.13's CPU kernels, for every setting (tests/test_launch_memory.py); dropout's masks come apart."""
+    m, attn, mlp = model.config, model.transformer.h[0].attn, model.transformer.h[0].mlp
+    a = 2 if half else 4  # bytes of an activation: autocast's 16-bit copies, else fp32
+    C, qkv, q, fc = m.n_embd, attn.c_attn.out_features, attn.c_proj.in_features, mlp.c_fc.out_features
+    qk = (qkv + q) // 2  # q's and k's widths together (grouped-query attention: a narrower k)
+    return (4 * 2 * C * (1 + (m.norm == "rmsnorm"))  # the norms' fp32 inputs (the residual stream); RMSNorm: x/rms(x)
+            + a * (2 * C + qkv + q)  # the norms' outputs (c_attn's, c_fc's inputs); q, k, v; attention's output
+            + a * qk * (m.position == "rope" or m.qk_norm)  # q and k rotated or normalised: new tensors
+            + (4 + 4 * half) * qk * m.qk_norm  # qk_norm's x/rms(x) in fp32 (under autocast its fp32 input too)
+            + a * 2 * fc)  # c_fc's output, and as much again: the activation's output (gated: and the gate's)
 
 
 def estimate(c: Config, device_type: str = "cpu", half: bool = False, world_size: int = 1,
              vocab: Optional[int] = None) -> Estimate:
     """Peak bytes of one training step on one process. `half`: bf16/fp16 autocast (fp32 master weights)."""
+    from training.optim import muon_param_groups
     m, t = c.model, c.train
     C, T, L, V, H = m.n_embd, m.block_size, m.n_layer, vocab or vocab_size(c), m.n_head
-    P, P_muon = num_params(c, V)
-    optimizer = 4 * P_muon + 8 * (P - P_muon) if c.optim.name == "muon" else 8 * P  # fp32 moments
-    static = 4 * P + 4 * P + optimizer  # weights + gradients + state
+    model = meta_model(c, V)
+    P = model.num_params(non_embedding=False)  # a tied matrix once
+    muon = sum(p.numel() for p in muon_param_groups(model, 0.0)[0]["params"]) if c.optim.name == "muon" else 0
+    static = 16 * P - 4 * muon  # fp32 weights, gradients and AdamW's two moments (Muon keeps one for its matrices)
     if t.parallel == "fsdp":
         static //= world_size
     static += RUNTIME.get(device_type, 0)
     cpu, dropout = device_type == "cpu", m.dropout > 0
-    # saved for backward per token and layer (17 C values), and dropout's mask (fp32 noise on the CPU, else a byte)
-    drop = (4 if cpu else 1) * dropout
-    layer = (68 if not half else 40) * C + 2 * drop * C
+    drop = (4 if cpu else 1) * dropout  # dropout's mask per value: fp32 noise on the CPU, else a byte
+    layer = saved_per_token(model, half) + 2 * drop * C  # and the masks after attention and after the MLP
     # the T x T attention matrix, where no fused kernel avoids it (fused kernels keep only logsumexp)
     manual = m.attention == "manual" or (cpu and dropout)
     attn = H * T * (4 + 2 * half + (8 if cpu else 5) * dropout) * manual + 4 * H

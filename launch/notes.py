@@ -39,8 +39,8 @@ def cpu_seconds(c: Config, threads: int) -> float:
     """Seconds a run of `c` takes on `threads` CPU threads, roughly: training's FLOPs (6N + attention, per token) and
     the evaluations' (forward only: a third) against CPU_FLOPS_PER_THREAD."""
     m, t, kind = c.model, c.train, c.data.validate()
-    vocab = memory.vocab_size(c, kind) if kind != "bpe" or c.data.vocab_size else memory.GPT2_VOCAB  # (a
-    params, _ = memory.num_params(c, vocab)  # tokenizer file's size is read later: GPT-2's stands in for it)
+    vocab = memory.vocab_size(c, kind) if kind != "bpe" or c.data.vocab_size else memory.GPT2_VOCAB  # (a BPE
+    params = memory.meta_model(c, vocab).num_params(non_embedding=False)  # file is read later: GPT-2's size stands in)
     per_token = flops_per_token(params, m.n_layer, m.n_head, m.head_size, m.block_size)
     train = t.max_iters * t.batch_size * t.grad_accum_steps * m.block_size
     evals = -(-t.max_iters // t.eval_interval) + t.eval_at_start  # every eval_interval steps, the last step too

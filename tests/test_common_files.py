@@ -6,6 +6,9 @@ import os
 import stat
 import sys
 
+import platformdirs.macos
+import platformdirs.unix
+import platformdirs.windows
 import pytest
 
 from common import files
@@ -163,3 +166,26 @@ def _dir(path, name):
     path.mkdir()
     (path / name).write_text(name)
     return path
+
+
+def test_the_cache_is_tinygpt_cache_else_the_oss_else_an_earlier_one(tmp_path, monkeypatch):
+    """$TINYGPT_CACHE wins; else platformdirs' directory for the OS (each OS's class, so all three run here), except
+    that a ~/.cache/tinygpt an earlier tinygpt filled is kept while the OS's directory does not exist."""
+    home, legacy = tmp_path / "home", tmp_path / "home" / ".cache" / "tinygpt"
+    for var in ("HOME", "USERPROFILE"):  # (what expanduser reads on POSIX / on Windows)
+        monkeypatch.setenv(var, str(home))
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    monkeypatch.setenv("TINYGPT_CACHE", str(tmp_path / "mine"))
+    assert files.cache_dir() == tmp_path / "mine"
+    monkeypatch.setenv("TINYGPT_CACHE", "")  # set but empty: the default
+    monkeypatch.setattr(platformdirs, "PlatformDirs", platformdirs.unix.Unix)
+    assert files.cache_dir() == legacy  # Linux: the same place as before
+    monkeypatch.setattr(platformdirs, "PlatformDirs", platformdirs.windows.Windows)
+    monkeypatch.setenv("WIN_PD_OVERRIDE_LOCAL_APPDATA", r"C:\Users\me\AppData\Local")  # %LOCALAPPDATA%
+    assert str(files.cache_dir()).replace("\\", "/") == "C:/Users/me/AppData/Local/tinygpt/Cache"
+    monkeypatch.setattr(platformdirs, "PlatformDirs", platformdirs.macos.MacOS)
+    assert files.cache_dir() == home / "Library" / "Caches" / "tinygpt"
+    legacy.mkdir(parents=True)
+    assert files.cache_dir() == legacy  # an earlier tinygpt's, on macOS (and Windows)
+    (home / "Library" / "Caches" / "tinygpt").mkdir(parents=True)
+    assert files.cache_dir() == home / "Library" / "Caches" / "tinygpt"  # once the OS's exists, it is used

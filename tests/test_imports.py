@@ -24,7 +24,8 @@ LAYERS = [
 PEERS = {("bench", "benchmarks")}  # bench.py runs its sections
 INFERENCE = {"sample", "eval", "explore", "viz"}  # never through training/ or the run's process (docs/design.md)
 ONLY_HERE = {"hydra": {"launch"}, "omegaconf": {"launch"},  # third-party modules and the packages that may use them
-             "matplotlib": {"viz"}, "torch.distributed": {"runtime", "checkpoint"}}
+             "matplotlib": {"viz"}, "torch.distributed": {"runtime", "checkpoint"},
+             "psutil": {"common"}, "platformdirs": {"common"}}  # (OS facts: common.platform; the cache: common.files)
 
 
 def _modules() -> dict[str, Path]:

@@ -80,7 +80,8 @@ def test_requirements_name_every_third_party_module_the_commands_import():
 @pytest.mark.slow
 def test_the_commands_import_without_posix_only_modules():
     """Windows has no fcntl, termios, pwd, grp or resource: every documented command must still load."""
-    code = ("import sys, types, subprocess, getpass\n"  # stdlib modules that probe for msvcrt load first
+    code = ("import sys, types, subprocess, getpass, psutil\n"  # stdlib modules that probe for msvcrt load first;
+            # psutil too: its Linux layer imports resource (on Windows it loads its own)
             "for m in ('fcntl', 'termios', 'pwd', 'grp', 'resource'): sys.modules[m] = None\n"
             "sys.modules['msvcrt'] = types.ModuleType('msvcrt')\n"
             "import train, sample, eval, export, bench, data.prepare, common.run_lock\n"
