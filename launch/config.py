@@ -1,8 +1,9 @@
 """The run's config as Hydra composes it, turned into training/config.py's dataclasses once, here at the edge.
 
-The schema is registered with Hydra's ConfigStore, so presets (conf/<group>/<option>.yaml) and overrides merge onto
-typed fields; an override is checked before Hydra composes (a wrong key gets a "did you mean"), and `to_dataclass`
-is the one place a composed config becomes plain dataclasses (validated: GPTConfig's construction and `validate`).
+The schema is registered with Hydra's ConfigStore, so presets (conf/<group>/<option>.yaml, each listing only what it
+changes) and overrides merge onto typed fields that hold every default; an override is checked before Hydra composes
+(a wrong key gets a "did you mean"), and `to_dataclass` is the one place a composed config becomes plain dataclasses
+(checked: GPTConfig's construction and `check`; then `normalize`d).
 """
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from typing import Any, Iterable, Optional
 import hydra
 from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from training.config import SCHEMA_KEYS, Config, train_keys, validate
+from training.config import SCHEMA_KEYS, Config, check, normalize, train_keys
 
 ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
 GROUPS = {f.name: f.default_factory for f in fields(Config)}  # model -> its defaults (GPTConfig), ...
@@ -29,12 +30,14 @@ PRESETS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))  # conf/<group>/<opt
 
 
 def preset(group: str, name: str) -> dict:
-    """conf/<group>/<name>.yaml as a plain dict (benchmarks read the model sizes from the presets)."""
+    """conf/<group>/<name>.yaml as a plain dict, over its group's defaults (a preset lists only what it changes) but
+    an experiment's as written (benchmarks read the model sizes from the presets)."""
     path = CONF / group / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown {group} preset {name!r} ({path} does not exist): use one of "
                          f"{', '.join(PRESETS.get(group, ()))}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    schema = OmegaConf.structured(GROUPS[group]()) if group in GROUPS else {}
+    return OmegaConf.to_container(OmegaConf.merge(schema, OmegaConf.load(path)), resolve=True)
 
 
 NO_PRESET = re.compile(r"~\w+")  # Hydra's `~group` (no preset of that group): an override without `=`
@@ -86,14 +89,6 @@ def _refuse_unknown(keys: Iterable[str], value: Any = None) -> None:
                              f"the spelling; python train.py --cfg job prints every key")
 
 
-def _dotted(d: dict, prefix: str = "") -> Iterable[str]:
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _dotted(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}"
-
-
 def check_override(key: str, value: Any, text: str) -> None:
     """A command-line override (`text`, parsed: key, value) checked before Hydra composes: `group=option` needs
     conf/<group>/<option>.yaml, `key=value` a schema key and a value its type takes; else a one-line ValueError."""
@@ -112,14 +107,16 @@ def check_override(key: str, value: Any, text: str) -> None:
 
 @train_keys()  # GPTConfig's and DataConfig's errors name their settings as the command line does (model.n_embd=)
 def to_dataclass(cfg: Any) -> Config:
-    """Composed config (DictConfig, dict or Config) -> validated `Config` of plain dataclasses."""
+    """Composed config (DictConfig, dict or Config) -> `Config` of plain dataclasses, checked and normalized."""
     if not isinstance(cfg, Config):
-        try:  # (`+model.foo=1` adds a key even to a typed node: refused here)
-            cfg = OmegaConf.create(cfg)
-            _refuse_unknown(_dotted(OmegaConf.to_container(cfg)))
-            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+        try:  # (plain: Hydra's typed nodes take `+model.foo=1`, the schema refuses it)
+            plain = OmegaConf.to_container(OmegaConf.create(cfg))
+            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
         except OmegaConfBaseException as e:
+            if isinstance(e, ConfigKeyError):  # a key not in the schema
+                _refuse_unknown([e.full_key])
             where = f"{e.full_key}: " if getattr(e, "full_key", None) else ""
             raise ValueError(f"invalid config: {where}{str(e).splitlines()[0]}") from None
-    validate(cfg)
+    check(cfg)
+    normalize(cfg)
     return cfg
