@@ -1,13 +1,16 @@
-"""The run's config as Hydra composes it, turned into training/config.py's dataclasses once, here at the edge.
+"""The run's config at the edge: train.py's command line checked before Hydra runs, composed as Hydra composes it,
+and turned into training/config.py's dataclasses once.
 
 The schema is registered with Hydra's ConfigStore, so presets (conf/<group>/<option>.yaml, each listing only what it
-changes) and overrides merge onto typed fields that hold every default; an override is checked before Hydra composes
-(a wrong key gets a "did you mean"), and `to_dataclass` is the one place a composed config becomes plain dataclasses
-(checked: GPTConfig's construction and `check`; then `normalize`d).
+changes) and overrides merge onto typed fields that hold every default. Every job's overrides are checked before Hydra
+composes (a wrong key gets a "did you mean", a value Hydra's lexer refuses its quoted form: `quote`), and
+`to_dataclass` is the one place a composed config becomes plain dataclasses (checked: GPTConfig's construction and
+`check`; then `normalize`d). What train.py says of arguments that are not overrides: launch/overrides.py.
 """
 from __future__ import annotations
 
 import difflib
+import itertools
 import os
 import re
 from dataclasses import fields
@@ -15,7 +18,8 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import hydra
-from hydra.errors import HydraException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
@@ -51,6 +55,32 @@ def no_preset(args: list[str]) -> list[str]:
         null = value.lower() in ("null", "~", "'~'", '"~"') or (value == os.path.expanduser("~") and value != "~")
         return f"~{key}" if eq and key in PRESETS and null else arg
     return [one(a) for a in args]
+
+
+PLAIN = re.compile(r"[A-Za-z0-9_./\-]+")  # a value Hydra reads unquoted as the same string
+
+
+def quote(value: object) -> str:
+    """`value` as Hydra's override grammar reads it back unchanged: as is when plain, else single-quoted (a quote
+    escaped as \\', a backslash doubled where it precedes a quote or ends the value)."""
+    text = str(value)
+    if PLAIN.fullmatch(text) and text.lower() not in ("true", "false", "null") and not _number(text):
+        return text
+    return "'" + re.sub(r"(\\+)(?='|$)", lambda m: m[1] * 2, text).replace("'", "\\'") + "'"
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+        return True
+    except ValueError:
+        return False
+
+
+def with_override(args: list[str], override: str) -> list[str]:
+    """args plus one override, beside the user's own (Hydra wants them together; first if none: `--info x`)."""
+    i = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), 0)
+    return [*args[:i], override, *args[i:]]
 
 
 def register_configs(sweep: bool = False) -> None:
@@ -103,6 +133,63 @@ def check_override(key: str, value: Any, text: str) -> None:
     except OmegaConfBaseException as e:
         raise ValueError(f"cannot set {text}: {str(e).splitlines()[0]}: give a value of the right type "
                          f"(python train.py --cfg job shows the current value of {key})") from None
+
+
+def lexer_hint(arg: str) -> Optional[str]:
+    """The fix for a `key=value` Hydra's lexer cannot read (spaces, non-ASCII, quotes): the value quoted."""
+    key, eq, value = arg.partition("=")
+    if not eq or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key) or value[:1] in ("'", '"', "[", "{"):
+        return None
+    return (f"cannot read the override {arg}: Hydra needs quotes around a value with spaces, quotes or non-ASCII "
+            f"characters: write \"{key}={quote(value) if quote(value) != value else repr(value)}\"")
+
+
+def _parse(overrides: list[str], multirun: bool) -> Optional[list[list[str]]]:
+    """A sweep's jobs: the product of its a=1,2 values, as Hydra's basic sweeper makes them (one job without -m);
+    None for glob() / interval() sweeps, which only Hydra's sweeper expands."""
+    try:
+        lists = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if multirun and
+                 o.is_sweep_override() else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
+    except OverrideParseException as e:
+        key, _, value = str(e.override).partition("=")
+        if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
+            raise ValueError(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
+                             f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell "
+                             f"to expand") from None
+        raise ValueError(lexer_hint(str(e.override)) or f"cannot read the override {e.override}: {e}") from None
+    except HydraException:
+        return None
+    return [list(job) for job in itertools.product(*lists)]
+
+
+def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
+    """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed and validated), so a mistake
+    is one line before anything starts. Returns the jobs' overrides ([] for Hydra's own --flags)."""
+    overrides = [a for a in args if a not in ("-m", "--multirun")]
+    if any(a.startswith("-") for a in overrides):
+        return []
+    jobs = _parse(overrides, multirun) or []
+    for job in jobs[:64]:  # composing takes a moment: a larger sweep is left to Hydra
+        try:
+            for o in OverridesParser.create().parse_overrides(job):
+                if o.is_sweep_override() and not o.is_hydra_override():
+                    raise ValueError(f"{o.input_line} gives several values: to sweep over them add -m (python "
+                                     f"train.py -m ...), to pass a list use key=[a,b]")
+                if not (o.is_hydra_override() or o.is_delete()):
+                    check_override(o.key_or_group, o.value(), o.input_line)
+            if multirun:
+                to_dataclass(compose(job))
+        except ERRORS as e:
+            where = f" (sweep job {' '.join(job)})" if len(jobs) > 1 else ""
+            swept = [a for a in overrides if a.startswith("data.tokenizer=") and "," in a]
+            if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
+                mine = next(a for a in job if a.startswith("data.tokenizer="))
+                where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
+                          f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
+                          f"setting above, then the same for the other data.tokenizer values")
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)  # Hydra's: 1st line
+            raise ValueError(first + where) from None
+    return jobs
 
 
 @train_keys()  # GPTConfig's and DataConfig's errors name their settings as the command line does (model.n_embd=)

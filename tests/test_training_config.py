@@ -10,7 +10,7 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 from tests.helpers import REPO
 from launch.config import PRESETS, register_configs, to_dataclass
 from model.config import MLPS, POSITIONS
-from training.config import Config, train_keys
+from training.config import SCHEDULES, Config, train_keys
 
 register_configs()
 
@@ -115,14 +115,16 @@ def test_unknown_preset():
     ("optim.lr=-1", "optim.lr=-1.0 must be a positive number"),
     ("optim.min_lr=0.1", "optim.min_lr=0.1 is above optim.lr"),
     ("optim.beta2=1.5", "optim.beta2=1.5 must be in"),
-    ("optim.schedule=step", "optim.schedule='step' is not known"),
+    ("optim.schedule=step", "optim.schedule='step' must be one of " + ", ".join(SCHEDULES) + ": e.g. "),
     ("optim.cooldown_frac=1.5", "optim.cooldown_frac=1.5 must be in [0, 1]"),
-    ("train.device=tpu", "train.device='tpu' is not valid"),
+    ("train.device=tpu", "train.device='tpu' must be auto, cpu, cuda, cuda:N or mps: e.g. train.device=cpu"),
     ("train.dtype=int8", "train.dtype='int8' is not valid"),
     ("train.compile=maybe", "train.compile='maybe' is not valid"),
     ("train.batch_size=0", "train.batch_size=0 must be >= 1"),
     ("model.dropout=1.0", "model.dropout=1.0 is outside"),
-    ("logger.mode=loud", "logger.mode='loud' is not valid"),
+    ("logger.mode=loud", "logger.mode='loud' must be one of online, offline, disabled"),
+    ("train.parallel=zero", "train.parallel='zero' must be one of none, ddp, fsdp"),
+    ("optim.decay_iters=0", "optim.decay_iters=0 must be >= 1 or null: e.g. optim.decay_iters=5000 (null: "),
     ("data=text", "data=text needs your text: add data.path=<"),
     ("model.n_head=5", "model.n_embd=384 is not divisible by model.n_head=5: choose n_embd as a multiple of n_head "
                        "(e.g. model.n_embd=385"),

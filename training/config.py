@@ -12,7 +12,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Collection, Optional
+from typing import Any, Callable, Collection, Optional
 
 from common.cli import in_keys
 from data.config import DataConfig
@@ -110,21 +110,36 @@ SCHEMA_KEYS = tuple(f"{group}.{key}" for group, keys in dataclasses.asdict(Confi
 KEYS = {**{k.split(".")[1]: k for k in SCHEMA_KEYS if k.startswith(("model.", "data.", "train."))}, "name": "data"}
 train_keys = functools.partial(in_keys, KEYS)  # libraries' errors in these keys (DataConfig's name: data=text)
 
-POSITIVE, AT_LEAST_0, AT_LEAST_1 = ("a positive number", lambda v: v > 0), (">= 0", lambda v: v >= 0), \
-    (">= 1", lambda v: v >= 1)
-FRACTION = ("in [0, 1)", lambda v: 0 <= v < 1)
-RANGES = {  # the number settings' ranges, with an example for the message (a setting whose default is null: or null)
+def _number(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """`test`, for a finite number only (a bool, NaN, inf or a string fails it)."""
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and test(v)
+
+
+def _one_of(names: tuple) -> tuple:
+    """The rule of a setting that names one of `names`."""
+    return f"one of {', '.join(names)}", lambda v: v in names
+
+
+POSITIVE, AT_LEAST_0 = ("a positive number", _number(lambda v: v > 0)), (">= 0", _number(lambda v: v >= 0))
+AT_LEAST_1, FRACTION = (">= 1", _number(lambda v: v >= 1)), ("in [0, 1)", _number(lambda v: 0 <= v < 1))
+AT_LEAST_1_OR_NULL = (">= 1 or null", lambda v: v is None or AT_LEAST_1[1](v))
+RULES = {  # each setting's choices or range: (what it must be, its test), and an example for the one-line message
+    "optim.name": (_one_of(OPTIMIZERS), "muon"), "optim.schedule": (_one_of(SCHEDULES), "cosine"),
     "optim.lr": (POSITIVE, "1e-3"), "optim.min_lr": (AT_LEAST_0, "1e-4"), "optim.weight_decay": (AT_LEAST_0, "0.1"),
     "optim.beta1": (FRACTION, "0.9"), "optim.beta2": (FRACTION, "0.99"), "optim.warmup_iters": (AT_LEAST_0, "100"),
-    "optim.decay_iters": (AT_LEAST_1, "5000 (or null: train.max_iters)"),
+    "optim.decay_iters": (AT_LEAST_1_OR_NULL, "5000 (null: train.max_iters)"),
     "optim.grad_clip": (AT_LEAST_0, "1.0 (0: no clipping)"),
-    "optim.cooldown_frac": (("in [0, 1]", lambda v: 0 <= v <= 1), "0.2"), "optim.muon_lr": (POSITIVE, "0.02"),
+    "optim.cooldown_frac": (("in [0, 1]", _number(lambda v: 0 <= v <= 1)), "0.2"), "optim.muon_lr": (POSITIVE, "0.02"),
     "optim.muon_momentum": (FRACTION, "0.95"), "optim.muon_ns_steps": (AT_LEAST_1, "5"),
     "train.max_iters": (AT_LEAST_1, "1500"), "train.batch_size": (AT_LEAST_1, "64"),
     "train.grad_accum_steps": (AT_LEAST_1, "1"), "train.eval_interval": (AT_LEAST_1, "250"),
     "train.eval_iters": (AT_LEAST_1, "40"), "train.log_interval": (AT_LEAST_1, "10"),
-    "train.patience": (AT_LEAST_1, "5 (evaluations without a better val loss; null: no early stopping)"),
-    "train.probe_steps": (AT_LEAST_0, "8 (0: at evaluations only)")}
+    "train.patience": (AT_LEAST_1_OR_NULL, "5 (evaluations without a better val loss; null: no early stopping)"),
+    "train.probe_steps": (AT_LEAST_0, "8 (0: at evaluations only)"),
+    "train.parallel": (_one_of(PARALLEL_MODES), "ddp (none: DDP when torchrun starts several processes)"),
+    "train.device": (("auto, cpu, cuda, cuda:N or mps", lambda v: v in ("auto", "cpu", "cuda", "mps") or
+                      (v.startswith("cuda:") and v[5:].isdigit())), "cpu"),
+    "logger.mode": (_one_of(("online", "offline", "disabled")), "offline")}
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -132,35 +147,24 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-@train_keys()
 def check(c: Config) -> None:
-    """The rules the schema's types cannot express (RANGES, known names, settings at odds with each other): a
-    one-line ValueError for the first one broken. It changes nothing; `normalize` parses what has several spellings."""
+    """The rules the schema's types cannot express (RULES, settings at odds with each other): a one-line ValueError
+    for the first one broken. It changes nothing; `normalize` parses what has several spellings. (Called by
+    launch.config.to_dataclass, which names GPTConfig's and DataConfig's settings as the command line does.)"""
     dataclasses.replace(c.model)  # GPTConfig checks itself when built (again: code may have changed it)
     m, o, t, lg = c.model, c.optim, c.train, c.logger
     _check(m.vocab_size is None, f"model.vocab_size={m.vocab_size} cannot be set: the vocabulary is the "
            f"tokenizer's (data.tokenizer, data.vocab_size), padded per model.pad_vocab_to")
     _check(m.init_from not in ("", REQUIRED), f"model.init_from must be given: add model.init_from=PATH, a local "
            f"Hugging Face GPT-2 directory (e.g. {download_command('gpt2')}) or a tinygpt run directory")
-    for key, ((rule, within), example) in RANGES.items():
+    for key, ((rule, test), example) in RULES.items():
         group, name = key.split(".")
-        v, default = getattr(getattr(c, group), name), getattr(type(getattr(c, group)), name)
-        _check((v is None and default is None) or (_finite(v) and within(v)),
-               f"{key}={v} must be {rule}: e.g. {key}={example}")
-    _check(o.name in OPTIMIZERS, f"optim.name={o.name!r} is not known: use one of {', '.join(OPTIMIZERS)}")
+        v = getattr(getattr(c, group), name)
+        _check(test(v), f"{key}={v!r} must be {rule}: e.g. {key}={example}")
     _check(o.min_lr <= o.lr, f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}: set optim.min_lr to at most "
                              f"optim.lr (e.g. optim.min_lr={o.lr / 10:g})")
-    _check(o.schedule in SCHEDULES, f"optim.schedule={o.schedule!r} is not known: use one of {', '.join(SCHEDULES)}")
-    _check(t.device in ("auto", "cpu", "cuda", "mps") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
-           f"train.device={t.device!r} is not valid: use auto, cpu, cuda, cuda:N or mps")
     _check(0 <= t.seed <= SEED_MAX, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337" if t.seed < 0 else
            f"train.seed={t.seed} is too large: use a whole number from 0 to {SEED_MAX}, e.g. train.seed=1337")
-    _check(t.parallel in PARALLEL_MODES, f"train.parallel={t.parallel!r} is not valid: use none (DDP under torchrun), "
-                                         f"ddp or fsdp")
     _check(not (t.parallel == "fsdp" and o.name == "muon"),
            "optim=muon does not work with train.parallel=fsdp (Muon needs whole weight matrices): "
            "use optim=adamw with FSDP, or train.parallel=ddp with Muon")
@@ -174,8 +178,6 @@ def check(c: Config) -> None:
         from training.eval_hellaswag import examples
         examples(t.hellaswag)
     _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
-    _check(lg.mode in ("online", "offline", "disabled"),
-           f"logger.mode={lg.mode!r} is not valid: use online, offline or disabled")
     unused = [f"logger.{f.name}={getattr(lg, f.name)}" for f in dataclasses.fields(LoggerConfig)
               if f.name != "name" and getattr(lg, f.name) != f.default]
     _check(lg.name is not None or not unused, f"{', '.join(unused)} has no effect without logger=wandb: add "
@@ -189,14 +191,13 @@ def normalize(c: Config) -> None:
     t = c.train
     _check(t.dtype in DTYPES, f"train.dtype={t.dtype!r} is not valid: use auto, float32, bfloat16 or float16")
     t.dtype = DTYPES[t.dtype]
-    comp = COMPILE.get(t.compile.strip().lower()) if isinstance(t.compile, str) else t.compile
-    _check(isinstance(comp, bool) or comp == "auto",
+    _check(isinstance(t.compile, (str, bool)) and str(t.compile).strip().lower() in COMPILE,
            f"train.compile={t.compile!r} is not valid: use auto, true or false")
-    t.compile = comp
-    r = t.resume
-    _check(isinstance(r, bool) or (isinstance(r, str) and r.strip() != ""),
-           f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
-    t.resume = {"true": True, "false": False}.get(r.strip().lower(), r) if isinstance(r, str) else r
+    t.compile = COMPILE[str(t.compile).strip().lower()]
+    _check(isinstance(t.resume, bool) or (isinstance(t.resume, str) and t.resume.strip() != ""),
+           f"train.resume={t.resume!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
+    if isinstance(t.resume, str):
+        t.resume = {"true": True, "false": False}.get(t.resume.strip().lower(), t.resume)
     if t.tokens_per_step is not None:
         t.grad_accum_steps = grad_accum_for(t.tokens_per_step, t.batch_size, c.model.block_size, _env_world_size())
 
