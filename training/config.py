@@ -1,9 +1,8 @@
 """The run configuration: one dataclass per config group under `Config` (the model's is the model's own GPTConfig).
 
-Plain dataclasses, each setting's one home (its default, its meaning beside it): the schema the edge
-(launch/config.py) merges the presets (each lists only what it changes) and overrides onto, so a wrong key or type
-fails before any work. `check` adds the ranges and cross-field rules; `normalize` parses the settings that have
-several spellings and derives the one set from others. Nothing here knows Hydra or OmegaConf.
+Plain dataclasses, each setting's one home (default, meaning): the schema that presets (listing what they change) and
+overrides merge onto at the edge (launch/config.py), so a wrong key or type fails at once; `check` adds the rules,
+`normalize` the one spelling of each value. Nothing here knows Hydra or OmegaConf.
 """
 from __future__ import annotations
 
@@ -39,9 +38,8 @@ def baby() -> GPTConfig:
 
 @dataclass
 class OptimConfig:
-    """optim=adamw: AdamW, linear warmup then cosine decay to min_lr, at twice nanoGPT's rates
-    (train_shakespeare_char.py: 1e-3 -> 1e-4), which suit TrainConfig's 1500 steps (experiment=shakespeare_char sets
-    nanoGPT's own). optim=muon changes a few of them (conf/optim/muon.yaml)."""
+    """optim=adamw: AdamW, linear warmup, cosine decay; twice nanoGPT's rates (1e-3 -> 1e-4), which suit TrainConfig's
+    1500 steps (experiment=shakespeare_char: nanoGPT's own). optim=muon changes a few (conf/optim/muon.yaml)."""
     name: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: training/optim.py)
     lr: float = 2e-3  # peak learning rate, reached after warmup (optim=muon: the AdamW part's)
     min_lr: float = 2e-4  # floor of the decay
@@ -60,13 +58,10 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
-    """The loop. The defaults are the GPU run of the baby GPT: 1500 steps of 64 x 256 tokens, evaluated every 250
-    steps on 40 batches per split (measured on an H100 with optim=adamw's lr 2e-3: val 1.4671 at step 1250, 1.4542
-    at 1500, no overfitting tail; nanoGPT's 5000-step config bottoms at 1.4665 at step 1500, then rises to 1.7079 by
-    step 5000). nanoGPT's exact run: experiment=shakespeare_char."""
+    """The loop; its defaults, the baby GPT's GPU run: val 1.4542 at step 1500 on an H100 with optim=adamw, no
+    overfitting tail (nanoGPT's 5000-step config: 1.4665 at step 1500, 1.7079 at 5000; BENCHMARKS.md)."""
     device: str = "auto"  # auto (CUDA > MPS > CPU) | cpu | cuda | cuda:N | mps
-    # auto (bf16 where supported, else fp16 + GradScaler on CUDA; fp32 on CPU) | float32 | bfloat16 | float16
-    dtype: str = "auto"  # (fp32, bf16 and fp16 spell them too)
+    dtype: str = "auto"  # auto (bf16 on GPUs with it, else fp16 + GradScaler; CPU: fp32) | float32 | bfloat16 | float16
     compile: Any = "auto"  # auto (on for CUDA only) | true | false
     max_iters: int = 1500  # optimizer steps
     batch_size: int = 64  # sequences per micro-batch (per process)
@@ -91,8 +86,7 @@ class LoggerConfig:
     name: Optional[str] = None  # null (metrics.jsonl only) | wandb (logger=wandb)
     project: str = "tinygpt"
     entity: Optional[str] = None
-    # online (needs `wandb login` or WANDB_API_KEY) | offline (no key; `wandb sync` later) | disabled; the WANDB_MODE
-    mode: str = "online"  # environment variable wins when set
+    mode: str = "online"  # online (needs wandb login) | offline (wandb sync later) | disabled; WANDB_MODE wins
     run_name: Optional[str] = None
 
 
@@ -110,13 +104,13 @@ SCHEMA_KEYS = tuple(f"{group}.{key}" for group, keys in dataclasses.asdict(Confi
 KEYS = {**{k.split(".")[1]: k for k in SCHEMA_KEYS if k.startswith(("model.", "data.", "train."))}, "name": "data"}
 train_keys = functools.partial(in_keys, KEYS)  # libraries' errors in these keys (DataConfig's name: data=text)
 
+
 def _number(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
     """`test`, for a finite number only (a bool, NaN, inf or a string fails it)."""
     return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and test(v)
 
 
-def _one_of(names: tuple) -> tuple:
-    """The rule of a setting that names one of `names`."""
+def _one_of(names: tuple) -> tuple:  # the rule of a setting that names one of `names`
     return f"one of {', '.join(names)}", lambda v: v in names
 
 
@@ -148,9 +142,8 @@ def _check(cond: bool, msg: str) -> None:
 
 
 def check(c: Config) -> None:
-    """The rules the schema's types cannot express (RULES, settings at odds with each other): a one-line ValueError
-    for the first one broken. It changes nothing; `normalize` parses what has several spellings. (Called by
-    launch.config.to_dataclass, which names GPTConfig's and DataConfig's settings as the command line does.)"""
+    """The rules the schema's types cannot express (RULES, settings at odds): one line for the first one broken. It
+    changes nothing. (launch.config.to_dataclass calls it and names GPTConfig's and DataConfig's settings.)"""
     dataclasses.replace(c.model)  # GPTConfig checks itself when built (again: code may have changed it)
     m, o, t, lg = c.model, c.optim, c.train, c.logger
     _check(m.vocab_size is None, f"model.vocab_size={m.vocab_size} cannot be set: the vocabulary is the "
@@ -185,9 +178,8 @@ def check(c: Config) -> None:
 
 
 def normalize(c: Config) -> None:
-    """The settings a checked config may spell several ways, parsed into their one form (one line for a spelling not
-    known): train.dtype (bf16 -> bfloat16), train.compile (on, yes, 1 -> true), train.resume ("true" -> true, a path
-    as given); and train.grad_accum_steps derived from train.tokens_per_step when that is set."""
+    """A checked config's values in one spelling (bf16 -> bfloat16, compile=on -> True, resume="true" -> True; one line
+    for a spelling not known), and train.grad_accum_steps derived from train.tokens_per_step when that is set."""
     t = c.train
     _check(t.dtype in DTYPES, f"train.dtype={t.dtype!r} is not valid: use auto, float32, bfloat16 or float16")
     t.dtype = DTYPES[t.dtype]
