@@ -20,8 +20,7 @@ import sys
 import torch
 
 from common.files import keep_tool_caches
-from launch.config import ERRORS, NO_PRESET, compose, no_preset, register_configs
-from launch.overrides import check_command_line, with_override
+from launch.config import ERRORS, NO_PRESET, check_command_line, compose, no_preset, register_configs, with_override
 from launch.run import CPU_NOTE, Failed, HydraRun, say_failure
 from runtime.console import to_stderr
 

@@ -25,11 +25,11 @@ ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
 BLOCK = 1 << 20  # bytes read at a time to hash
 @dataclass
 class DataConfig:
-    name: str = "shakespeare_char"
-    path: Any = None  # a file or directory, or a list of them
-    tokenizer: str = "char"
-    val_fraction: float = 0.1
-    encoding_errors: str = "strict"
+    name: str = "shakespeare_char"  # shakespeare_char (65 characters) | shakespeare (GPT-2 BPE) | text (your files)
+    path: Any = None  # a file or directory, or a list of them (name=text: required; Shakespeare: a local copy)
+    tokenizer: str = "char"  # char | gpt2 | bpe (your own, trained on the text: vocab_size=; name=text)
+    val_fraction: float = 0.1  # the last fraction of the text is the validation split
+    encoding_errors: str = "strict"  # strict | replace | ignore | backslashreplace (for bytes that are not UTF-8)
     text_key: str = "text"  # the field (jsonl) or column (parquet, arrow) holding the text
     vocab_size: Optional[int] = None  # tokenizer=bpe: the size of the BPE vocabulary it trains
     tokenizer_sample_mb: float = 100.0  # tokenizer=bpe: trained on the first this many MB of the train split

@@ -1,12 +1,16 @@
-"""The run's config as Hydra composes it, turned into training/config.py's dataclasses once, here at the edge.
+"""The run's config at the edge: train.py's command line checked before Hydra runs, composed as Hydra composes it,
+and turned into training/config.py's dataclasses once.
 
-The schema is registered with Hydra's ConfigStore, so presets (conf/<group>/<option>.yaml) and overrides merge onto
-typed fields; an override is checked before Hydra composes (a wrong key gets a "did you mean"), and `to_dataclass`
-is the one place a composed config becomes plain dataclasses (validated: GPTConfig's construction and `validate`).
+The schema is registered with Hydra's ConfigStore, so presets (conf/<group>/<option>.yaml, each listing only what it
+changes) and overrides merge onto typed fields that hold every default. Every job's overrides are checked before Hydra
+composes (a wrong key gets a "did you mean", a value Hydra's lexer refuses its quoted form: `quote`), and
+`to_dataclass` is the one place a composed config becomes plain dataclasses (checked: GPTConfig's construction and
+`check`; then `normalize`d). What train.py says of arguments that are not overrides: launch/overrides.py.
 """
 from __future__ import annotations
 
 import difflib
+import itertools
 import os
 import re
 from dataclasses import fields
@@ -14,11 +18,12 @@ from pathlib import Path
 from typing import Any, Iterable, Optional
 
 import hydra
-from hydra.errors import HydraException
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from training.config import SCHEMA_KEYS, Config, train_keys, validate
+from training.config import SCHEMA_KEYS, Config, check, normalize, train_keys
 
 ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
 GROUPS = {f.name: f.default_factory for f in fields(Config)}  # model -> its defaults (GPTConfig), ...
@@ -29,12 +34,14 @@ PRESETS = {d.name: sorted(f.stem for f in d.glob("*.yaml"))  # conf/<group>/<opt
 
 
 def preset(group: str, name: str) -> dict:
-    """conf/<group>/<name>.yaml as a plain dict (benchmarks read the model sizes from the presets)."""
+    """conf/<group>/<name>.yaml as a plain dict, over its group's defaults (a preset lists only what it changes) but
+    an experiment's as written (benchmarks read the model sizes from the presets)."""
     path = CONF / group / f"{name}.yaml"
     if not path.is_file():
         raise ValueError(f"unknown {group} preset {name!r} ({path} does not exist): use one of "
                          f"{', '.join(PRESETS.get(group, ()))}")
-    return OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    schema = OmegaConf.structured(GROUPS[group]()) if group in GROUPS else {}
+    return OmegaConf.to_container(OmegaConf.merge(schema, OmegaConf.load(path)), resolve=True)
 
 
 NO_PRESET = re.compile(r"~\w+")  # Hydra's `~group` (no preset of that group): an override without `=`
@@ -48,6 +55,32 @@ def no_preset(args: list[str]) -> list[str]:
         null = value.lower() in ("null", "~", "'~'", '"~"') or (value == os.path.expanduser("~") and value != "~")
         return f"~{key}" if eq and key in PRESETS and null else arg
     return [one(a) for a in args]
+
+
+PLAIN = re.compile(r"[A-Za-z0-9_./\-]+")  # a value Hydra reads unquoted as the same string
+
+
+def quote(value: object) -> str:
+    """`value` as Hydra's override grammar reads it back unchanged: as is when plain, else single-quoted (a quote
+    escaped as \\', a backslash doubled where it precedes a quote or ends the value)."""
+    text = str(value)
+    if PLAIN.fullmatch(text) and text.lower() not in ("true", "false", "null") and not _number(text):
+        return text
+    return "'" + re.sub(r"(\\+)(?='|$)", lambda m: m[1] * 2, text).replace("'", "\\'") + "'"
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text.replace("_", ""))
+        return True
+    except ValueError:
+        return False
+
+
+def with_override(args: list[str], override: str) -> list[str]:
+    """args plus one override, beside the user's own (Hydra wants them together; first if none: `--info x`)."""
+    i = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), 0)
+    return [*args[:i], override, *args[i:]]
 
 
 def register_configs(sweep: bool = False) -> None:
@@ -86,14 +119,6 @@ def _refuse_unknown(keys: Iterable[str], value: Any = None) -> None:
                              f"the spelling; python train.py --cfg job prints every key")
 
 
-def _dotted(d: dict, prefix: str = "") -> Iterable[str]:
-    for k, v in d.items():
-        if isinstance(v, dict):
-            yield from _dotted(v, f"{prefix}{k}.")
-        else:
-            yield f"{prefix}{k}"
-
-
 def check_override(key: str, value: Any, text: str) -> None:
     """A command-line override (`text`, parsed: key, value) checked before Hydra composes: `group=option` needs
     conf/<group>/<option>.yaml, `key=value` a schema key and a value its type takes; else a one-line ValueError."""
@@ -110,16 +135,75 @@ def check_override(key: str, value: Any, text: str) -> None:
                          f"(python train.py --cfg job shows the current value of {key})") from None
 
 
+def lexer_hint(arg: str) -> Optional[str]:
+    """The fix for a `key=value` Hydra's lexer cannot read (spaces, non-ASCII, quotes): the value quoted."""
+    key, eq, value = arg.partition("=")
+    if not eq or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key) or value[:1] in ("'", '"', "[", "{"):
+        return None
+    return (f"cannot read the override {arg}: Hydra needs quotes around a value with spaces, quotes or non-ASCII "
+            f"characters: write \"{key}={quote(value) if quote(value) != value else repr(value)}\"")
+
+
+def _parse(overrides: list[str], multirun: bool) -> Optional[list[list[str]]]:
+    """A sweep's jobs: the product of its a=1,2 values, as Hydra's basic sweeper makes them (one job without -m);
+    None for glob() / interval() sweeps, which only Hydra's sweeper expands."""
+    try:
+        lists = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if multirun and
+                 o.is_sweep_override() else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
+    except OverrideParseException as e:
+        key, _, value = str(e.override).partition("=")
+        if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
+            raise ValueError(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
+                             f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell "
+                             f"to expand") from None
+        raise ValueError(lexer_hint(str(e.override)) or f"cannot read the override {e.override}: {e}") from None
+    except HydraException:
+        return None
+    return [list(job) for job in itertools.product(*lists)]
+
+
+def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
+    """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed and validated), so a mistake
+    is one line before anything starts. Returns the jobs' overrides ([] for Hydra's own --flags)."""
+    overrides = [a for a in args if a not in ("-m", "--multirun")]
+    if any(a.startswith("-") for a in overrides):
+        return []
+    jobs = _parse(overrides, multirun) or []
+    for job in jobs[:64]:  # composing takes a moment: a larger sweep is left to Hydra
+        try:
+            for o in OverridesParser.create().parse_overrides(job):
+                if o.is_sweep_override() and not o.is_hydra_override():
+                    raise ValueError(f"{o.input_line} gives several values: to sweep over them add -m (python "
+                                     f"train.py -m ...), to pass a list use key=[a,b]")
+                if not (o.is_hydra_override() or o.is_delete()):
+                    check_override(o.key_or_group, o.value(), o.input_line)
+            if multirun:
+                to_dataclass(compose(job))
+        except ERRORS as e:
+            where = f" (sweep job {' '.join(job)})" if len(jobs) > 1 else ""
+            swept = [a for a in overrides if a.startswith("data.tokenizer=") and "," in a]
+            if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
+                mine = next(a for a in job if a.startswith("data.tokenizer="))
+                where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
+                          f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
+                          f"setting above, then the same for the other data.tokenizer values")
+            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)  # Hydra's: 1st line
+            raise ValueError(first + where) from None
+    return jobs
+
+
 @train_keys()  # GPTConfig's and DataConfig's errors name their settings as the command line does (model.n_embd=)
 def to_dataclass(cfg: Any) -> Config:
-    """Composed config (DictConfig, dict or Config) -> validated `Config` of plain dataclasses."""
+    """Composed config (DictConfig, dict or Config) -> `Config` of plain dataclasses, checked and normalized."""
     if not isinstance(cfg, Config):
-        try:  # (`+model.foo=1` adds a key even to a typed node: refused here)
-            cfg = OmegaConf.create(cfg)
-            _refuse_unknown(_dotted(OmegaConf.to_container(cfg)))
-            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), cfg))
+        try:  # (plain: Hydra's typed nodes take `+model.foo=1`, the schema refuses it)
+            plain = OmegaConf.to_container(OmegaConf.create(cfg))
+            cfg = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(Config), plain))
         except OmegaConfBaseException as e:
+            if isinstance(e, ConfigKeyError):  # a key not in the schema
+                _refuse_unknown([e.full_key])
             where = f"{e.full_key}: " if getattr(e, "full_key", None) else ""
             raise ValueError(f"invalid config: {where}{str(e).splitlines()[0]}") from None
-    validate(cfg)
+    check(cfg)
+    normalize(cfg)
     return cfg

@@ -1,20 +1,16 @@
-"""train.py's command line as Hydra reads it: every job's overrides checked before Hydra runs, values quoted for
-Hydra's override grammar (so a printed command, e.g. the resume command, pastes back whatever the path), and one line
-with the fix for arguments that are not overrides (nanoGPT's `--batch_size=32` and `config/train_x.py`, a path the
-shell split at a space, a value Hydra's lexer refuses).
+"""What train.py says of a command line besides checking it (launch/config.py checks it): one line with the fix for
+arguments that are not overrides (nanoGPT's `--batch_size=32` and `config/train_x.py`, a path the shell split at a
+space), a note on data.path, and the commands it prints, quoted for Hydra and the shell (the resume command), so they
+paste back whatever the path.
 """
 from __future__ import annotations
 
-import itertools
 import re
 from pathlib import Path
 from typing import Optional
 
-from hydra.core.override_parser.overrides_parser import OverridesParser
-from hydra.errors import HydraException, OverrideParseException
-
 from common.platform import command_line, script
-from launch.config import ERRORS, PRESETS, check_override, compose, to_dataclass
+from launch.config import PLAIN, PRESETS, quote
 from training.config import KEYS, SCHEMA_KEYS
 
 HYDRA_FLAGS = ("-h", "--help", "--hydra-help", "--version", "--cfg", "-c", "--resolve", "--package", "-p", "--run",
@@ -28,24 +24,6 @@ NANOGPT_KEYS = {  # nanoGPT's train.py globals -> tinygpt's keys
     "beta2": "optim.beta2", "grad_clip": "optim.grad_clip", "gradient_accumulation_steps": "train.grad_accum_steps",
     "dataset": "data", "out_dir": "hydra.run.dir", "wandb_log": "logger", "wandb_project": "logger.project",
     "wandb_run_name": "logger.run_name", "init_from": "model.init_from"}
-_PLAIN = re.compile(r"[A-Za-z0-9_./\-]+")  # a value Hydra reads unquoted as the same string
-
-
-def quote(value: object) -> str:
-    """`value` as Hydra's override grammar reads it back unchanged: as is when plain, else single-quoted (a quote
-    escaped as \\', a backslash doubled where it precedes a quote or ends the value)."""
-    text = str(value)
-    if _PLAIN.fullmatch(text) and text.lower() not in ("true", "false", "null") and not _number(text):
-        return text
-    return "'" + re.sub(r"(\\+)(?='|$)", lambda m: m[1] * 2, text).replace("'", "\\'") + "'"
-
-
-def _number(text: str) -> bool:
-    try:
-        float(text.replace("_", ""))
-        return True
-    except ValueError:
-        return False
 
 
 def override(key: str, value: object) -> str:
@@ -73,7 +51,7 @@ def flag_hint(arg: str) -> Optional[str]:
     if not key:
         shown = "key=value"
     else:
-        shown = f"{key}={value if _PLAIN.fullmatch(value) else quote(value)}" if eq else f"{key}=..."
+        shown = f"{key}={value if PLAIN.fullmatch(value) else quote(value)}" if eq else f"{key}=..."
     return (f"{arg} is a --flag, but train.py takes Hydra overrides (key=value, no dashes): write {shown} "
             f"(python train.py --cfg job lists every key)")
 
@@ -94,15 +72,6 @@ def word_hint(arg: str, before: Optional[str]) -> Optional[str]:
         return (f"{arg} is not an override (key=value): if it belongs to {before} (a value with a space), quote "
                 f"the value for Hydra and the shell: \"{override(key, f'{value} {arg}')}\"")
     return f"{arg} is not an override: write key=value (e.g. train.max_iters=500); python train.py --help shows more"
-
-
-def lexer_hint(arg: str) -> Optional[str]:
-    """The fix for a `key=value` Hydra's lexer cannot read (spaces, non-ASCII, quotes): the value quoted."""
-    key, eq, value = arg.partition("=")
-    if not eq or not re.fullmatch(r"[+~]{0,2}[\w.@/-]+", key) or value[:1] in ("'", '"', "[", "{"):
-        return None
-    return (f"cannot read the override {arg}: Hydra needs quotes around a value with spaces, quotes or non-ASCII "
-            f"characters: write \"{key}={quote(value) if quote(value) != value else repr(value)}\"")
 
 
 def habit_hint(args: list[str]) -> Optional[str]:
@@ -137,57 +106,3 @@ def resume_command(run_dir: Path, cli_overrides: Optional[list[str]], ranks=None
              "--rdzv-backend=c10d", "--rdzv-endpoint=HOST:PORT"]
     # (the user's overrides are as Hydra read them, quoted already; the run dir is quoted for Hydra here)
     return command_line([*launch, script("train.py"), *keep, override("hydra.run.dir", run_dir), "train.resume=true"])
-
-
-def with_override(args: list[str], override: str) -> list[str]:
-    """args plus one override, beside the user's own (Hydra wants them together; first if none: `--info x`)."""
-    i = next((i for i, a in enumerate(args) if "=" in a and not a.startswith("-")), 0)
-    return [*args[:i], override, *args[i:]]
-
-
-def _parse(overrides: list[str], multirun: bool) -> Optional[list[list[str]]]:
-    """A sweep's jobs: the product of its a=1,2 values, as Hydra's basic sweeper makes them (one job without -m);
-    None for glob() / interval() sweeps, which only Hydra's sweeper expands."""
-    try:
-        lists = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if multirun and
-                 o.is_sweep_override() else [o.input_line] for o in OverridesParser.create().parse_overrides(overrides)]
-    except OverrideParseException as e:
-        key, _, value = str(e.override).partition("=")
-        if value.startswith("~"):  # the shell leaves ~ alone after `key=`, and Hydra refuses it unquoted
-            raise ValueError(f"cannot read the override {e.override}: Hydra takes ~ only inside quotes: write "
-                             f"\"{key}='{value}'\" (tinygpt expands the ~), or {key}=$HOME{value[1:]} for the shell "
-                             f"to expand") from None
-        raise ValueError(lexer_hint(str(e.override)) or f"cannot read the override {e.override}: {e}") from None
-    except HydraException:
-        return None
-    return [list(job) for job in itertools.product(*lists)]
-
-
-def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
-    """Before Hydra runs: every job's overrides checked (a sweep's jobs also composed and validated), so a mistake
-    is one line before anything starts. Returns the jobs' overrides ([] for Hydra's own --flags)."""
-    overrides = [a for a in args if a not in ("-m", "--multirun")]
-    if any(a.startswith("-") for a in overrides):
-        return []
-    jobs = _parse(overrides, multirun) or []
-    for job in jobs[:64]:  # composing takes a moment: a larger sweep is left to Hydra
-        try:
-            for o in OverridesParser.create().parse_overrides(job):
-                if o.is_sweep_override() and not o.is_hydra_override():
-                    raise ValueError(f"{o.input_line} gives several values: to sweep over them add -m (python "
-                                     f"train.py -m ...), to pass a list use key=[a,b]")
-                if not (o.is_hydra_override() or o.is_delete()):
-                    check_override(o.key_or_group, o.value(), o.input_line)
-            if multirun:
-                to_dataclass(compose(job))
-        except ERRORS as e:
-            where = f" (sweep job {' '.join(job)})" if len(jobs) > 1 else ""
-            swept = [a for a in overrides if a.startswith("data.tokenizer=") and "," in a]
-            if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
-                mine = next(a for a in job if a.startswith("data.tokenizer="))
-                where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
-                          f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
-                          f"setting above, then the same for the other data.tokenizer values")
-            first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)  # Hydra's: 1st line
-            raise ValueError(first + where) from None
-    return jobs

@@ -37,7 +37,7 @@ def launched_by_torchrun() -> bool:
 
 def resolve_parallel(spec: str, world_size: int, launched: bool) -> str:
     """`train.parallel` -> the mode this process runs: none | ddp | fsdp."""
-    assert spec in PARALLEL_MODES, spec  # (training.config.validate told the user)
+    assert spec in PARALLEL_MODES, spec  # (training.config.check told the user)
     if world_size > 1 and not launched:
         raise ValueError(f"WORLD_SIZE={world_size} is set but MASTER_ADDR/MASTER_PORT are not: launch with "
                          f"torchrun (torchrun --standalone --nproc_per_node={world_size} train.py ...)")

@@ -143,8 +143,8 @@ def train_check(args: list[str], cuda: bool = False) -> None:
     import train
     from hydra.core.override_parser.overrides_parser import OverridesParser
     from omegaconf import OmegaConf
-    from launch.config import PRESETS, register_configs, to_dataclass
-    from launch.overrides import VALUE_FLAGS, check_command_line
+    from launch.config import PRESETS, check_command_line, register_configs, to_dataclass
+    from launch.overrides import VALUE_FLAGS
     args, _ = train.as_composed(args, cuda=cuda)
     if {"-m", "--multirun"} & set(args):
         register_configs(sweep=True)

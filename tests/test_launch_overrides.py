@@ -1,11 +1,13 @@
-"""launch/overrides.py: values quoted for Hydra's grammar read back unchanged; arguments that are not overrides
-(nanoGPT's --flags and config files, a value the shell split, an unquoted non-ASCII value) get the fix."""
+"""launch/overrides.py (and launch/config.py's quoting): values quoted for Hydra's grammar read back unchanged;
+arguments that are not overrides (nanoGPT's --flags and config files, a value the shell split, an unquoted non-ASCII
+value) get the fix."""
 from __future__ import annotations
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from launch.overrides import data_path_note, flag_hint, lexer_hint, override, quote, word_hint
+from launch.config import lexer_hint, quote
+from launch.overrides import data_path_note, flag_hint, override, word_hint
 from tests.helpers import REPO
 
 

@@ -3,7 +3,7 @@ import dataclasses
 
 import pytest
 
-from model.config import GPTConfig
+from model.config import MLPS, NORMS, POSITIONS, GPTConfig
 
 GOOD = dict(vocab_size=65, block_size=32, n_layer=2, n_head=4, n_embd=64)
 
@@ -52,9 +52,9 @@ def test_to_dict_from_dict_round_trip():
     (dict(bias="yes"), "bias"),
     (dict(tie_weights=1), "tie_weights"),
     (dict(attention="flash"), "attention"),
-    (dict(position="alibi"), "position=.*learned, rope"),
-    (dict(norm="batchnorm"), "norm=.*layernorm, rmsnorm"),
-    (dict(mlp="geglu"), "mlp=.*gelu, swiglu, relu2"),
+    (dict(position="no_such_position"), "position=.*" + ", ".join(POSITIONS)),
+    (dict(norm="no_such_norm"), "norm=.*" + ", ".join(NORMS)),
+    (dict(mlp="no_such_mlp"), "mlp=.*" + ", ".join(MLPS)),  # (not geglu: someone may add it)
     (dict(n_kv_head=3), "n_kv_head=3 does not divide n_head=4"),
     (dict(n_kv_head=0), "n_kv_head"),
     (dict(n_kv_head=2.0), "n_kv_head"),

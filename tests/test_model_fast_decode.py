@@ -370,13 +370,10 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
 def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
     """conf/model/modern.yaml (rope, GQA, qk_norm, swiglu, untied) in bf16 on a GPU: graphed == eager tokens over
     3 x block_size (the window slides twice), greedy and sampled."""
-    from omegaconf import OmegaConf
-
+    from launch.config import preset
     from model.config import GPTConfig
-    from tests.helpers import REPO
 
-    preset = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "modern.yaml"))
-    config = GPTConfig(vocab_size=65, **{k: v for k, v in preset.items() if k != "pad_vocab_to"})
+    config = GPTConfig(**preset("model", "modern")).with_vocab(65)  # (a preset lists what it changes)
     assert (config.position, config.qk_norm, config.kv_heads < config.n_head) == ("rope", True, True)
     model = spiky_model(config).cuda().bfloat16().eval()
     idx = torch.tensor([[1, 2, 3]], device="cuda")

@@ -118,7 +118,7 @@ def test_resolve_parallel():
     assert D.resolve_parallel("fsdp", 4, True) == "fsdp"
     with pytest.raises(ValueError, match="train.parallel=fsdp needs a torchrun launch"):
         D.resolve_parallel("fsdp", 1, False)
-    with pytest.raises(AssertionError):  # validate() told the user
+    with pytest.raises(AssertionError):  # training.config.check told the user
         D.resolve_parallel("zero", 1, False)
     with pytest.raises(ValueError, match="launch with torchrun"):
         D.resolve_parallel("none", 2, False)

@@ -92,7 +92,7 @@ def test_the_fine_tune_preset_without_a_source_is_one_line_before_any_run_dir(tm
     (["--cfg", "job", "model=baby", "-m"], ["--cfg", "job", "experiment=cpu", "model=baby", "-m"]),
 ])
 def test_added_override_sits_with_the_users(args, want):
-    from launch.overrides import with_override
+    from launch.config import with_override
     assert with_override(args, "experiment=cpu") == want
 
 

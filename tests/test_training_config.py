@@ -8,9 +8,9 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from tests.helpers import REPO
-from launch.config import register_configs, to_dataclass
-from model.config import GPTConfig
-from training.config import Config, train_keys
+from launch.config import PRESETS, register_configs, to_dataclass
+from model.config import MLPS, POSITIONS
+from training.config import SCHEDULES, Config, train_keys
 
 register_configs()
 
@@ -115,14 +115,16 @@ def test_unknown_preset():
     ("optim.lr=-1", "optim.lr=-1.0 must be a positive number"),
     ("optim.min_lr=0.1", "optim.min_lr=0.1 is above optim.lr"),
     ("optim.beta2=1.5", "optim.beta2=1.5 must be in"),
-    ("optim.schedule=step", "optim.schedule='step' is not known"),
+    ("optim.schedule=step", "optim.schedule='step' must be one of " + ", ".join(SCHEDULES) + ": e.g. "),
     ("optim.cooldown_frac=1.5", "optim.cooldown_frac=1.5 must be in [0, 1]"),
-    ("train.device=tpu", "train.device='tpu' is not valid"),
+    ("train.device=tpu", "train.device='tpu' must be auto, cpu, cuda, cuda:N or mps: e.g. train.device=cpu"),
     ("train.dtype=int8", "train.dtype='int8' is not valid"),
     ("train.compile=maybe", "train.compile='maybe' is not valid"),
     ("train.batch_size=0", "train.batch_size=0 must be >= 1"),
     ("model.dropout=1.0", "model.dropout=1.0 is outside"),
-    ("logger.mode=loud", "logger.mode='loud' is not valid"),
+    ("logger.mode=loud", "logger.mode='loud' must be one of online, offline, disabled"),
+    ("train.parallel=zero", "train.parallel='zero' must be one of none, ddp, fsdp"),
+    ("optim.decay_iters=0", "optim.decay_iters=0 must be >= 1 or null: e.g. optim.decay_iters=5000 (null: "),
     ("data=text", "data=text needs your text: add data.path=<"),
     ("model.n_head=5", "model.n_embd=384 is not divisible by model.n_head=5: choose n_embd as a multiple of n_head "
                        "(e.g. model.n_embd=385"),
@@ -131,9 +133,10 @@ def test_unknown_preset():
     ("train.seed=99999999999999999999", "train.seed=99999999999999999999 is too large"),
     ("train.patience=0", "train.patience=0 must be >= 1"),
     ("model.init_from=''", "model.init_from must be given"),
-    ("model.position=alibi", "model.position='alibi' is not known: use one of learned, rope"),
+    ("model.position=no_such_position", "model.position='no_such_position' is not known: use one of "
+                                        + ", ".join(POSITIONS)),
     ("model.n_kv_head=4", "model.n_kv_head=4 does not divide model.n_head=6"),
-    ("model.mlp=geglu", "model.mlp='geglu' is not known: use one of gelu, swiglu, relu2"),
+    ("model.mlp=no_such_mlp", "model.mlp='no_such_mlp' is not known: use one of " + ", ".join(MLPS)),
     ("train.probe_text=''", "train.probe_text='' is empty: give a text, or null"),
 ])
 @pytest.mark.slow  # over ~1 s
@@ -212,14 +215,31 @@ def test_a_misspelt_group_suggests_the_group_and_a_logger_setting_needs_logger_w
         to_dataclass(_compose("train.probe=false", "train.probe_text=ROMEO"))
 
 
-@pytest.mark.parametrize("preset", ["baby", "tiny", "gpt2", "modern"])
-def test_every_model_preset_names_every_model_key(preset):
-    """Each conf/model/*.yaml spells out every key (today's values), so `model.position=rope` works on each."""
-    import yaml
-    keys = set(yaml.safe_load((REPO / "conf" / "model" / f"{preset}.yaml").read_text()))
-    assert keys == {f.name for f in dataclasses.fields(GPTConfig)} - {"init_from", "vocab_size"}
+@pytest.mark.parametrize("preset", PRESETS["model"])
+def test_every_model_setting_can_be_given_on_every_model_preset(preset):
+    """A preset lists only what it changes, yet the schema holds every key: `model.position=rope` works on each."""
     m = to_dataclass(_compose(f"model={preset}", "model.position=rope", "model.n_kv_head=2")).model
     assert m.with_vocab(65).position == "rope" and m.with_vocab(65).kv_heads == 2
+
+
+def test_a_preset_lists_only_what_it_changes():
+    """Issue 44: each setting's default and meaning live in its dataclass only. A group's preset (conf/<group>/*.yaml)
+    lists schema keys, each with a value other than the schema's default (a repeated default would hide a change of
+    it), and the preset conf/config.yaml picks for a group lists nothing: the schema's defaults are that preset."""
+    from omegaconf import OmegaConf
+    from launch.config import CONF, GROUPS
+    defaults = OmegaConf.to_container(OmegaConf.load(CONF / "config.yaml").defaults)
+    picked = {k: v for d in defaults if isinstance(d, dict) for k, v in d.items()}  # {"model": "baby", ...}
+    repeats, empty = [], set()
+    for group, default in GROUPS.items():
+        schema = dataclasses.asdict(default())
+        for name in PRESETS[group]:
+            listed = OmegaConf.to_container(OmegaConf.load(CONF / group / f"{name}.yaml"))
+            assert set(listed) <= set(schema), (group, name)
+            repeats += [f"{group}/{name}.yaml: {k}={v}" for k, v in listed.items() if schema[k] == v]
+            empty |= {(group, name)} if not listed else set()
+    assert not repeats, "presets repeat the schema's default:\n" + "\n".join(repeats)
+    assert empty == {(group, picked[group]) for group in GROUPS if picked[group]}
 
 
 def test_cpu_gpt2_experiment_is_the_cpu_run_with_gpt2s_decoder_at_the_same_size():
@@ -264,8 +284,8 @@ def _notes(given=(), **settings):
                                        ["experiment=cpu_nanogpt"], ["experiment=shakespeare_char"],
                                        ["experiment=finetune_shakespeare"], ["experiment=gpt2_124m"]])
 def test_no_preset_warns_of_its_own_settings(overrides, tmp_path):
-    """A preset lists every key of its group (optim=adamw's cooldown_frac, finetune's min_lr under a constant rate,
-    experiment=cpu's muon_momentum after optim=adamw): only what the command line gives is told it does nothing."""
+    """A preset's settings (finetune's min_lr under a constant rate, experiment=cpu's muon_momentum after
+    optim=adamw) are no one's mistake: only what the command line gives is told it does nothing."""
     from launch.notes import given_keys
     from training.config import notes
     (tmp_path / "t.txt").write_text("x")

@@ -47,16 +47,16 @@ def test_probed_steps_are_step_0_and_a_log_scale_up_to_the_end():
 
 
 def test_a_negative_or_idle_probe_steps_is_one_line():
-    from training.config import Config, validate
+    from training.config import Config, check
     for probe, steps, match in ((True, -1, r"^train.probe_steps=-1 must be >= 0: .*train.probe_steps=8 \(0: at "),
                                 (False, 20, r"^train.probe_steps=20 has no effect with train.probe=false: drop one")):
         c = Config()
         c.train.probe, c.train.probe_steps = probe, steps
         with pytest.raises(ValueError, match=match):
-            validate(c)
+            check(c)
     c = Config()
     c.train.probe = False
-    validate(c)  # (the default probe_steps: nothing to say)
+    check(c)  # (the default probe_steps: nothing to say)
 
 
 def test_a_snapshot_is_the_models_attention_and_lens(tmp_path):
@@ -111,12 +111,12 @@ def test_the_gpu_defaults_snapshots_take_under_5_mb(tmp_path):
     the lens, written from a random model of that shape."""
     from omegaconf import OmegaConf
 
+    from launch.config import preset
     from model.config import GPTConfig
     from model.gpt import GPT
     from tests.helpers import REPO
-    preset = OmegaConf.to_container(OmegaConf.load(REPO / "conf" / "model" / "baby_modern.yaml"))
     run = OmegaConf.load(REPO / "conf" / "experiment" / "gpu.yaml").train
-    model = GPT(GPTConfig(vocab_size=65, **{k: v for k, v in preset.items() if k != "pad_vocab_to"}))
+    model = GPT(GPTConfig(**preset("model", "baby_modern")).with_vocab(65))  # (a preset lists what it changes)
     probs, ids, attention = top_of_lens(model, list(range(64)), probes.TOP, 65, attention=True)  # (one forward)
     evaluations = set(range(0, run.max_iters + 1, run.eval_interval))
     for step in evaluations | probe_steps(run.max_iters, TrainConfig().probe_steps):

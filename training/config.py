@@ -1,7 +1,8 @@
 """The run configuration: one dataclass per config group under `Config` (the model's is the model's own GPTConfig).
 
-Plain dataclasses: the schema the edge (launch/config.py) merges every preset and override onto, so a wrong key or
-type fails before any work; `validate` adds ranges and cross-field rules. Nothing here knows Hydra or OmegaConf.
+Plain dataclasses, each setting's one home (default, meaning): the schema that presets (listing what they change) and
+overrides merge onto at the edge (launch/config.py), so a wrong key or type fails at once; `check` adds the rules,
+`normalize` the one spelling of each value. Nothing here knows Hydra or OmegaConf.
 """
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import dataclasses
 import functools
 import math
 import os
-from dataclasses import dataclass, field, fields
-from typing import Any, Collection, Iterator, Optional
+from dataclasses import dataclass, field
+from typing import Any, Callable, Collection, Optional
 
 from common.cli import in_keys
 from data.config import DataConfig
@@ -20,6 +21,8 @@ from runtime.ranks import PARALLEL_MODES
 
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # accepted spellings -> canonical torch dtype name
+COMPILE = {"auto": "auto", **dict.fromkeys(("true", "on", "yes", "1"), True),
+           **dict.fromkeys(("false", "off", "no", "0"), False)}  # accepted spellings of train.compile
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
 OPTIMIZERS = ("adamw", "muon")
 REQUIRED = "required"  # model.init_from in a preset that fine-tunes (YAML's ??? would not survive the merge)
@@ -28,20 +31,23 @@ MUON_ONLY = ("muon_lr", "muon_momentum", "muon_ns_steps")  # optim keys that onl
 
 
 def baby() -> GPTConfig:
-    """The `model` group's defaults: nanoGPT's shakespeare_char "baby GPT" (conf/model/baby.yaml)."""
+    """The `model` group's default and model=baby's one home (conf/model/baby.yaml lists nothing): nanoGPT's
+    shakespeare_char "baby GPT". The other model presets list what they change from it."""
     return GPTConfig(block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2, bias=False)
 
 
 @dataclass
 class OptimConfig:
-    name: str = "adamw"
-    lr: float = 2e-3  # peak learning rate, reached after warmup
+    """optim=adamw: AdamW, linear warmup, cosine decay; twice nanoGPT's rates (1e-3 -> 1e-4), which suit TrainConfig's
+    1500 steps (experiment=shakespeare_char: nanoGPT's own). optim=muon changes a few (conf/optim/muon.yaml)."""
+    name: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: training/optim.py)
+    lr: float = 2e-3  # peak learning rate, reached after warmup (optim=muon: the AdamW part's)
     min_lr: float = 2e-4  # floor of the decay
-    weight_decay: float = 0.1  # applied to >=2-D weights only (matmuls, embeddings)
+    weight_decay: float = 0.1  # applied to >=2-D weights only (matmuls, embeddings; optim=muon: the AdamW part's)
     beta1: float = 0.9
     beta2: float = 0.99
-    warmup_iters: int = 100
-    decay_iters: Optional[int] = None  # null = train.max_iters
+    warmup_iters: int = 100  # steps of linear warmup from 0 to lr
+    decay_iters: Optional[int] = None  # the step the decay reaches min_lr; null = train.max_iters
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     schedule: str = "cosine"  # cosine | linear | wsd | constant (each after linear warmup)
     cooldown_frac: float = 0.2  # schedule=wsd: the last fraction of decay_iters spent cooling down to min_lr
@@ -52,8 +58,10 @@ class OptimConfig:
 
 @dataclass
 class TrainConfig:
+    """The loop; its defaults, the baby GPT's GPU run: val 1.4542 at step 1500 on an H100 with optim=adamw, no
+    overfitting tail (nanoGPT's 5000-step config: 1.4665 at step 1500, 1.7079 at 5000; BENCHMARKS.md)."""
     device: str = "auto"  # auto (CUDA > MPS > CPU) | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # auto | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto (bf16 on GPUs with it, else fp16 + GradScaler; CPU: fp32) | float32 | bfloat16 | float16
     compile: Any = "auto"  # auto (on for CUDA only) | true | false
     max_iters: int = 1500  # optimizer steps
     batch_size: int = 64  # sequences per micro-batch (per process)
@@ -62,11 +70,11 @@ class TrainConfig:
     eval_interval: int = 250  # evaluate + checkpoint every this many steps (and at the end)
     eval_iters: int = 40  # batches per split in each evaluation
     eval_at_start: bool = False  # also evaluate the untrained model at step 0 (not on resume)
-    patience: Optional[int] = None  # stop when val loss has not improved for this many evaluations (null: off)
+    patience: Optional[int] = None  # stop when val loss has not improved for this many evaluations (null: never)
     log_interval: int = 10  # steps between train-loss readings (the only host syncs in the loop)
     seed: int = 1337
     resume: Any = False  # false | true (last.pt in the run dir) | path to a .pt file or run dir
-    parallel: str = "none"  # none (DDP when launched by torchrun with >1 process) | ddp | fsdp
+    parallel: str = "none"  # none (DDP when torchrun starts >1 process) | ddp | fsdp (FSDP2, sharded checkpoints)
     hellaswag: Optional[str] = None  # a HellaSwag jsonl also scored at each evaluation (evals/hellaswag.py)
     probe: bool = True  # record attention and logit lens on one text at each evaluation (RUN/probes/, the explorer)
     probe_text: Optional[str] = None  # that text (null: the first min(64, block_size) tokens of the validation split)
@@ -75,10 +83,10 @@ class TrainConfig:
 
 @dataclass
 class LoggerConfig:
-    name: Optional[str] = None  # null (metrics.jsonl only) | wandb
+    name: Optional[str] = None  # null (metrics.jsonl only) | wandb (logger=wandb)
     project: str = "tinygpt"
     entity: Optional[str] = None
-    mode: str = "online"  # online | offline | disabled  (the WANDB_MODE env var wins when set)
+    mode: str = "online"  # online (needs wandb login) | offline (wandb sync later) | disabled; WANDB_MODE wins
     run_name: Optional[str] = None
 
 
@@ -91,18 +99,41 @@ class Config:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
 
-def _dotted(cls: type, prefix: str = "") -> Iterator[str]:
-    for f in fields(cls):
-        kind = f.default_factory() if f.default_factory is not dataclasses.MISSING else None
-        if dataclasses.is_dataclass(kind):
-            yield from _dotted(type(kind), f"{prefix}{f.name}.")
-        else:
-            yield f"{prefix}{f.name}"
-
-
-SCHEMA_KEYS = tuple(_dotted(Config))  # model.n_layer, ...
+# every key as the command line writes it: model.n_layer, ...
+SCHEMA_KEYS = tuple(f"{group}.{key}" for group, keys in dataclasses.asdict(Config()).items() for key in keys)
 KEYS = {**{k.split(".")[1]: k for k in SCHEMA_KEYS if k.startswith(("model.", "data.", "train."))}, "name": "data"}
 train_keys = functools.partial(in_keys, KEYS)  # libraries' errors in these keys (DataConfig's name: data=text)
+
+
+def _number(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
+    """`test`, for a finite number only (a bool, NaN, inf or a string fails it)."""
+    return lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and test(v)
+
+
+def _one_of(names: tuple) -> tuple:  # the rule of a setting that names one of `names`
+    return f"one of {', '.join(names)}", lambda v: v in names
+
+
+POSITIVE, AT_LEAST_0 = ("a positive number", _number(lambda v: v > 0)), (">= 0", _number(lambda v: v >= 0))
+AT_LEAST_1, FRACTION = (">= 1", _number(lambda v: v >= 1)), ("in [0, 1)", _number(lambda v: 0 <= v < 1))
+AT_LEAST_1_OR_NULL = (">= 1 or null", lambda v: v is None or AT_LEAST_1[1](v))
+RULES = {  # each setting's choices or range: (what it must be, its test), and an example for the one-line message
+    "optim.name": (_one_of(OPTIMIZERS), "muon"), "optim.schedule": (_one_of(SCHEDULES), "cosine"),
+    "optim.lr": (POSITIVE, "1e-3"), "optim.min_lr": (AT_LEAST_0, "1e-4"), "optim.weight_decay": (AT_LEAST_0, "0.1"),
+    "optim.beta1": (FRACTION, "0.9"), "optim.beta2": (FRACTION, "0.99"), "optim.warmup_iters": (AT_LEAST_0, "100"),
+    "optim.decay_iters": (AT_LEAST_1_OR_NULL, "5000 (null: train.max_iters)"),
+    "optim.grad_clip": (AT_LEAST_0, "1.0 (0: no clipping)"),
+    "optim.cooldown_frac": (("in [0, 1]", _number(lambda v: 0 <= v <= 1)), "0.2"), "optim.muon_lr": (POSITIVE, "0.02"),
+    "optim.muon_momentum": (FRACTION, "0.95"), "optim.muon_ns_steps": (AT_LEAST_1, "5"),
+    "train.max_iters": (AT_LEAST_1, "1500"), "train.batch_size": (AT_LEAST_1, "64"),
+    "train.grad_accum_steps": (AT_LEAST_1, "1"), "train.eval_interval": (AT_LEAST_1, "250"),
+    "train.eval_iters": (AT_LEAST_1, "40"), "train.log_interval": (AT_LEAST_1, "10"),
+    "train.patience": (AT_LEAST_1_OR_NULL, "5 (evaluations without a better val loss; null: no early stopping)"),
+    "train.probe_steps": (AT_LEAST_0, "8 (0: at evaluations only)"),
+    "train.parallel": (_one_of(PARALLEL_MODES), "ddp (none: DDP when torchrun starts several processes)"),
+    "train.device": (("auto, cpu, cuda, cuda:N or mps", lambda v: v in ("auto", "cpu", "cuda", "mps") or
+                      (v.startswith("cuda:") and v[5:].isdigit())), "cpu"),
+    "logger.mode": (_one_of(("online", "offline", "disabled")), "offline")}
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -110,94 +141,64 @@ def _check(cond: bool, msg: str) -> None:
         raise ValueError(msg)
 
 
-def _finite(x: float) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
-
-
-COMPILE = {"auto": "auto", **dict.fromkeys(("true", "on", "yes", "1"), True),
-           **dict.fromkeys(("false", "off", "no", "0"), False)}  # accepted spellings of train.compile
-
-
-@train_keys()
-def validate(c: Config) -> None:
-    """Range and cross-field checks the schema's types cannot express; ValueError with one line."""
-    c.model = dataclasses.replace(c.model)  # GPTConfig checks itself when built (again: code may have changed it)
+def check(c: Config) -> None:
+    """The rules the schema's types cannot express (RULES, settings at odds): one line for the first one broken. It
+    changes nothing. (launch.config.to_dataclass calls it and names GPTConfig's and DataConfig's settings.)"""
+    dataclasses.replace(c.model)  # GPTConfig checks itself when built (again: code may have changed it)
     m, o, t, lg = c.model, c.optim, c.train, c.logger
     _check(m.vocab_size is None, f"model.vocab_size={m.vocab_size} cannot be set: the vocabulary is the "
            f"tokenizer's (data.tokenizer, data.vocab_size), padded per model.pad_vocab_to")
     _check(m.init_from not in ("", REQUIRED), f"model.init_from must be given: add model.init_from=PATH, a local "
            f"Hugging Face GPT-2 directory (e.g. {download_command('gpt2')}) or a tinygpt run directory")
-    _check(o.name in OPTIMIZERS, f"optim.name={o.name!r} is not known: use one of {', '.join(OPTIMIZERS)}")
-    _check(_finite(o.lr) and o.lr > 0, f"optim.lr={o.lr} must be a positive number: e.g. optim.lr=1e-3")
-    _check(_finite(o.min_lr) and o.min_lr >= 0, f"optim.min_lr={o.min_lr} must be >= 0: e.g. optim.min_lr=1e-4")
+    for key, ((rule, test), example) in RULES.items():
+        group, name = key.split(".")
+        v = getattr(getattr(c, group), name)
+        _check(test(v), f"{key}={v!r} must be {rule}: e.g. {key}={example}")
     _check(o.min_lr <= o.lr, f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}: set optim.min_lr to at most "
                              f"optim.lr (e.g. optim.min_lr={o.lr / 10:g})")
-    _check(_finite(o.weight_decay) and o.weight_decay >= 0,
-           f"optim.weight_decay={o.weight_decay} must be >= 0: e.g. optim.weight_decay=0.1")
-    for name, v in (("beta1", o.beta1), ("beta2", o.beta2)):
-        _check(0.0 <= v < 1.0, f"optim.{name}={v} must be in [0, 1): e.g. optim.{name}=0.9")
-    _check(o.warmup_iters >= 0, f"optim.warmup_iters={o.warmup_iters} must be >= 0: e.g. optim.warmup_iters=100")
-    _check(o.decay_iters is None or o.decay_iters >= 1,
-           f"optim.decay_iters={o.decay_iters} must be >= 1: or null to decay over train.max_iters")
-    _check(_finite(o.grad_clip) and o.grad_clip >= 0,
-           f"optim.grad_clip={o.grad_clip} must be >= 0: use 0 to disable clipping or e.g. optim.grad_clip=1.0")
-    _check(_finite(o.muon_lr) and o.muon_lr > 0, f"optim.muon_lr={o.muon_lr} must be a positive number: e.g. 0.02")
-    _check(0.0 <= o.muon_momentum < 1.0, f"optim.muon_momentum={o.muon_momentum} must be in [0, 1): e.g. 0.95")
-    _check(o.muon_ns_steps >= 1, f"optim.muon_ns_steps={o.muon_ns_steps} must be >= 1: e.g. optim.muon_ns_steps=5")
-    _check(_finite(o.cooldown_frac) and 0.0 <= o.cooldown_frac <= 1.0,
-           f"optim.cooldown_frac={o.cooldown_frac} must be in [0, 1]: e.g. optim.cooldown_frac=0.2")
-    _check(o.schedule in SCHEDULES, f"optim.schedule={o.schedule!r} is not known: use one of {', '.join(SCHEDULES)}")
-    _check(t.device in ("auto", "cpu", "cuda", "mps") or (t.device.startswith("cuda:") and t.device[5:].isdigit()),
-           f"train.device={t.device!r} is not valid: use auto, cpu, cuda, cuda:N or mps")
-    _check(t.dtype in DTYPES, f"train.dtype={t.dtype!r} is not valid: use auto, float32, bfloat16 or float16")
-    t.dtype = DTYPES[t.dtype]
-    comp = COMPILE.get(t.compile.strip().lower()) if isinstance(t.compile, str) else t.compile
-    _check(isinstance(comp, bool) or comp == "auto",
-           f"train.compile={t.compile!r} is not valid: use auto, true or false")
-    t.compile = comp
-    for name in ("max_iters", "batch_size", "grad_accum_steps", "eval_interval", "eval_iters", "log_interval"):
-        _check(getattr(t, name) >= 1, f"train.{name}={getattr(t, name)} must be >= 1: give a positive whole number")
-    _check(t.patience is None or t.patience >= 1,
-           f"train.patience={t.patience} must be >= 1 (evaluations without a better val loss), or null (no early "
-           f"stopping)")
     _check(0 <= t.seed <= SEED_MAX, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337" if t.seed < 0 else
            f"train.seed={t.seed} is too large: use a whole number from 0 to {SEED_MAX}, e.g. train.seed=1337")
-    _check(t.parallel in PARALLEL_MODES, f"train.parallel={t.parallel!r} is not valid: use none (DDP under torchrun), "
-                                         f"ddp or fsdp")
     _check(not (t.parallel == "fsdp" and o.name == "muon"),
            "optim=muon does not work with train.parallel=fsdp (Muon needs whole weight matrices): "
            "use optim=adamw with FSDP, or train.parallel=ddp with Muon")
-    r = t.resume
-    _check(isinstance(r, bool) or (isinstance(r, str) and r.strip() != ""),
-           f"train.resume={r!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
-    t.resume = {"true": True, "false": False}.get(r.strip().lower(), r) if isinstance(r, str) else r
-    _check(t.probe_steps >= 0, f"train.probe_steps={t.probe_steps} must be >= 0: snapshots on a log scale besides "
-           "the evaluations, e.g. train.probe_steps=8 (0: at evaluations only)")
     _check(t.probe or t.probe_steps == TrainConfig.probe_steps, f"train.probe_steps={t.probe_steps} has no effect "
            "with train.probe=false: drop one of them")
     _check(t.probe_text != "", "train.probe_text='' is empty: give a text, or null (the validation split's start)")
     _check(t.probe or t.probe_text is None, f"train.probe_text={t.probe_text!r} has no effect with train.probe=false: "
            "drop one of them")
     c.data.validate()  # the data package's own checks (no I/O)
-    if t.tokens_per_step is not None:
-        t.grad_accum_steps = grad_accum_for(t.tokens_per_step, t.batch_size, m.block_size, _env_world_size())
     if t.hellaswag is not None:  # read now (and kept): a bad file is one line before training, not at an evaluation
         from training.eval_hellaswag import examples
         examples(t.hellaswag)
     _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
-    _check(lg.mode in ("online", "offline", "disabled"),
-           f"logger.mode={lg.mode!r} is not valid: use online, offline or disabled")
-    unused = [f"logger.{f.name}={getattr(lg, f.name)}" for f in fields(LoggerConfig)
+    unused = [f"logger.{f.name}={getattr(lg, f.name)}" for f in dataclasses.fields(LoggerConfig)
               if f.name != "name" and getattr(lg, f.name) != f.default]
     _check(lg.name is not None or not unused, f"{', '.join(unused)} has no effect without logger=wandb: add "
            f"logger=wandb to log to Weights & Biases, or drop it (metrics.jsonl is always written)")
+
+
+def normalize(c: Config) -> None:
+    """A checked config's values in one spelling (bf16 -> bfloat16, compile=on -> True, resume="true" -> True; one line
+    for a spelling not known), and train.grad_accum_steps derived from train.tokens_per_step when that is set."""
+    t = c.train
+    _check(t.dtype in DTYPES, f"train.dtype={t.dtype!r} is not valid: use auto, float32, bfloat16 or float16")
+    t.dtype = DTYPES[t.dtype]
+    _check(isinstance(t.compile, (str, bool)) and str(t.compile).strip().lower() in COMPILE,
+           f"train.compile={t.compile!r} is not valid: use auto, true or false")
+    t.compile = COMPILE[str(t.compile).strip().lower()]
+    _check(isinstance(t.resume, bool) or (isinstance(t.resume, str) and t.resume.strip() != ""),
+           f"train.resume={t.resume!r} is not valid: use false, true (last.pt in the run dir) or a checkpoint path")
+    if isinstance(t.resume, str):
+        t.resume = {"true": True, "false": False}.get(t.resume.strip().lower(), t.resume)
+    if t.tokens_per_step is not None:
+        t.grad_accum_steps = grad_accum_for(t.tokens_per_step, t.batch_size, c.model.block_size, _env_world_size())
 
 
 def notes(c: Config, given: Collection[str] = ()) -> list[str]:
     """One line for each setting of a validated config that does nothing, or that may not be what was meant yet can
     be (a smoke run shorter than the preset's warmup): the run's start logs each as a warning (docs/configuration.md,
     "Warnings"). `given`: the keys the command line set. A setting that merely does nothing is told only when given
-    there, since a preset lists every key of its group whether the run reads it or not."""
+    there: a preset's (experiment=cpu's optim.muon_momentum under optim=adamw) is no one's mistake."""
     o, t, out = c.optim, c.train, []
     ignored = lambda keys: [f"{k}={getattr(o, k.split('.')[1])}" for k in keys if k in given]  # noqa: E731
     if o.warmup_iters >= t.max_iters:
