@@ -57,7 +57,7 @@ from model.gpt import GPT
 from launch import memory
 from training.config import Config
 from training.optim import build_optimizer
-from training.step import train_step
+from training.step import forward_backward, optimizer_step
 
 def kib(key):
     return next(int(ln.split()[1]) for ln in open("/proc/self/status") if ln.startswith(key)) * 1024
@@ -78,7 +78,8 @@ base = kib("VmRSS:")
 model = GPT(m.with_vocab(V))
 opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", name=c.optim.name)
 for _ in range(3):
-    train_step(model, opt, lambda: (x, y), grad_clip=1.0)
+    forward_backward(model, lambda: (x, y))
+    optimizer_step(model, opt, grad_clip=1.0)
 print(json.dumps({"measured": kib("VmHWM:") - base, "estimate": memory.estimate(c, "cpu").total}))
 """
 
