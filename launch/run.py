@@ -143,10 +143,10 @@ def execute(setup: Setup, on_start: Optional[Callable[[], None]] = None) -> Trai
     """Train a set-up run (training/loop.py) inside its guarantees: once set up (a resume accepted), `on_start()`,
     rank 0's warnings (launch/notes.py) and Ctrl-C the run's; rank 0's summary also after an error; a stopped run's
     closing line; the process group left together when the run ended well (else at once)."""
-    notes = start_notes(setup.config, setup.device, setup.overrides) if setup.ranks.is_main else []
-    trainer = Trainer(setup.config, setup.run_dir, setup.ranks, setup.device, setup.source)
     status, result, clean = "failed", None, False  # clean: ended where every rank ends (ranks leave together)
     try:
+        notes = start_notes(setup.config, setup.device, setup.overrides) if setup.ranks.is_main else []
+        trainer = Trainer(setup.config, setup.run_dir, setup.ranks, setup.device, setup.source)
         # under_way: from on_start to the closing line, Ctrl-C is the run's (runtime/signals.py); train_keys: the data
         # and model libraries' errors told in this config's keys (data.path, model.block_size)
         with ExitStack() as under_way, train_keys():

@@ -16,7 +16,6 @@ from common.cli import failure_reason
 log = logging.getLogger(__name__)
 
 Batch = tuple[torch.Tensor, torch.Tensor]
-Scaler = torch.amp.GradScaler
 
 
 class TrainingDiverged(ValueError):
@@ -37,7 +36,8 @@ class EvalInterrupted(BaseException):
 
 
 def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], *, accum: int = 1,
-                     autocast: Callable[[], ContextManager] = contextlib.nullcontext, scaler: Optional[Scaler] = None,
+                     autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+                     scaler: Optional[torch.amp.GradScaler] = None,
                      grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> dict[str, torch.Tensor]:
     """`accum` micro-batches' gradients (`grad_sync`: Ranks.grad_sync); the step's metrics, device tensors: loss."""
     total = None
@@ -53,8 +53,8 @@ def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], *,
     return {"loss": total}
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *, scaler: Optional[Scaler] = None,
-                   grad_clip: float = 0.0) -> torch.Tensor:
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                   scaler: Optional[torch.amp.GradScaler] = None, grad_clip: float = 0.0) -> torch.Tensor:
     """Unscale, clip to `grad_clip` (0: none), step, zero the gradients; the norm before clipping (a device tensor)."""
     if scaler is not None:
         scaler.unscale_(optimizer)
