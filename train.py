@@ -58,7 +58,7 @@ def main(args: list[str]) -> int:
         jobs = check_command_line(args, multirun)  # compose + check: every job's overrides, before anything runs
         if not multirun and not any(a.startswith("-") for a in args):
             run = HydraRun(compose(args, return_hydra_config=True), auto_cpu)  # set up: checked, its dir claimed
-            return run.train()
+            return run.execute()
         if auto_cpu and multirun:
             to_stderr(CPU_NOTE)
         from launch import sweep

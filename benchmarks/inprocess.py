@@ -56,7 +56,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
     from model.gpt import GPT
     from training.metrics import flops_per_token, mfu, mfu_peak
     from training.optim import build_optimizer
-    from training.step import compile_regions, train_step
+    from training.step import compile_regions, forward_backward, optimizer_step
 
     cfg, device, vocab = gpt_config(name), precision.device, VOCAB[name]
     row = {"preset": name, "batch_size": batch, "block_size": cfg.block_size, "tokens_per_step": batch * cfg.block_size,
@@ -81,7 +81,8 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
         torch.cuda.reset_peak_memory_stats(device)
 
     def step():  # the training loop's own step (clip 1.0, optim.grad_clip's default)
-        train_step(model_c, opt, loader.next_batch, autocast=precision.autocast, scaler=scaler, grad_clip=1.0)
+        forward_backward(model_c, loader.next_batch, autocast=precision.autocast, scaler=scaler)
+        optimizer_step(model, opt, scaler=scaler, grad_clip=1.0)
     try:
         (first,) = _step_times(step, 1, device)  # carries torch.compile's compilation when compiling
         row["warmup_s"] = round(sum(_step_times(step, warmup, device)), 3)

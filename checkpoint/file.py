@@ -199,7 +199,7 @@ def read_checkpoint(path: str | os.PathLike, *, model: bool = False, run_dir: bo
     return p, ckpt
 
 
-def tokens_per_step(ckpt: dict) -> int | None:
+def batch_tokens(ckpt: dict) -> int | None:
     """The global batch a checkpoint was trained with (its config x its process count), if it says."""
     t = (ckpt.get("config") or {}).get("train") or {}
     sizes = (t.get("batch_size"), t.get("grad_accum_steps"), (ckpt.get("model_config") or {}).get("block_size"))

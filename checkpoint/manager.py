@@ -12,7 +12,7 @@ from typing import Any, Callable, Optional
 
 from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, instead,
                              is_sharded_checkpoint, link_checkpoint, read_checkpoint, remove_stale_temp_files,
-                             save_checkpoint, tokens_per_step)
+                             save_checkpoint, batch_tokens)
 from common.files import remove_quietly, replace, temp_path
 from model.gpt import check_weights, clean_state_dict
 
@@ -36,7 +36,7 @@ class CheckpointManager:
         self.last: Optional[Path] = None  # the last good checkpoint: resumed from, or written since
         self.last_step: Optional[int] = None
         self.config_diff: list[str] = []  # settings that differ from the resumed checkpoint's ("key old -> new")
-        self.source_tokens_per_step: Optional[int] = None  # the resumed checkpoint's global batch, when recorded
+        self.source_batch_tokens: Optional[int] = None  # the resumed checkpoint's global batch, when recorded
         self._linked = False  # outputs/latest points here once this session has saved
 
     def resume(self, spec: Any) -> Optional[int]:
@@ -68,7 +68,7 @@ class CheckpointManager:
             raise ValueError(f"checkpoint {path} is inconsistent (step {self.last_step}, loader at step "
                              f"{loader_step}): it is corrupt; {instead(path)}")
         self.config_diff = _config_diff(ckpt.get("config") or {}, self.meta["config"])
-        self.source_tokens_per_step = tokens_per_step(ckpt)
+        self.source_batch_tokens = batch_tokens(ckpt)
         return self.last_step
 
     def _check_fits(self, ckpt: dict, path: Path) -> None:

@@ -1,13 +1,14 @@
-"""One run's setup and its one-line failure, the same for `python train.py`, a sweep's job and an in-process `train(cfg, run_dir)`: the config
-checked into dataclasses, a fine-tune's weights opened, the job joined, the device resolved once, the memory checked
-and the run directory claimed, all before anything is written; then training/loop.py trains. `HydraRun` adds what
-Hydra's job runner does for a single run (its record in .hydra/, train.log), held back until a resume is accepted.
+"""One run's setup, edge and one-line failure, alike for `python train.py`, a sweep's job and an in-process `train()`:
+config checked into dataclasses, fine-tune weights opened, job joined, device resolved, memory checked, run directory
+claimed, before anything is written; then `execute` has training/loop.py train inside the guarantees kept here.
+`HydraRun` adds Hydra's job runner's part (.hydra/, train.log), held back until a resume is accepted.
 """
 from __future__ import annotations
 
 import logging
 import os
 import signal
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from datetime import datetime
 from logging.handlers import MemoryHandler
@@ -26,9 +27,11 @@ from model.device import resolve_device
 from runtime import console
 from runtime.console import to_files, to_stderr
 from runtime.ranks import Ranks, torchrun_env
+from runtime.signals import SIGPIPE, run_under_way
 from training.config import Config, train_keys
-from training.loop import TrainResult
-from training.loop import train as train_loop
+from training.loop import Trainer
+from training.state import TrainResult
+from training.step import TrainingDiverged
 
 RANK = os.environ.get("RANK", "0").strip() or "0"
 
@@ -128,7 +131,7 @@ def train(cfg: Any, run_dir: Optional[str | os.PathLike] = None, *, cli_override
     the run directory is unlocked on return (a refused run's as it was)."""
     setup, started = set_up(cfg, run_dir, cli_overrides, claim=claim), []
     try:
-        return run(setup, on_start=lambda: started.append(True))
+        return execute(setup, on_start=lambda: started.append(True))
     finally:
         if not started:
             setup.unclaim()
@@ -136,24 +139,41 @@ def train(cfg: Any, run_dir: Optional[str | os.PathLike] = None, *, cli_override
             run_lock.release(setup.claimed)
 
 
-def run(setup: Setup, on_start: Optional[Callable[[], None]] = None) -> TrainResult:
-    """Train a set-up run; its process group is left together when the run ended well (else at once). Once it
-    starts (after `on_start`), rank 0 gives its warnings (launch/notes.py), on stderr and in train.log."""
-    result, lines = None, []
-
-    def start() -> None:
-        if on_start is not None:
-            on_start()
-        for line in lines:
-            say(f"warning: {line}", logging.WARNING)
+def execute(setup: Setup, on_start: Optional[Callable[[], None]] = None) -> TrainResult:
+    """Train a set-up run (training/loop.py) inside its guarantees: once set up (a resume accepted), `on_start()`,
+    rank 0's warnings (launch/notes.py) and Ctrl-C the run's; rank 0's summary also after an error; a stopped run's
+    closing line; the process group left together when the run ended well (else at once)."""
+    status, result, clean = "failed", None, False  # clean: ended where every rank ends (ranks leave together)
     try:
-        if setup.ranks.is_main:
-            lines = start_notes(setup.config, setup.device, setup.overrides)
-        result = train_loop(setup.config, setup.run_dir, ranks=setup.ranks, device=setup.device, source=setup.source,
-                            resume_command=setup.resume_command, on_start=start)
-        return result
+        notes = start_notes(setup.config, setup.device, setup.overrides) if setup.ranks.is_main else []
+        trainer = Trainer(setup.config, setup.run_dir, setup.ranks, setup.device, setup.source)
+        # under_way: from on_start to the closing line, Ctrl-C is the run's (runtime/signals.py); train_keys: the data
+        # and model libraries' errors told in this config's keys (data.path, model.block_size)
+        with ExitStack() as under_way, train_keys():
+            try:
+                trainer.setup()
+                if on_start is not None:
+                    on_start()
+                for line in notes:
+                    say(f"warning: {line}", logging.WARNING)
+                under_way.enter_context(run_under_way())
+                result = trainer.fit()
+                status, clean = result.status, True
+            except (KeyboardInterrupt, BrokenPipeError) as e:  # a second Ctrl-C (or one before the loop's handler),
+                # or a library's write that met the closed pipe: no more saving
+                trainer.stop.signum = SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGINT
+                status = trainer.stop.status
+            except TrainingDiverged:
+                status = "diverged"
+                raise
+            finally:
+                try:
+                    trainer.finish(status)
+                except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
+                    result, clean = None, False
+            return trainer.closing(result, setup.resume_command)
     finally:
-        setup.ranks.destroy(together=result is not None and result.clean)
+        setup.ranks.destroy(together=clean)
 
 
 class HydraRun:
@@ -164,24 +184,22 @@ class HydraRun:
         from omegaconf import OmegaConf, read_write
         from hydra.types import RunMode
         self.cfg, self.auto_cpu, self.held, self.accepted, self.setup = cfg, auto_cpu, [], False, None
-        job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
+        self.job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # the run's config, without Hydra's
         try:
-            self.setup = set_up(job, str(cfg.hydra.run.dir), list(cfg.hydra.overrides.task))
-        except ValueError as e:  # (OSError: a file a setting names, e.g. train.hellaswag, is missing)
-            raise Failed(e) from None
-        except OSError as e:
+            self.setup = set_up(self.job, str(cfg.hydra.run.dir), list(cfg.hydra.overrides.task))
+        except (ValueError, OSError) as e:  # (OSError: a file a setting names, e.g. train.hellaswag, is missing)
             raise Failed(e) from None
         with read_write(cfg.hydra):
             cfg.hydra.run.dir = str(self.setup.run_dir)
             cfg.hydra.runtime.output_dir = str(self.setup.run_dir.resolve())
             cfg.hydra.mode = RunMode.RUN
-        c = self.setup.config
-        if self.setup.ranks.is_main and c.data.path and c.data.name != "text":  # data.path alone: the preset's
+        data = self.setup.config.data
+        if self.setup.ranks.is_main and data.path and data.name != "text":  # data.path alone: the preset's
             from launch.overrides import data_path_note
-            if note := data_path_note(c.data.name, c.data.path, self.setup.overrides):
+            if note := data_path_note(data.name, data.path, self.setup.overrides):
                 to_stderr(note)
 
-    def train(self) -> int:
+    def execute(self) -> int:
         from hydra.core.hydra_config import HydraConfig
         from hydra.core.utils import configure_log
         HydraConfig.instance().set_config(self.cfg)
@@ -200,7 +218,7 @@ class HydraRun:
         if self.setup.run_dir.resolve().is_relative_to(Path.cwd().resolve()):  # paths as the user sees them
             self.setup.run_dir = Path(os.path.relpath(self.setup.run_dir))
         try:
-            result = run(self.setup, on_start=self.start)
+            result = execute(self.setup, on_start=self.start)
         except Exception as e:  # noqa: BLE001 (re-raised unless a user's mistake or out of memory)
             raise failure(e, self.setup.config) from None
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
@@ -222,7 +240,7 @@ class HydraRun:
         self.accepted, cfg, root = True, self.cfg, logging.getLogger()
         if self.setup.ranks.is_main and cfg.hydra.output_subdir is not None:
             record = Path(cfg.hydra.runtime.output_dir) / cfg.hydra.output_subdir
-            for name, node in (("config.yaml", OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])),
+            for name, node in (("config.yaml", self.job),
                                ("hydra.yaml", OmegaConf.masked_copy(cfg, "hydra")),
                                ("overrides.yaml", cfg.hydra.overrides.task)):
                 write_text_atomic(record / name, OmegaConf.to_yaml(node))

@@ -115,7 +115,7 @@ def hydra_job(cfg: DictConfig) -> object:
     sweeping = hc.mode == RunMode.MULTIRUN
     try:
         setup = run.set_up(cfg, hc.runtime.output_dir, list(hc.overrides.task), claim=not sweeping)
-        result = run.run(setup)
+        result = run.execute(setup)
     except Exception as e:  # noqa: BLE001
         f = failure(e, to_dataclass(cfg))
         if not sweeping:

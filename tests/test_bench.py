@@ -201,12 +201,12 @@ def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
     import training.step
     from training.precision import setup_precision
     calls = []
-    real = training.step.train_step
+    real = training.step.optimizer_step
 
     def spy(*a, **kw):
         calls.append(kw)
         return real(*a, **kw)
-    monkeypatch.setattr(training.step, "train_step", spy)
+    monkeypatch.setattr(training.step, "optimizer_step", spy)
     cpu = setup_precision(torch.device("cpu"), "float32")
     row = inprocess.bench_train_preset("tiny", 2, 3, 1, cpu, False, tmp_path)
     assert "error" not in row and row["measured_steps"] == 3

@@ -1,10 +1,9 @@
 """launch/notes.py: what a run says at its start, before its first step (issue 43): the CPU note names the model and
 optimizer the run really has, a GPU-sized run on a CPU is told how long it will take, and every warning is given
-once, by launch.run.run (so a sweep's jobs and in-process runs give theirs too)."""
+once, by launch.run.execute (so a sweep's jobs and in-process runs give theirs too)."""
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
 import pytest
 import torch
@@ -62,20 +61,16 @@ def test_only_the_command_lines_keys_count_as_given():
 
 
 def test_the_run_gives_each_warning_once_as_it_starts(tmp_path, monkeypatch, capsys, caplog):
-    """launch.run.run (train.py, a sweep's job, in-process train()) says each note after on_start (the CPU note, a
-    resume accepted), on stderr and in train.log, before the first step."""
+    """launch.run.execute (train.py, a sweep's job, in-process train()) says each note after on_start (the CPU note,
+    a resume accepted), on stderr and in train.log, before the first step."""
     said = []
-
-    def fake_loop(c, run_dir, *, on_start, **kw):
-        said.append(capsys.readouterr().err)  # nothing yet
-        on_start()
-        said.append(capsys.readouterr().err)
-        return TrainResult("completed", 1, 1.0, Path(run_dir), clean=True)
-    monkeypatch.setattr(run, "train_loop", fake_loop)
+    monkeypatch.setattr(run.Trainer, "setup", lambda self: said.append(capsys.readouterr().err))  # nothing yet
+    monkeypatch.setattr(run.Trainer, "fit", lambda self: said.append(capsys.readouterr().err) or
+                        TrainResult("completed", 1, 1.0, self.run_dir))
     monkeypatch.setattr(run, "to_files", lambda line, level: said.append((line, level)))
     setup = run.Setup(_config(train__max_iters=5, optim__muon_lr=0.05), tmp_path, Ranks(), CPU,
                       ["optim.muon_lr=0.05", "train.max_iters=5"])
-    run.run(setup, on_start=lambda: said.append("on_start"))
+    run.execute(setup, on_start=lambda: said.append("on_start"))
     assert said[0] == "" and said[1] == "on_start"
     warnings = said[-1].splitlines()
     assert len(warnings) == 2 and "optim.muon_lr=0.05 does nothing" in warnings[1]

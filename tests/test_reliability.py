@@ -340,7 +340,7 @@ def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight
     run = tmp_path / "split"
     with monkeypatch.context() as mp:
         if where == "signal-mid-log-window":
-            real_step, steps = loop_mod.train_step, []
+            real_step, steps = loop_mod.optimizer_step, []
 
             def step(*args, **kwargs):
                 out = real_step(*args, **kwargs)
@@ -348,7 +348,7 @@ def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight
                 if len(steps) == 10:  # after step 10; log lines at 4, 8, 12
                     os.kill(os.getpid(), signal.SIGTERM)
                 return out
-            mp.setattr(loop_mod, "train_step", step)
+            mp.setattr(loop_mod, "optimizer_step", step)
         elif where == "signal-during-eval":
             real_eval = BatchLoader.eval_batch
 
@@ -378,7 +378,7 @@ DOUBLE_CTRL_C = r"""
 import os, runpy, signal, sys
 from training import loop
 
-real_step, steps = loop.train_step, []
+real_step, steps = loop.optimizer_step, []
 
 def step(*args, **kwargs):
     out = real_step(*args, **kwargs)
@@ -390,7 +390,7 @@ def step(*args, **kwargs):
         sum(range(1000))
     return out
 
-loop.train_step = step
+loop.optimizer_step = step
 train_py = os.path.join(os.environ["PYTHONPATH"], "train.py")
 sys.argv = [train_py, *sys.argv[1:]]
 runpy.run_path(train_py, run_name="__main__")

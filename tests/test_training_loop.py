@@ -71,7 +71,9 @@ def test_short_run_writes_checkpoints_metrics_and_plot(tmp_path, tiny_corpus, ca
     trains = [r for r in recs if r["type"] == "train"]
     assert [e["step"] for e in evals] == [3, 6] and [t["step"] for t in trains] == [2, 4, 6]
     assert set(evals[0]) >= {"step", "train_loss", "val_loss", "lr", "tokens", "elapsed_s"}
-    assert set(trains[0]) >= {"step", "loss", "lr", "tokens", "elapsed_s", "tokens_per_s"}
+    assert set(trains[0]) >= {"step", "loss", "grad_norm", "lr", "tokens", "elapsed_s", "tokens_per_s"}
+    assert all(t["grad_norm"] > 0 for t in trains)  # logged by default (issue 44), on each step line too
+    assert any(re.match(r"step 2/6: loss \d\.\d{4} \| grad_norm \d+\.\d{4} \| lr ", m) for m in logged)
     assert "mfu" not in trains[0]  # no MFU on CPU
     assert evals[1]["tokens"] == 6 * 4 * 16
     summary = recs[-1]
@@ -204,8 +206,8 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path, tiny_corpus
 
 
 def _after_step(n, *signals):
-    """The loop's train_step, sending `signals` to this process once step n (counted from 1) has finished."""
-    real, count = loop_mod.train_step, itertools.count(1)
+    """The loop's optimizer_step, sending `signals` to this process once step n (counted from 1) has finished."""
+    real, count = loop_mod.optimizer_step, itertools.count(1)
 
     def step(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -217,7 +219,7 @@ def _after_step(n, *signals):
 
 
 def test_sigterm_finishes_the_step_and_saves(tmp_path, tiny_corpus, monkeypatch):
-    monkeypatch.setattr(loop_mod, "train_step", _after_step(5, signal.SIGTERM))  # mid-run, after 5 finished steps
+    monkeypatch.setattr(loop_mod, "optimizer_step", _after_step(5, signal.SIGTERM))  # mid-run, after 5 finished steps
     run = tmp_path / "run"
     before = signal.getsignal(signal.SIGTERM)
     res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=100"), run)
@@ -240,8 +242,8 @@ def reader(monkeypatch):
 
 
 def _reader_leaves_after_step(n, gone):
-    """The loop's train_step, the output's reader leaving once step n (counted from 1) has finished."""
-    real, count = loop_mod.train_step, itertools.count(1)
+    """The loop's optimizer_step, the output's reader leaving once step n (counted from 1) has finished."""
+    real, count = loop_mod.optimizer_step, itertools.count(1)
 
     def step(*args, **kwargs):
         out = real(*args, **kwargs)
@@ -279,7 +281,7 @@ def test_a_closed_pipe_before_a_resumed_run_s_first_step_saves_nothing_new(tmp_p
 @pytest.mark.parametrize("after, stopped", [(3, True), (6, False)], ids=["during", "at-the-end"])
 def test_a_closed_pipe_during_the_run_stops_it_and_at_the_end_leaves_it_completed(tmp_path, tiny_corpus, reader,
                                                                                  monkeypatch, caplog, after, stopped):
-    monkeypatch.setattr(loop_mod, "train_step", _reader_leaves_after_step(after, reader))
+    monkeypatch.setattr(loop_mod, "optimizer_step", _reader_leaves_after_step(after, reader))
     run = tmp_path / "run"
     with caplog.at_level("INFO"):
         res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=100"), run)
@@ -296,13 +298,13 @@ def test_a_closed_pipe_during_the_run_stops_it_and_at_the_end_leaves_it_complete
 def test_a_library_s_write_to_the_closed_pipe_mid_step_is_a_stop_too(tmp_path, tiny_corpus, monkeypatch, caplog):
     """A BrokenPipeError past the console (a library printing) ends the step at once, as a second Ctrl-C does:
     stopped, 141, the last good checkpoint named; not `error: [Errno 32] Broken pipe` and "failed"."""
-    real, count = loop_mod.train_step, itertools.count(1)
+    real, count = loop_mod.optimizer_step, itertools.count(1)
 
     def step(*args, **kwargs):
         if next(count) == 3:
             raise BrokenPipeError(32, "Broken pipe")
         return real(*args, **kwargs)
-    monkeypatch.setattr(loop_mod, "train_step", step)
+    monkeypatch.setattr(loop_mod, "optimizer_step", step)
     run = tmp_path / "run"
     with caplog.at_level("INFO"):
         res = train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=2"), run)
@@ -502,7 +504,7 @@ def test_patience_stops_early_and_ends_normally(tmp_path, tiny_corpus, monkeypat
 
 def test_a_second_ctrl_c_aborts_with_one_closing_line(tmp_path, tiny_corpus, monkeypatch, caplog):
     # step 5: a clean stop, asked for, and a second Ctrl-C: abort at once
-    monkeypatch.setattr(loop_mod, "train_step", _after_step(5, signal.SIGINT, signal.SIGINT))
+    monkeypatch.setattr(loop_mod, "optimizer_step", _after_step(5, signal.SIGINT, signal.SIGINT))
     run, before = tmp_path / "run", signal.getsignal(signal.SIGINT)
     with caplog.at_level("INFO"):
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), run,
@@ -513,7 +515,7 @@ def test_a_second_ctrl_c_aborts_with_one_closing_line(tmp_path, tiny_corpus, mon
     assert not any(r.message.startswith("stopped by") for r in caplog.records)
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4 and records(run)[-1]["status"] == "interrupted"
     assert signal.getsignal(signal.SIGINT) is before
-    monkeypatch.setattr(loop_mod, "train_step", _after_step(1, signal.SIGINT, signal.SIGINT))  # no checkpoint yet
+    monkeypatch.setattr(loop_mod, "optimizer_step", _after_step(1, signal.SIGINT, signal.SIGINT))  # no checkpoint yet
     caplog.clear()
     with caplog.at_level("INFO"):
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), tmp_path / "fresh")
@@ -526,7 +528,7 @@ def test_a_ctrl_c_while_finishing_a_stopped_run_keeps_one_true_closing_line(tmp_
     from training.metrics import RunLog
     def finish(self, *args, **kwargs):
         raise KeyboardInterrupt
-    monkeypatch.setattr(loop_mod, "train_step", _after_step(3, signal.SIGINT))
+    monkeypatch.setattr(loop_mod, "optimizer_step", _after_step(3, signal.SIGINT))
     monkeypatch.setattr(RunLog, "finish", finish)
     with caplog.at_level("INFO"):
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), tmp_path / "run")
@@ -548,7 +550,7 @@ def _hellaswag(path, *rows):
 def test_an_unscorable_hellaswag_file_is_refused_before_step_1(tmp_path, tiny_corpus, monkeypatch, row, why):
     """Issue 29: a row the model cannot score is one line naming the file and row, before any step or file."""
     hs = _hellaswag(tmp_path / "hs.jsonl", row)
-    monkeypatch.setattr(loop_mod, "train_step", lambda *a, **k: pytest.fail("trained a step"))
+    monkeypatch.setattr(loop_mod, "forward_backward", lambda *a, **k: pytest.fail("trained a step"))
     with pytest.raises(ValueError) as e:
         train(make_cfg(tiny_corpus, "train.max_iters=2", f"train.hellaswag={hs}"), tmp_path / "run")
     assert str(e.value).startswith(f"train.hellaswag={hs} line 2: {why}") and "\n" not in str(e.value)

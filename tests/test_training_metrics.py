@@ -43,7 +43,7 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     c = Config()
     c.train.max_iters = 4
     run_dir, precision = tmp_path / "run", setup_precision(torch.device("cpu"), "float32")
-    st = TrainState(tokens_per_step=c.train.batch_size * c.train.grad_accum_steps * c.model.block_size)
+    st = TrainState(batch_tokens=c.train.batch_size * c.train.grad_accum_steps * c.model.block_size)
     tokenizer = types.SimpleNamespace(describe=lambda: "char (65 characters)")
     data = types.SimpleNamespace(tokenizer=tokenizer, dir=tmp_path / "cache",
                                  token_files=lambda: ([0] * 9000, [0] * 900))  # (train, val) tokens
@@ -52,9 +52,10 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
         model = types.SimpleNamespace(num_params=lambda: 1_234_567, config=c.model.with_vocab(128))
         report.start(c, run_dir, st, data=data, model=model, precision=precision, compiled=False, ranks=Ranks(),
                      source=None, resumed_from=None, config_diff=[])
-        report.train(2, 3.5, 1e-3, 2 * st.tokens_per_step, 1.0, 1000.0)
-        report.eval(4, {"train": {"loss": 3.0, "bpb": None}, "val": {"loss": 3.25, "bpb": 2.0}}, 1e-3, 1000, 2.0, True)
-        st.step, st.tokens, st.best_val_loss, st.best_step = 4, 4 * st.tokens_per_step, 3.25, 4
+        report.log_train(2, {"loss": 3.5, "grad_norm": 0.75}, 1e-3, 2 * st.batch_tokens, 1.0, 1000.0)
+        report.log_eval(4, {"train": {"loss": 3.0, "bpb": None}, "val": {"loss": 3.25, "bpb": 2.0}}, 1e-3, 1000, 2.0,
+                        True)
+        st.step, st.tokens, st.best_val_loss, st.best_step = 4, 4 * st.batch_tokens, 3.25, 4
         report.finish("completed", st, wall=3.0, train_s=2.0, session_tokens=st.tokens, compiled=False,
                       early_stopped=False)
     lines = caplog.messages
@@ -62,14 +63,15 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
                                                  f"tokens ({tmp_path / 'cache'})"]
     assert lines[2].startswith("model: 1.23M parameters (") and "vocab 128" in lines[2]
     assert lines[3] == f"device: cpu ({report.device_name}), float32, eager (no torch.compile)"
-    assert lines[4].startswith(f"global batch: {st.tokens_per_step:,} tokens per step (")
+    assert lines[4].startswith(f"global batch: {st.batch_tokens:,} tokens per step (")
     assert "x 1 process); 4 steps to go" in lines[4]
-    assert lines[5:7] == ["step 2/4: loss 3.5000 | lr 1.00e-03 | 1.0k tok/s",
+    assert lines[5:7] == ["step 2/4: loss 3.5000 | grad_norm 0.7500 | lr 1.00e-03 | 1.0k tok/s",
                           "step 4/4: train loss 3.0000, val loss 3.2500 (2.000 bpb) (best) | 1.00K tokens | 2s"]
     assert lines[7].startswith("done: 4 steps, ")  # sample.py named by a path that runs from the cwd (a tmp dir)
     assert lines[7].endswith(f"python {REPO / 'sample.py'} --run {run_dir}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["type"] for r in records] == ["train", "eval", "summary"] and "mfu" not in records[0]
+    assert (records[0]["loss"], records[0]["grad_norm"]) == (3.5, 0.75)
     assert records[2] == {"type": "summary", "status": "completed", "step": 4, "best_step": 4, "best_val_loss": 3.25,
                           "tokens": st.tokens, "wall_s": 3.0, "train_s": 2.0,
                           "mean_tokens_per_s": round(st.tokens / 2.0, 1), "num_params": 1_234_567,
@@ -77,13 +79,17 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     assert (run_dir / "loss.png").is_file()
 
 
-def test_a_slow_first_step_is_told_before_the_first_log_interval(caplog):
+def test_a_slow_first_step_is_told_before_the_first_log_interval(tmp_path, caplog):
     """Issue 43: a GPU-sized run on a CPU printed nothing for minutes: the first step's time, when the first train
-    line is half a minute or more away (not for a quick step, a log every step, or the run's only step)."""
+    line is half a minute or more away (not for a quick step, a log every step, or the run's only step); rank 0's
+    report only (another rank's, never started, says nothing)."""
     report = mt.RunLog(1000)
     with caplog.at_level("INFO"):
+        report.first_step(1, 14.2, 10)
+        report.file = mt.open_metrics(tmp_path / "metrics.jsonl")
         for step, seconds, every in ((1, 14.2, 10), (1, 3.0, 10), (1, 60.0, 1), (1000, 60.0, 10)):
             report.first_step(step, seconds, every)
+    report.file.close()
     assert caplog.messages == ["step 1/1000: took 14.2 s; the train loss is logged every 10 steps "
                                "(train.log_interval)"]
 

@@ -155,7 +155,7 @@ def test_a_run_records_its_steps_and_a_resumed_run_the_same(tmp_path, tiny_corpu
     assert (snaps[9]["attention"].float() - attention[:, 0]).abs().max() < 1e-3
 
     with monkeypatch.context() as mp:
-        mp.setattr(loop, "train_step", _after_step(4, signal.SIGTERM))  # stopped after step 4, a probed one
+        mp.setattr(loop, "optimizer_step", _after_step(4, signal.SIGTERM))  # stopped after step 4, a probed one
         assert train(make_cfg(tiny_corpus, *args), cut).exit_code == 143 and probes.steps(cut) == [0, 1, 2, 3, 4]
     stale = {k: v for k, v in snaps[5].items() if k != "step"}
     probes.write_snapshot(cut, 5, **{**stale, "val_loss": 9.0})  # a step the stopped run had not reached: redone

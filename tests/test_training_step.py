@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from training.step import CompileGuard, EvalInterrupted, eval_stats, train_step
+from training.step import CompileGuard, EvalInterrupted, eval_stats, forward_backward, optimizer_step
 
 
 def _model_and_opt(seed=0):
@@ -33,14 +33,33 @@ def test_accumulated_step_equals_one_big_batch():
     opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
     nxt, data = _batches(2, batch=2)
     synced = []
-    loss_a = train_step(a, opt_a, nxt, accum=2, grad_clip=1.0,
-                        grad_sync=lambda last: synced.append(last) or contextlib.nullcontext())
+    loss_a = forward_backward(a, nxt, accum=2, grad_sync=lambda last: synced.append(last) or contextlib.nullcontext())
     assert synced == [False, True]  # gradients reduced on the last micro-step only
+    norm_a = optimizer_step(a, opt_a, grad_clip=1.0)
     big = (torch.cat([data[0][0], data[1][0]]), torch.cat([data[0][1], data[1][1]]))
-    loss_b = train_step(b, opt_b, lambda: big, grad_clip=1.0)
-    assert loss_a.shape == () and loss_a.item() == pytest.approx(loss_b.item(), abs=1e-6)
+    loss_b = forward_backward(b, lambda: big)
+    norm_b = optimizer_step(b, opt_b, grad_clip=1.0)
+    assert set(loss_a) == {"loss"} and loss_a["loss"].shape == () and norm_a.shape == ()
+    assert loss_a["loss"].item() == pytest.approx(loss_b["loss"].item(), abs=1e-6)
+    assert norm_a.item() == pytest.approx(norm_b.item(), rel=1e-5)
     for pa, pb in zip(a.parameters(), b.parameters()):
         assert torch.allclose(pa, pb, atol=1e-6) and pa.grad is None  # zero_grad(set_to_none)
+
+
+@pytest.mark.parametrize("grad_clip", [0.5, 0.0])
+def test_optimizer_step_returns_the_norm_it_clips_and_steps_as_clip_grad_norm_does(grad_clip):
+    """Issue 44: the gradient norm clipping computes (it was thrown away), and with clipping off the same norm,
+    the gradients left as they are; the weights bitwise those of torch's clip_grad_norm_ and a plain step."""
+    (a, opt_a), (b, opt_b) = _model_and_opt(), _model_and_opt()
+    nxt, data = _batches(1)
+    forward_backward(a, nxt)
+    norm = optimizer_step(a, opt_a, grad_clip=grad_clip)
+    _, loss = b(*data[0])
+    loss.backward()
+    want = torch.nn.utils.clip_grad_norm_(b.parameters(), grad_clip if grad_clip else math.inf, foreach=True)
+    opt_b.step()
+    assert torch.equal(norm, want) and norm.item() > grad_clip  # (a norm over the limit: clipping did clip)
+    assert all(torch.equal(pa, pb) and pa.grad is None for pa, pb in zip(a.parameters(), b.parameters()))
 
 
 def test_evaluate_counts_only_the_counted_batches_and_can_stop():

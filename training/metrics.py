@@ -116,7 +116,7 @@ def format_duration(s: float) -> str:
 
 class RunLog:
     """The records, wandb data and log lines of a run, each from the values it is given: `start` once rank 0
-    has set the run up, `train`/`eval` per interval, `finish` at the end. Off rank 0 (never started) a no-op."""
+    has set the run up, `log_train`/`log_eval` per interval, `finish` at the end. Off rank 0 (never started) a no-op."""
 
     def __init__(self, max_iters: int):
         self.max_iters = max_iters
@@ -137,7 +137,7 @@ class RunLog:
             self.wandb.start(c, run_dir, st.wandb_run_id)
         source_metrics = resumed_from.parent / "metrics.jsonl" if resumed_from is not None else None
         self.file = open_metrics(run_dir / "metrics.jsonl", source_metrics, st.step)
-        m, n, togo, (train, val) = c.model, st.tokens_per_step, c.train.max_iters - st.step, data.token_files()
+        m, n, togo, (train, val) = c.model, st.batch_tokens, c.train.max_iters - st.step, data.token_files()
         log.info(f"run dir: {run_dir}")
         log.info(f"data: {c.data.name}, {data.tokenizer.describe()}, {format_count(len(train))} train / "
                  f"{format_count(len(val))} val tokens ({data.dir})")
@@ -173,17 +173,18 @@ class RunLog:
     def started(self) -> bool:
         return self.file is not None or (self.wandb is not None and self.wandb.run is not None)
 
-    def train(self, step: int, loss: float, lr: float, tokens: int, elapsed: float, tps: float) -> None:
+    def log_train(self, step: int, means: dict[str, float], lr: float, tokens: int, elapsed: float, tps: float) -> None:
+        """A train line, record and wandb point from the window's means (`means`: "loss", "grad_norm", ...)."""
         if self.file is None:
             return
         util = mfu(tps, self.flops_per_token, self.peak)
-        self.write({"type": "train", "step": step, "loss": loss, "lr": lr, "tokens": tokens,
+        self.write({"type": "train", "step": step, **means, "lr": lr, "tokens": tokens,
                     "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
                     **({"mfu": round(util, 4)} if util is not None else {})})
-        self.track({"train/loss": loss, "lr": lr, "tokens": tokens, "tokens_per_s": tps,
+        self.track({**{f"train/{k}": v for k, v in means.items()}, "lr": lr, "tokens": tokens, "tokens_per_s": tps,
                     **({"mfu": util} if util is not None else {})}, step=step)
-        line = f"loss {loss:.4f} | lr {lr:.2e} | {tps / 1e3:.1f}k tok/s" + \
-            (f" | mfu {util * 100:.1f}%" if util is not None else "")
+        line = " | ".join([*(f"{k} {v:.4f}" for k, v in means.items()), f"lr {lr:.2e}", f"{tps / 1e3:.1f}k tok/s",
+                           *([f"mfu {util * 100:.1f}%"] if util is not None else [])])
         on_bar = self.bar is not None and not self.bar.disable
         if on_bar:
             self.bar.set_postfix_str(line, refresh=False)
@@ -192,7 +193,7 @@ class RunLog:
     def first_step(self, step: int, seconds: float, log_interval: int) -> None:
         """A session's first step, when the first train line is half a minute or more away (a CPU given a GPU-sized
         run, a compile): how long it took, so that a run never sits silent for minutes."""
-        if log_interval > 1 and step < self.max_iters and seconds * (log_interval - 1) >= 30:
+        if self.file and log_interval > 1 and step < self.max_iters and seconds * (log_interval - 1) >= 30:
             log.info(f"step {step}/{self.max_iters}: took {seconds:.1f} s; the train loss is logged every "
                      f"{log_interval} steps (train.log_interval)", extra={"on_bar": self.bar is not None and
                                                                           not self.bar.disable})  # (a bar shows it)
@@ -204,7 +205,7 @@ class RunLog:
                  f"improved since step {st.best_step}, for train.patience={t.patience} evaluations: nothing to train "
                  f"(raise train.patience to continue)")
 
-    def eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
+    def log_eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
         """`stats`: {"train"|"val": {"loss": nats per token, "bpb": bits per byte or None}}."""
         if self.file is None:
             return
@@ -245,7 +246,7 @@ class RunLog:
                 self.wandb.finish(exit_code=0 if status == "completed" else 1)
         if status == "completed":  # the whole run's time, as its step lines count it (+ this session's, resumed)
             done = f"best val loss {best:.4f} at step {st.best_step}" if st.best_step is not None else "no evaluation"
-            run_s = format_duration(round(st.elapsed_before + wall, 3))
-            session = f" ({format_duration(round(wall, 3))} this session)" if st.elapsed_before else ""
+            run_s = format_duration(round(st.elapsed_s + wall, 3))
+            session = f" ({format_duration(round(wall, 3))} this session)" if st.elapsed_s else ""
             log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in {run_s}{session}, {done}; "
                      f"sample with: {command_line(['python', script('sample.py'), '--run', str(run_dir)])}")

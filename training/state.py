@@ -7,14 +7,14 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, field
+from dataclasses import Field, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Optional
 
 import numpy as np
 import torch
 
-from checkpoint.file import tokens_per_step
+from checkpoint.file import batch_tokens
 from common.rng import seed_for
 
 if TYPE_CHECKING:
@@ -29,7 +29,6 @@ class TrainResult:
     run_dir: Path
     exit_code: int = 0  # 0, or 130 (SIGINT) / 143 (SIGTERM)
     early_stopped: bool = False  # completed because val loss stopped improving (train.patience)
-    clean: bool = False  # ran to its end or to a stop every rank agreed on: under torchrun, ranks leave together
 
 
 def seed_all(seed: int) -> None:
@@ -68,76 +67,75 @@ def restore_rng_state(state: dict) -> None:
 
 @dataclass
 class TrainState:
-    """The counters of a run; `state_dict` keys are top-level checkpoint keys."""
-    tokens_per_step: int = 0  # this run's global batch in tokens (not saved)
+    """A run's counters. Every field but the last two is a top-level checkpoint key of its own name, saved and loaded
+    as it is (a checkpoint from before the field: its default), so a counter a resume must keep is one line here."""
     step: int = 0
     tokens: int = 0  # training tokens so far, all sessions: counted, since a resume may change the batch
     best_val_loss: float = math.inf
     best_step: Optional[int] = None
-    elapsed_before: float = 0.0  # training time of earlier sessions
     wandb_run_id: Optional[str] = None
     eval_pending: bool = False  # a stop cut the evaluation at `step` short: the resumed run redoes it
-    started: float = field(default_factory=time.perf_counter)  # this session's clock (the loop restarts it)
+    elapsed_s: float = 0.0  # training time of earlier sessions (saved with this session's added)
+    batch_tokens: int = field(default=0, metadata={"saved": False})  # this run's global batch in tokens
+    started: float = field(default_factory=time.perf_counter, metadata={"saved": False})  # this session's clock
 
     def elapsed(self) -> float:
-        return self.elapsed_before + (time.perf_counter() - self.started)
+        return self.elapsed_s + (time.perf_counter() - self.started)
+
+    def _saved(self) -> list[Field]:
+        return [f for f in fields(self) if f.metadata.get("saved", True)]
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "best_val_loss": self.best_val_loss, "best_step": self.best_step,
-                "wandb_run_id": self.wandb_run_id, "elapsed_s": self.elapsed(), "tokens": self.tokens,
-                "eval_pending": self.eval_pending}
+        return {**{f.name: getattr(self, f.name) for f in self._saved()}, "elapsed_s": self.elapsed()}
 
     def load_state_dict(self, ckpt: dict) -> None:
-        self.step = int(ckpt["step"])
-        self.best_val_loss = float(ckpt["best_val_loss"]) if ckpt.get("best_val_loss") is not None else math.inf
-        self.best_step = ckpt.get("best_step")
-        self.elapsed_before = float(ckpt.get("elapsed_s") or 0.0)
-        self.wandb_run_id = ckpt.get("wandb_run_id")
-        self.eval_pending = bool(ckpt.get("eval_pending"))
-        tokens = ckpt.get("tokens")  # (older checkpoints: their step times their own global batch)
-        self.tokens = int(tokens) if tokens is not None else self.step * (tokens_per_step(ckpt) or self.tokens_per_step)
+        for f in self._saved():
+            setattr(self, f.name, f.default if ckpt.get(f.name) is None else ckpt[f.name])
+        if ckpt.get("tokens") is None:  # (older checkpoints: their step times their own global batch)
+            self.tokens = self.step * (batch_tokens(ckpt) or self.batch_tokens)
 
 
-class LossWindow:
-    """The per-step losses since the last log line, on the device; saved, so a resume logs them as a straight run."""
+class MetricsWindow:
+    """Each step's named metrics (device tensors) since the last log line. The log line reads every name at once
+    (one host sync, averaged over ranks); saved, so a resumed run logs them as a straight run does."""
 
     def __init__(self, size: int, device: torch.device, ranks: Ranks):
-        self.buf = torch.zeros(max(1, size), device=device, dtype=torch.float32)
-        self.ranks, self.n, self.first_step = ranks, 0, 0
-        self.restored = 0  # losses that came from the checkpoint (trained, and timed, before the resume)
+        self.size, self.device, self.ranks = max(1, size), device, ranks
+        self.values: dict[str, list[torch.Tensor]] = {}  # name -> one 1-element tensor per step
+        self.first_step = self.restored = 0  # restored: steps that came from the checkpoint (timed before it)
         self._saved: dict = {}
 
-    def add(self, loss: torch.Tensor) -> None:
-        self.buf[self.n] = loss
-        self.n += 1
+    def add(self, metrics: dict[str, torch.Tensor]) -> None:
+        for name, value in metrics.items():
+            self.values.setdefault(name, []).append(value.detach().float().view(1))
 
-    def read(self, on_bad: Optional[Callable[[int, float], None]] = None) -> list[float]:
-        """The losses since the last clear(), averaged over ranks; `on_bad(step, value)` for the first NaN/inf."""
-        window = self.buf[: self.n]
-        vals = self.ranks.all_reduce_mean(window.clone()).tolist() if self.n else []
-        bad = next((i for i, v in enumerate(vals) if not math.isfinite(v)), None)
+    def read(self, on_bad: Optional[Callable[[int, float], None]] = None) -> dict[str, list[float]]:
+        """Each name's values since clear(), averaged over ranks; `on_bad(step, value)` for the first NaN/inf loss."""
+        every = [v for steps in self.values.values() for v in steps]
+        flat = iter(self.ranks.all_reduce_mean(torch.cat(every)).tolist() if every else [])
+        read = {name: [next(flat) for _ in steps] for name, steps in self.values.items()}
+        bad = next((i for i, v in enumerate(read.get("loss", [])) if not math.isfinite(v)), None)
         if bad is not None and on_bad is not None:
-            on_bad(self.first_step + bad + 1, vals[bad])
-        return vals
+            on_bad(self.first_step + bad + 1, read["loss"][bad])
+        return read
 
     def clear(self, step: int) -> None:
-        self.n = self.restored = 0
-        self.first_step = step
+        self.values, self.first_step, self.restored = {}, step, 0
 
     def state_dict(self) -> dict:
-        return {"first_step": self.first_step, "losses": self.read()}
+        return {"first_step": self.first_step, "values": self.read()}
 
     def load_state_dict(self, sd: dict) -> None:
         self._saved = sd  # start() takes it once the run's step is known
 
     def start(self, step: int) -> None:
-        """Begin at `step` with the checkpoint's unlogged losses if they end there and fit (same log_interval)."""
-        losses, first = [float(v) for v in self._saved.get("losses") or []], int(self._saved.get("first_step", -1))
+        """Begin at `step` with the checkpoint's unlogged values if they end there and fit (same log_interval)."""
+        saved = self._saved.get("values") or {"loss": self._saved.get("losses") or []}  # (older: the loss alone)
+        first, n = int(self._saved.get("first_step", -1)), len(saved.get("loss", []))
         self.clear(step)
-        if losses and first + len(losses) == step and first % self.buf.numel() == 0 and len(losses) < self.buf.numel():
-            self.buf[: len(losses)] = torch.tensor(losses, dtype=self.buf.dtype)
-            self.n = self.restored = len(losses)
-            self.first_step = first
+        if n and first + n == step and first % self.size == 0 and n < self.size:
+            self.values = {k: [torch.tensor([float(v)], device=self.device) for v in vs] for k, vs in saved.items()}
+            self.first_step, self.restored = first, n
 
 
 def rank_rng_state(ckpt: dict, ranks: Ranks, seed: int) -> Optional[dict]:

@@ -1,5 +1,5 @@
-"""The training step and the evaluation, as plain functions: the loop calls them, and so can bench.py.
-Neither synchronises with the host: the step returns its loss as a device tensor, the evaluation reads its sums once.
+"""The step in two (forward_backward, then optimizer_step: a rule between them is the loop's alone) and the evaluation,
+plain functions the loop and bench.py call. No host sync: the step's metrics are device tensors, evaluation reads once.
 """
 from __future__ import annotations
 
@@ -35,11 +35,11 @@ class EvalInterrupted(BaseException):
     """`eval_stats`'s `stop()` said so (not an Exception: a compile-failure guard must not catch it)."""
 
 
-def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, next_batch: Callable[[], Batch], *,
-               accum: int = 1, autocast: Callable[[], ContextManager] = contextlib.nullcontext,
-               scaler: Optional[torch.amp.GradScaler] = None, grad_clip: float = 0.0,
-               grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> torch.Tensor:
-    """One optimizer step over `accum` micro-batches; the mean loss, no sync (`grad_sync`: distributed.grad_sync)."""
+def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], *, accum: int = 1,
+                     autocast: Callable[[], ContextManager] = contextlib.nullcontext,
+                     scaler: Optional[torch.amp.GradScaler] = None,
+                     grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> dict[str, torch.Tensor]:
+    """`accum` micro-batches' gradients (`grad_sync`: Ranks.grad_sync); the step's metrics, device tensors: loss."""
     total = None
     for micro in range(accum):
         x, y = next_batch()
@@ -50,17 +50,22 @@ def train_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, next_ba
                 loss = loss / accum
             (scaler.scale(loss) if scaler is not None else loss).backward()
         total = loss.detach() if total is None else total + loss.detach()
-    if grad_clip > 0:
-        if scaler is not None:
-            scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip, foreach=True)
+    return {"loss": total}
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+                   scaler: Optional[torch.amp.GradScaler] = None, grad_clip: float = 0.0) -> torch.Tensor:
+    """Unscale, clip to `grad_clip` (0: none), step, zero the gradients; the norm before clipping (a device tensor)."""
+    if scaler is not None:
+        scaler.unscale_(optimizer)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf, foreach=True)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return total
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # (FSDP2's: a sharded DTensor)
 
 
 @torch.no_grad()
