@@ -116,7 +116,9 @@ def run(argv: list[str] | None = None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
     padded = model.config.vocab_size - tokenizer.vocab_size
     print(f"wrote {out}: {', '.join(names)} ({tokenizer.describe()}"
-          + (f"; {padded} padded vocabulary rows dropped" if padded else "") + ")")
+          + (f"; {padded} padded vocabulary rows dropped" if padded else "")
+          + ("; exact GELU as trained: activation_function gelu" if model.config.mlp == "gelu_exact" else "")
+          + ")")
     tok = ("AutoTokenizer.from_pretrained(d)" if tokenizer.in_transformers
            else "the characters' ids in vocab.json (docs/export_eval.md)")
     load = "GPT2LMHeadModel.from_pretrained(d)" if kind == "gpt2" else \

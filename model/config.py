@@ -18,7 +18,7 @@ BUILD_FIELDS = ("pad_vocab_to", "init_from")  # how a run builds the model, not 
 SHAPE_REQUIRED = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")  # in every stored model config
 POSITIONS = ("learned", "rope")  # learned: GPT-2's wpe table; rope: rotary q and k, no table
 NORMS = ("layernorm", "rmsnorm")
-MLPS = ("gelu", "swiglu", "relu2")
+MLPS = ("gelu", "gelu_exact", "swiglu", "relu2")
 
 
 def pad_vocab(vocab_size: int, multiple: int) -> int:
@@ -43,7 +43,7 @@ class GPTConfig:
     rope_theta: float = 10000.0  # rotary base: inv_freq = 1 / rope_theta^(2i / head_dim)
     norm: str = "layernorm"  # "layernorm" or "rmsnorm" (weight only)
     norm_eps: float = 1e-5  # eps of every norm (blocks, final, qk_norm)
-    mlp: str = "gelu"  # "gelu" (GPT-2), "swiglu" (Llama/Qwen3) or "relu2" (modded-nanogpt)
+    mlp: str = "gelu"  # "gelu" (GPT-2's tanh form), "gelu_exact" (erf: nanoGPT's), "swiglu" (Llama/Qwen3), "relu2"
     mlp_hidden: Optional[int] = None  # None: 4*n_embd (gelu, relu2); swiglu: 8*n_embd/3 up to a multiple of 32
     n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention); None = n_head, 1 = multi-query
     head_dim: Optional[int] = None  # None = n_embd // n_head; set it to decouple the heads' width from n_embd

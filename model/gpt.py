@@ -27,13 +27,15 @@ def norm(config: GPTConfig, dim: int) -> nn.Module:
 
 class MLP(nn.Module):
     """Position-wise feed-forward: C -> H -> activation -> C -> dropout, H = config.mlp_size (4C for GELU).
-    gelu: GELU(tanh) (GPT-2); relu2: relu(h)^2 (modded-nanogpt); swiglu: silu(gate) * up, c_fc's rows [gate; up]."""
+    gelu: GELU(tanh) (GPT-2); gelu_exact: GELU(erf) (nanoGPT's nn.GELU()); relu2: relu(h)^2 (modded-nanogpt);
+    swiglu: silu(gate) * up, c_fc's rows [gate; up]."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
         self.kind, hidden = config.mlp, config.mlp_size
         self.c_fc = nn.Linear(config.n_embd, (2 if self.kind == "swiglu" else 1) * hidden, bias=config.bias)
-        self.gelu = nn.GELU(approximate="tanh")  # GPT-2's "gelu_new": exact parity with HF weights
+        # GPT-2's "gelu_new" (tanh: exact parity with HF weights), or the erf form nanoGPT's runs trained with
+        self.gelu = nn.GELU(approximate="none" if self.kind == "gelu_exact" else "tanh")
         self.c_proj = nn.Linear(hidden, config.n_embd, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
 

@@ -15,6 +15,7 @@ from model.config import GPTConfig
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # names HF uses for the same tanh formula
+ERF_GELU = "gelu"  # HF's name for the exact (erf) GELU, tinygpt's mlp=gelu_exact
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json",  # in order of preference
                 "pytorch_model.bin", "pytorch_model.bin.index.json")
 
@@ -28,8 +29,9 @@ def config_from_hf(hf: dict) -> GPTConfig:
         raise ValueError(f"model_type={hf.get('model_type')!r} is not supported: "
                          "only GPT-2, Llama and Qwen3 checkpoints (model_type gpt2, llama, qwen3) load")
     act = hf.get("activation_function", "gelu_new")
-    if act not in _TANH_GELU:
-        raise ValueError(f"activation_function={act!r} is not supported: tinygpt's MLP computes tanh GELU (gelu_new)")
+    if act not in (*_TANH_GELU, ERF_GELU):
+        raise ValueError(f"activation_function={act!r} is not supported: tinygpt's GPT-2 MLP computes GELU, tanh "
+                         f"(gelu_new) or exact (gelu)")
     unsupported = {"scale_attn_by_inverse_layer_idx": False, "add_cross_attention": False, "scale_attn_weights": True}
     for key, ours in unsupported.items():
         if hf.get(key, ours) != ours:
@@ -38,7 +40,8 @@ def config_from_hf(hf: dict) -> GPTConfig:
         return GPTConfig(vocab_size=hf["vocab_size"], block_size=hf.get("n_positions", hf.get("n_ctx")),
                          n_layer=hf["n_layer"], n_head=hf["n_head"], n_embd=hf["n_embd"], dropout=0.0,
                          bias=True, tie_weights=hf.get("tie_word_embeddings", True), attention="sdpa",
-                         norm_eps=hf.get("layer_norm_epsilon", 1e-5), mlp_hidden=hf.get("n_inner"))
+                         norm_eps=hf.get("layer_norm_epsilon", 1e-5), mlp_hidden=hf.get("n_inner"),
+                         mlp="gelu_exact" if act == ERF_GELU else "gelu")
     except KeyError as e:
         raise ValueError(f"config.json lacks {e.args[0]!r}: is this a GPT-2 checkpoint directory?") from None
 
@@ -116,7 +119,8 @@ def hf_config(config: GPTConfig, vocab_size: int) -> dict:
     return {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "vocab_size": vocab_size,
             "n_positions": config.block_size, "n_ctx": config.block_size, "n_embd": config.n_embd,
             "n_layer": config.n_layer, "n_head": config.n_head, "n_inner": config.mlp_hidden,
-            "activation_function": "gelu_new", "layer_norm_epsilon": config.norm_eps, "initializer_range": 0.02,
+            "activation_function": ERF_GELU if config.mlp == "gelu_exact" else "gelu_new",
+            "layer_norm_epsilon": config.norm_eps, "initializer_range": 0.02,
             "resid_pdrop": config.dropout, "embd_pdrop": config.dropout, "attn_pdrop": config.dropout,
             "tie_word_embeddings": config.tie_weights, "bos_token_id": eot, "eos_token_id": eot,
             "torch_dtype": "float32"}

@@ -116,7 +116,8 @@ def export_kind(config: GPTConfig) -> str:
         raise _refuse("mlp", c.mlp, "no Hugging Face class export writes has a relu2 MLP: use gelu (GPT-2) or "
                       "swiglu (Llama/Qwen3) to export")
     if c.position == "learned":  # GPT-2: everything else must be GPT-2's too
-        for name, gpt2, value in (("norm", "layernorm", c.norm), ("mlp", "gelu", c.mlp), ("qk_norm", False, c.qk_norm),
+        for name, gpt2, value in (("norm", "layernorm", c.norm), ("mlp", "gelu", c.mlp.removesuffix("_exact")),
+                                  ("qk_norm", False, c.qk_norm),
                                   ("n_kv_head", c.n_head, c.kv_heads), ("head_dim", c.n_embd // c.n_head, c.head_size)):
             if value != gpt2:
                 raise _refuse(name, value, f"learned positions export as GPT-2, which has {name}={gpt2}: use "

@@ -213,7 +213,8 @@ def test_every_bad_source_is_one_line(tmp_path, tiny_corpus, tiny_hf, cache_with
         ([f"model.init_from={tmp_path / 'bert'}"], [], ["is not a Hugging Face directory tinygpt can load",
                                                         "model_type='bert' is not supported"]),
         ([f"model.init_from={tmp_path / 'empty'}"], [], ["is neither a Hugging Face GPT-2 directory (no config.json)",
-                                                         "nor a tinygpt run directory (no best.pt or last.pt)"]),
+                                                         "nor a tinygpt or nanoGPT run directory (no best.pt, "
+                                                         "last.pt or ckpt.pt)"]),
         ([f"model.init_from={tmp_path / 'junk.pt'}"], [], ["is not a PyTorch checkpoint"]),
         ([f"model.init_from={tmp_path / 'noweights'}"], [], ["has a config.json but no weights"]),
         ([f"model.init_from={hf_dir}", "model.block_size=256"], ["model.block_size=256"],

@@ -138,6 +138,7 @@ def test_mlp_and_norm_settings_compute_their_formulas():
     config = GPTConfig(vocab_size=8, block_size=4, n_layer=1, n_head=1, n_embd=6, bias=False, mlp_hidden=5)
     x = torch.randn(2, 3, 6)
     for kind, act in (("gelu", lambda h: torch.nn.functional.gelu(h, approximate="tanh")),
+                      ("gelu_exact", lambda h: 0.5 * h * (1 + torch.erf(h / 2 ** 0.5))),  # nanoGPT's nn.GELU()
                       ("relu2", lambda h: torch.relu(h) ** 2),
                       ("swiglu", lambda h: torch.nn.functional.silu(h[..., :5]) * h[..., 5:])):
         mlp = GPT(dataclasses.replace(config, mlp=kind)).transformer.h[0].mlp

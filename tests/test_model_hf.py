@@ -152,12 +152,15 @@ def test_hf_round_trip(hf_model, tmp_path):
     assert all(torch.equal(v, original[k]) for k, v in back.state_dict().items())
 
 
-@pytest.mark.parametrize("bias,tie", [(False, True), (True, False), (False, False)])
-def test_export_bias_free_padded_untied(tmp_path, bias, tie):
+@pytest.mark.parametrize("bias,tie,mlp", [(False, True, "gelu"), (True, False, "gelu"), (False, False, "gelu"),
+                                          (False, True, "gelu_exact")])
+def test_export_bias_free_padded_untied(tmp_path, bias, tie, mlp):
+    """... and the exact GELU (nanoGPT's runs) as activation_function "gelu", read back as mlp=gelu_exact."""
     from model.config import GPTConfig
-    from model.hf import write_pretrained
+    from model.hf import read_config, write_pretrained
     torch.manual_seed(2)
-    ours = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=bias, tie_weights=tie))
+    ours = GPT(GPTConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, n_embd=32, bias=bias, tie_weights=tie,
+                         mlp=mlp))
     with torch.no_grad():
         for p in ours.parameters():
             p.add_(0.2 * torch.randn_like(p))
@@ -165,7 +168,8 @@ def test_export_bias_free_padded_untied(tmp_path, bias, tie):
     assert names == ["config.json", "model.safetensors"]
     cfg = json.loads((tmp_path / "config.json").read_text())
     assert (cfg["vocab_size"], cfg["n_positions"], cfg["activation_function"], cfg["tie_word_embeddings"]) == (
-        60, 16, "gelu_new", tie)
+        60, 16, {"gelu": "gelu_new", "gelu_exact": "gelu"}[mlp], tie)
+    assert read_config(tmp_path).mlp == mlp
     hf = load_hf(tmp_path)
     assert hf.config.vocab_size == 60 and (hf.lm_head.weight is hf.transformer.wte.weight) == tie
     if not bias:

@@ -22,7 +22,7 @@ SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights",  # the source's, 
          "position", "rope_theta", "norm", "norm_eps", "mlp", "mlp_hidden", "n_kv_head", "head_dim", "qk_norm",
          "logit_softcap")
 WHAT = ("a local Hugging Face GPT-2, Llama or Qwen3 directory (config.json + model.safetensors), a tinygpt run "
-        "directory or a .pt file")
+        "directory, a nanoGPT out_dir or a .pt file")
 
 
 @dataclass
@@ -34,11 +34,12 @@ class Source:
     tokenizer: dict  # the tokenizer's to_dict(); a GPT-2 directory reads GPT-2 BPE
     hf_dir: bool = False  # a Hugging Face directory (else a tinygpt checkpoint)
     ckpt: Optional[dict] = None  # a tinygpt checkpoint, read once (dropped once its weights are in the model)
+    written_by: str = "tinygpt"  # a checkpoint's: tinygpt, or nanoGPT (its ckpt.pt, read as checkpoint/nanogpt.py says)
 
     def describe(self, block_size: int) -> str:
         """Where from and what, for the run's opening lines (`block_size`: the run's context)."""
         c = self.config
-        kind = "tinygpt checkpoint" if not self.hf_dir else "Hugging Face " + (
+        kind = f"{self.written_by} checkpoint" if not self.hf_dir else "Hugging Face " + (
             "GPT-2" if c.position == "learned" else "Qwen3" if c.qk_norm else "Llama")
         return f"{self.path} ({kind}: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, context " \
                f"{c.block_size})" + (f", context cropped to {block_size}" if block_size < c.block_size else "")
@@ -65,15 +66,16 @@ def open_source(spec: str) -> Source:
     try:
         file, ckpt = read_checkpoint(path, model=True, run_dir=True)
     except FileNotFoundError:
-        raise ValueError(f"{key} is neither a Hugging Face GPT-2 directory (no config.json) nor a tinygpt run "
-                         f"directory (no best.pt or last.pt): give {WHAT}") from None
+        raise ValueError(f"{key} is neither a Hugging Face GPT-2 directory (no config.json) nor a tinygpt or nanoGPT "
+                         f"run directory (no best.pt, last.pt or ckpt.pt): give {WHAT}") from None
     except CheckpointError as e:
         raise ValueError(f"{key}: {e}") from None
     try:
         config = GPTConfig.from_dict(dict(ckpt["model_config"]))
     except (ValueError, TypeError) as e:
         raise ValueError(f"{key}: {file} has a bad model_config ({e})") from None
-    return Source(key, file, config, ckpt["tokenizer"], ckpt=ckpt)
+    return Source(key, file, config, ckpt["tokenizer"], ckpt=ckpt,
+                  written_by="nanoGPT" if ckpt.get("from_nanogpt") else "tinygpt")
 
 
 def hf_tokenizer(key: str, path: Path) -> dict:

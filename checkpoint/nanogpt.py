@@ -1,0 +1,100 @@
+"""A nanoGPT run as it is: its out_dir's ckpt.pt, read like every checkpoint (torch.load weights_only=True), becomes
+the plain dict tinygpt's own checkpoints are, so sample, eval, explore, export and fine-tuning take it with no
+conversion step. Its vocabulary is found as nanoGPT's sample.py finds it (meta.pkl, else GPT-2 BPE); meta.pkl is a
+pickle, read by an unpickler that admits plain containers only and calls nothing. Errors are ValueError lines that
+checkpoint.file raises as CheckpointError. docs/sampling.md, "From nanoGPT".
+"""
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+from pathlib import Path
+
+CKPT = "ckpt.pt"  # nanoGPT's train.py writes out_dir/ckpt.pt
+META = "meta.pkl"  # its char-level prepare.py writes data/<dataset>/meta.pkl: {vocab_size, itos, stoi}
+MODEL_ARGS = ("n_layer", "n_head", "n_embd", "block_size", "bias", "vocab_size", "dropout")  # nanoGPT's GPTConfig
+BUFFERS = (".attn.bias", ".attn.masked_bias")  # the causal-mask buffer of nanoGPT's attention without flash
+GPT2_VOCAB = 50257
+
+
+def is_nanogpt(ckpt) -> bool:
+    """Does this torch.load'ed object look like nanoGPT's ckpt.pt (model weights and model_args, no tinygpt format)?"""
+    return isinstance(ckpt, dict) and "format" not in ckpt and isinstance(ckpt.get("model_args"), dict) \
+        and isinstance(ckpt.get("model"), dict)
+
+
+def from_nanogpt(ckpt: dict, path: Path) -> dict:
+    """nanoGPT's ckpt.pt (at `path`) as a tinygpt checkpoint dict: weights without the `_orig_mod.` prefix of a
+    compiled run, a model_config computing what nanoGPT's model computes (exact GELU), its step and its vocabulary.
+    The optimizer state is not carried over: a nanoGPT run continues as a fine-tune (model.init_from)."""
+    from model.gpt import clean_state_dict
+    args = ckpt["model_args"]
+    if missing := [k for k in MODEL_ARGS if k not in args]:
+        raise ValueError(f"{path} has model_args without {', '.join(missing)}: it is not a checkpoint of "
+                              f"nanoGPT's train.py; use nanoGPT's own out_dir/{CKPT} or a tinygpt checkpoint")
+    if unknown := sorted(set(args) - set(MODEL_ARGS)):
+        raise ValueError(f"{path} has model_args tinygpt does not know ({', '.join(map(str, unknown))}): a "
+                              f"modified nanoGPT's model cannot be read; use a checkpoint of nanoGPT's own model.py")
+    config = {**{k: args[k] for k in MODEL_ARGS}, "tie_weights": True, "mlp": "gelu_exact"}  # nanoGPT's nn.GELU()
+    weights = {k: v for k, v in clean_state_dict(ckpt["model"]).items() if not k.endswith(BUFFERS)}
+    tokenizer = vocabulary(path, ckpt.get("config"), int(args["vocab_size"]))
+    return {"format": "tinygpt", "version": 1, "model": weights, "model_config": config,
+            "step": int(ckpt.get("iter_num") or 0), "tokenizer": tokenizer, "from_nanogpt": True}
+
+
+def meta_paths(path: Path, run_config) -> list[Path]:
+    """Where the run's meta.pkl may be, in order: beside ckpt.pt, then data/<dataset>/ of the current directory
+    (where nanoGPT's sample.py looks) and of the directory above the run (a nanoGPT checkout holding out_dir)."""
+    dataset = run_config.get("dataset") if isinstance(run_config, dict) else None
+    places = [path.parent / META]
+    if isinstance(dataset, str) and dataset:
+        places += [Path("data") / dataset / META, path.parent.parent / "data" / dataset / META]
+    return list(dict.fromkeys(places))
+
+
+def vocabulary(path: Path, run_config, vocab_size: int) -> dict:
+    """The tokenizer description (data.tokenizer's to_dict()) of the nanoGPT run at `path`: its meta.pkl's
+    characters, else GPT-2 BPE as in nanoGPT; one ValueError line when it cannot fit the weights."""
+    found = next((p for p in meta_paths(path, run_config) if p.is_file()), None)
+    if found is None:
+        if vocab_size < GPT2_VOCAB:
+            looked = ", ".join(str(p) for p in meta_paths(path, run_config))
+            raise ValueError(f"{path} has {vocab_size} token rows and no {META} was found (looked at {looked}): "
+                                  f"copy the run's data/<dataset>/{META} beside {CKPT}")
+        print(f"no {META} found: {path} reads GPT-2 BPE, as nanoGPT's sample.py does", file=sys.stderr)
+        return {"type": "gpt2"}
+    chars = read_meta(found)
+    if len(chars) != vocab_size:
+        raise ValueError(f"{found} holds {len(chars)} characters but {path} has {vocab_size} token rows: it is "
+                              f"another run's vocabulary; put this run's {META} beside {CKPT}")
+    print(f"vocabulary from {found}", file=sys.stderr)
+    return {"type": "char", "chars": chars}
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    """Dicts, lists, tuples, strings and numbers only: every global (a class, a function) is refused."""
+
+    def find_class(self, module, name):
+        raise pickle.UnpicklingError(f"global {module}.{name}")
+
+
+def read_meta(path: Path) -> str:
+    """The characters of nanoGPT's meta.pkl, ids in order; a ValueError line for anything else."""
+    not_meta = f"{path} is not a nanoGPT vocabulary (meta.pkl of a char-level prepare.py, {{vocab_size, itos, stoi}})"
+    try:
+        meta = _PlainUnpickler(io.BytesIO(path.read_bytes())).load()
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}: check its permissions") from None
+    except Exception as e:  # noqa: BLE001 - a refused global, truncated or foreign bytes: not a vocabulary
+        raise ValueError(f"{not_meta}: {type(e).__name__} {str(e)[:80]}; remove it or use the run's own") from None
+    itos = meta.get("itos") if isinstance(meta, dict) else None
+    if not isinstance(itos, dict) or sorted(itos) != list(range(len(itos))) or not itos:
+        raise ValueError(f"{not_meta}: it has no itos table of ids 0..n-1")
+    chars = [itos[i] for i in range(len(itos))]
+    if not all(isinstance(c, str) and len(c) == 1 for c in chars) or len(set(chars)) != len(chars):
+        raise ValueError(f"{not_meta}: its itos entries must be distinct single characters")
+    if chars != sorted(chars):  # prepare.py sorts them; tinygpt's char vocabulary is the sorted characters too
+        raise ValueError(f"{path}'s characters are not in sorted order, as nanoGPT's prepare.py writes them: "
+                              f"tinygpt's char vocabulary cannot hold this order")
+    return "".join(chars)
