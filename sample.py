@@ -18,7 +18,7 @@ from pathlib import Path
 
 from checkpoint.file import add_checkpoint_options, check_hf_dir, load_model, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from, read_text_file
-from model.sampling import SETTINGS, Sampling
+from model.sampling import SETTINGS, WINDOWS, Sampling
 from model.hub import download_command
 from common.platform import command_line, configure_threads
 
@@ -62,6 +62,9 @@ def parse_args(argv: list[str] | None = None):
     p.add_argument("--stop", type=unescape, metavar="STRING", help="stop a sample when STRING appears (\\n, \\t "
                    "understood)")
     p.add_argument("--no-kv-cache", dest="kv_cache", action="store_false", help="recompute the whole window per token")
+    p.add_argument("--window", choices=WINDOWS, default="half", help="the context once a sample outgrows the model's "
+                   "(block_size): half keeps its last half, re-read once per half (fast; the default); sliding keeps "
+                   "the last block_size tokens, re-read for every token (nanoGPT's sample.py; slower)")
     p.add_argument("--no-stream", dest="stream", action="store_false", help="print each sample whole when done")
     p.add_argument("--compile", action="store_true", help="CUDA: decode with a torch.compile'd step (longest runs)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
@@ -211,7 +214,7 @@ def run(argv: list[str] | None = None) -> int:
         write((SEPARATOR if i else "") + head)
         t0 = time.perf_counter()
         tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens, sampling,
-                                 use_kv_cache=args.kv_cache, generator=generator, decode=decode)
+                                 use_kv_cache=args.kv_cache, generator=generator, decode=decode, window=args.window)
         n_tokens += stream_text(tokens, tokenizer, write, args.stop)
         seconds += time.perf_counter() - t0  # no sync needed: every token has been read back to print it
         out.write("" if sink is out else sink.getvalue())

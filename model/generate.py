@@ -10,7 +10,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-from model.sampling import Sampling
+from model.sampling import WINDOWS, Sampling
 
 
 class KVCache:
@@ -106,9 +106,11 @@ def next_token_probs(model, idx, input_pos, cache=None, sampling: Sampling = Sam
 
 # inference_mode: no_grad minus per-op bookkeeping (~5% of a CPU step); not leaked to the caller between yields
 @torch.inference_mode()
-def _token_loop(model, idx, max_new_tokens, sampling, use_kv_cache, decode, generator) -> Iterator[torch.Tensor]:
+def _token_loop(model, idx, max_new_tokens, sampling, use_kv_cache, decode, generator,
+                window) -> Iterator[torch.Tensor]:
     """Prefill the window, then decode one token at a time (with `decode`), drawing each; past block_size the window
-    restarts at its last half, re-prefilled. Without the cache every token is a prefill of the same windows."""
+    restarts at its last half, re-prefilled (or, `window` "sliding", is the last block_size tokens, re-prefilled for
+    every token, as nanoGPT's generate crops it). Without the cache every token is a prefill of the same windows."""
     block_size, (B, T0) = model.config.block_size, idx.shape
     tokens = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=idx.device)  # no per-token cat
     tokens[:, :T0] = idx
@@ -119,10 +121,11 @@ def _token_loop(model, idx, max_new_tokens, sampling, use_kv_cache, decode, gene
     cache = KVCache.for_model(model, B, max_len=min(block_size, T0 + max_new_tokens), device=idx.device,
                               static=static) if use_kv_cache else None
     positions = torch.arange(block_size, device=idx.device)  # views of it: no host->device copy per token
+    keep = block_size if window == "sliding" else max(1, block_size // 2)
     for i in range(max_new_tokens):
-        slide = n - start > block_size  # token n-1 would have no position: keep the window's last half
+        slide = n - start > block_size  # token n-1 would have no position: keep the window's last `keep` tokens
         if slide:
-            start = n - max(1, block_size // 2)
+            start = n - keep
         if cache is None or i == 0 or slide:  # prefill: the window at 0..T-1
             probs = next_token_probs(model, tokens[:, start:n], positions[:n - start], cache, sampling)
         else:  # decode: token n-1 at its position, the earlier ones from the cache
@@ -133,10 +136,11 @@ def _token_loop(model, idx, max_new_tokens, sampling, use_kv_cache, decode, gene
 
 
 def generate_tokens(model, idx, max_new_tokens, sampling: Sampling = Sampling(), use_kv_cache=True, generator=None,
-                    decode=next_token_probs) -> Iterator[torch.Tensor]:
+                    decode=next_token_probs, window: str = "half") -> Iterator[torch.Tensor]:
     """Yield max_new_tokens (B, 1) LongTensors continuing idx (B, T), drawn under `sampling` (checked when it was
     made); arguments are checked now, not at the first token; call model.eval() first. `decode`: the one-token
-    step, next_token_probs or a faster one from model.fast_decode.pick_decode (CUDA graphs, torch.compile)."""
+    step, next_token_probs or a faster one from model.fast_decode.pick_decode (CUDA graphs, torch.compile);
+    `window`: the context past block_size (WINDOWS)."""
     if not isinstance(sampling, Sampling):
         raise ValueError(f"sampling={sampling!r} is not a Sampling: pass e.g. Sampling(temperature=0.8, top_k=50)")
     if not isinstance(idx, torch.Tensor) or idx.dim() != 2 or idx.is_floating_point():
@@ -148,11 +152,13 @@ def generate_tokens(model, idx, max_new_tokens, sampling: Sampling = Sampling(),
     if decode is not next_token_probs and not use_kv_cache:
         raise ValueError("a compiled or CUDA-graph decode step needs the KV cache: drop use_kv_cache=False, or the "
                          "decode step")
-    return _token_loop(model, idx.long(), max_new_tokens, sampling, use_kv_cache, decode, generator)
+    if window not in WINDOWS:
+        raise ValueError(f"window={window!r} is not known: use one of {', '.join(WINDOWS)}")
+    return _token_loop(model, idx.long(), max_new_tokens, sampling, use_kv_cache, decode, generator, window)
 
 
 def generate(model, idx, max_new_tokens, sampling: Sampling = Sampling(), use_kv_cache=True, generator=None,
-             decode=next_token_probs) -> torch.Tensor:
+             decode=next_token_probs, window: str = "half") -> torch.Tensor:
     """idx (B, T) -> (B, T + max_new_tokens): the prompt followed by the generated tokens."""
     return torch.cat([idx.long(), *generate_tokens(model, idx, max_new_tokens, sampling, use_kv_cache, generator,
-                                                  decode)], dim=1)
+                                                  decode, window)], dim=1)

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, fields
 
 from common.cli import setting_error
 
+WINDOWS = ("half", "sliding")  # past block_size the context keeps its last half, or its last block_size (nanoGPT's)
 GREEDY_BELOW = 2.0 ** -126  # float32's smallest normal number (torch.finfo(torch.float32).tiny), 1.18e-38
 
 
