@@ -28,17 +28,22 @@ def from_nanogpt(ckpt: dict, path: Path) -> dict:
     """nanoGPT's ckpt.pt (at `path`) as a tinygpt checkpoint dict: weights without the `_orig_mod.` prefix of a
     compiled run, a model_config computing what nanoGPT's model computes (exact GELU), its step and its vocabulary.
     The optimizer state is not carried over: a nanoGPT run continues as a fine-tune (model.init_from)."""
+    from model.config import GPTConfig
     from model.gpt import clean_state_dict
     args = ckpt["model_args"]
-    if missing := [k for k in MODEL_ARGS if k not in args]:
+    if missing := [k for k in MODEL_ARGS if args.get(k) is None]:
         raise ValueError(f"{path} has model_args without {', '.join(missing)}: it is not a checkpoint of "
-                              f"nanoGPT's train.py; use nanoGPT's own out_dir/{CKPT} or a tinygpt checkpoint")
+                         f"nanoGPT's train.py; use nanoGPT's own out_dir/{CKPT} or a tinygpt checkpoint")
     if unknown := sorted(set(args) - set(MODEL_ARGS)):
         raise ValueError(f"{path} has model_args tinygpt does not know ({', '.join(map(str, unknown))}): a "
-                              f"modified nanoGPT's model cannot be read; use a checkpoint of nanoGPT's own model.py")
+                         f"modified nanoGPT's model cannot be read; use a checkpoint of nanoGPT's own model.py")
     config = {**{k: args[k] for k in MODEL_ARGS}, "tie_weights": True, "mlp": "gelu_exact"}  # nanoGPT's nn.GELU()
+    try:
+        GPTConfig.from_dict(config)  # each value checked here: one line naming it
+    except ValueError as e:
+        raise ValueError(f"{path} has model_args tinygpt cannot build: {e}") from None
     weights = {k: v for k, v in clean_state_dict(ckpt["model"]).items() if not k.endswith(BUFFERS)}
-    tokenizer = vocabulary(path, ckpt.get("config"), int(args["vocab_size"]))
+    tokenizer = vocabulary(path, ckpt.get("config"), config["vocab_size"])
     return {"format": "tinygpt", "version": 1, "model": weights, "model_config": config,
             "step": int(ckpt.get("iter_num") or 0), "tokenizer": tokenizer, "from_nanogpt": True}
 

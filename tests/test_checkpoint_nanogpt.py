@@ -233,6 +233,12 @@ def test_checkpoints_that_are_not_nanogpts_are_one_line(tmp_path, monkeypatch):
     write_nanogpt_run(tmp_path / "b", meta=char_meta(), mlp_ratio=8)  # a modified nanoGPT's model_args
     with pytest.raises(CheckpointError, match="model_args tinygpt does not know \\(mlp_ratio\\)"):
         load_checkpoint(tmp_path / "b" / "ckpt.pt")
+    write_nanogpt_run(tmp_path / "e", meta=char_meta())
+    ckpt = torch.load(tmp_path / "e" / "ckpt.pt", weights_only=True)
+    torch.save({**ckpt, "model_args": {**ckpt["model_args"], "n_head": 3}}, tmp_path / "e" / "ckpt.pt")  # 8 wide
+    with pytest.raises(CheckpointError, match="has model_args tinygpt cannot build: n_embd=8 is not divisible by "
+                                              "n_head=3"):
+        load_checkpoint(tmp_path / "e" / "ckpt.pt")
     torch.save({"model": {}, "model_args": {"n_layer": 1}}, tmp_path / "c.pt")
     with pytest.raises(CheckpointError, match="model_args without n_head, n_embd, .*not a checkpoint of nanoGPT"):
         load_checkpoint(tmp_path / "c.pt")
