@@ -12,8 +12,6 @@ import warnings
 from pathlib import Path
 from pickle import UnpicklingError  # what torch.load(weights_only=True) raises on a refused object
 
-from checkpoint import nanogpt
-
 FORMAT = "tinygpt"
 VERSION = 1
 REQUIRED_KEYS = ("model", "model_config", "step")
@@ -144,11 +142,13 @@ def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict:
     except Exception as e:  # noqa: BLE001 - torch reads non-zip bytes as pickle; garbage raises KeyError, IndexError..
         raise CheckpointError(CORRUPT.format(p, e, instead(p)) if p.name == DCP_META else
                               NOT_A_CHECKPOINT.format(p, instead(p, WRITTEN_BY_TRAIN))) from None
-    if nanogpt.is_nanogpt(ckpt):  # nanoGPT's out_dir/ckpt.pt, read as it is
-        try:
-            return nanogpt.from_nanogpt(ckpt, p)
-        except ValueError as e:
-            raise CheckpointError(str(e)) from None
+    if isinstance(ckpt, dict) and "format" not in ckpt:  # nanoGPT's out_dir/ckpt.pt? (tinygpt's never import it)
+        from checkpoint import nanogpt
+        if nanogpt.is_nanogpt(ckpt):
+            try:
+                return nanogpt.from_nanogpt(ckpt, p)
+            except ValueError as e:
+                raise CheckpointError(str(e)) from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != FORMAT:
         raise CheckpointError(f"{p} is a PyTorch file but not a tinygpt checkpoint (no format='tinygpt' key) nor "
                               f"nanoGPT's ckpt.pt (no model and model_args): {WRITTEN_BY_TRAIN}")
@@ -230,9 +230,12 @@ def checkpoint_in_run(run_dir, other: str | None = None) -> Path:
     if not run_dir.is_dir():
         raise FileNotFoundError(f"run directory {run_dir} does not exist: pass a directory containing best.pt "
                                 "or last.pt")
-    for name in (*CHECKPOINT_NAMES, nanogpt.CKPT):  # a nanoGPT out_dir holds ckpt.pt
+    for name in CHECKPOINT_NAMES:
         if (run_dir / name).is_file():
             return run_dir / name
+    from checkpoint.nanogpt import CKPT
+    if (run_dir / CKPT).is_file():  # a nanoGPT out_dir
+        return run_dir / CKPT
     if (run_dir / HF_CONFIG).is_file():
         use = f"use {other.split()[0]} {run_dir}" if other else "pass a training run's directory"
         raise FileNotFoundError(f"run directory {run_dir} is a Hugging Face directory ({HF_CONFIG}, no best.pt or "
@@ -260,7 +263,8 @@ def check_hf_dir(path, option: str) -> None:
     if p.is_file():
         raise FileNotFoundError(f"{option} {path} is a file, not a Hugging Face directory: a tinygpt checkpoint "
                                 f"goes with --checkpoint {path}")
-    if p.is_dir() and any((p / name).exists() for name in (*CHECKPOINT_NAMES, LAST_DCP, nanogpt.CKPT)):
+    from checkpoint.nanogpt import CKPT
+    if p.is_dir() and any((p / name).exists() for name in (*CHECKPOINT_NAMES, LAST_DCP, CKPT)):
         kind = "tinygpt" if any((p / name).exists() for name in (*CHECKPOINT_NAMES, LAST_DCP)) else "nanoGPT"
         raise FileNotFoundError(f"{option} {path} is a {kind} training run, not a Hugging Face directory: "
                                 f"use --run {path}")

@@ -16,7 +16,6 @@ from typing import Any, Callable, Collection, Optional
 from common.cli import in_keys
 from data.config import DataConfig
 from model.config import GPTConfig
-from model.hub import download_command
 from runtime.ranks import PARALLEL_MODES
 
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
@@ -148,8 +147,10 @@ def check(c: Config) -> None:
     m, o, t, lg = c.model, c.optim, c.train, c.logger
     _check(m.vocab_size is None, f"model.vocab_size={m.vocab_size} cannot be set: the vocabulary is the "
            f"tokenizer's (data.tokenizer, data.vocab_size), padded per model.pad_vocab_to")
-    _check(m.init_from not in ("", REQUIRED), f"model.init_from must be given: add model.init_from=PATH, a local "
-           f"Hugging Face GPT-2 directory (e.g. {download_command('gpt2')}) or a tinygpt run directory")
+    if m.init_from in ("", REQUIRED):
+        from model.hub import download_command  # (only here: not on every run's path)
+        raise ValueError(f"model.init_from must be given: add model.init_from=PATH, a local Hugging Face GPT-2 "
+                         f"directory (e.g. {download_command('gpt2')}) or a tinygpt run directory")
     for key, ((rule, test), example) in RULES.items():
         group, name = key.split(".")
         v = getattr(getattr(c, group), name)

@@ -16,7 +16,6 @@ from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer, voca
 from model import hf
 from model.config import GPTConfig, pad_vocab
 from model.gpt import clean_state_dict, model_with_weights
-from model.hub import download_command, looks_like_a_name
 
 SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights",  # the source's, always
          "position", "rope_theta", "norm", "norm_eps", "mlp", "mlp_hidden", "n_kv_head", "head_dim", "qk_norm",
@@ -49,6 +48,7 @@ def open_source(spec: str) -> Source:
     """The source `spec` names, with its shape (a checkpoint file is read once, a HF directory's weights later)."""
     key, path = f"model.init_from={spec}", Path(spec).expanduser()
     if not path.exists():  # a model's name, e.g. gpt2: the command that downloads it (tinygpt never does)
+        from model.hub import download_command, looks_like_a_name  # (only here: not on every run's path)
         hint = f" (e.g. {download_command(spec)})" if looks_like_a_name(spec) else ""
         raise ValueError(f"{key} does not exist: give {WHAT}{hint}")
     if path.is_dir() and (path / "config.json").is_file():
