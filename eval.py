@@ -29,7 +29,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "token is not scored); bits per byte = total nats / ln 2 / UTF-8 bytes of the scored "
                         "tokens. Or the HellaSwag accuracy of a jsonl (--hellaswag). Without --run/--checkpoint/--hf "
                         "it uses the newest run under ./outputs or ./multirun.",
-        nanogpt={"out_dir": "--run", "init_from": nanogpt_init_from("--hf")})
+        spellings={"out_dir": "--run", "init_from": nanogpt_init_from("--hf"), "init": "--hf"})
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--file", metavar="PATH", help="what to score, read as train.py reads data.path: a UTF-8 text "
                       "file, a .jsonl or parquet / Arrow file (one document per line or row), or a directory")

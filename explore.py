@@ -30,7 +30,8 @@ class AddSource(argparse.Action):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = ArgumentParser(nanogpt={"out_dir": "--run", "init_from": nanogpt_init_from("--init")}, prog="explore.py",
+    p = ArgumentParser(spellings={"out_dir": "--run", "init_from": nanogpt_init_from("--init"), "hf": "--init"},
+                       prog="explore.py",
                        description="Serve an interactive attention explorer for a checkpoint "
                        "(two to compare them). Without a model argument it uses the newest run under ./outputs "
                        "or ./multirun.")

@@ -30,7 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "swiglu) or Qwen3 (and qk_norm) directory (config.json, model.safetensors and the tokenizer "
                         "files), loadable with transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR); or an "
                         "FSDP run's sharded checkpoint as one complete .pt file, which resumes and samples like any "
-                        "last.pt.", nanogpt={"out_dir": "--run"})
+                        "last.pt.", spellings={"out_dir": "--run"})
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--hf", metavar="OUT_DIR", help="directory to write (created)")
     kind.add_argument("--pt", metavar="SRC", help="a run directory (uses its last_dcp/) or a sharded checkpoint "

@@ -35,15 +35,16 @@ def nanogpt_start(value: str | None) -> str:
     return command_line(["--prompt", value]) if value is not None else "--prompt TEXT"
 
 
-# nanoGPT's sample.py flags that are not ours with - for _ (--num_samples, --max_new_tokens: common.cli says those)
-NANOGPT = {"out_dir": "--run", "start": nanogpt_start, "init_from": nanogpt_init_from("--init"),
+# nanoGPT's sample.py flags that are not ours with - for _ (--num_samples, --max_new_tokens: common.cli says those),
+# and eval.py's name for a Hugging Face directory
+NANOGPT = {"out_dir": "--run", "start": nanogpt_start, "init_from": nanogpt_init_from("--init"), "hf": "--init",
            "dtype": lambda _: "no dtype option (it decodes in bfloat16 on CUDA GPUs that have it, else float32)"}
 
 
 def parse_args(argv: list[str] | None = None):
     p = ArgumentParser(prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF "
                        "GPT-2). Without --run/--checkpoint/--init it uses the newest run under ./outputs or "
-                       "./multirun.", nanogpt=NANOGPT)
+                       "./multirun.", spellings=NANOGPT)
     src = add_checkpoint_options(p)
     src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory "
                      "(config.json + weights; GPT-2 BPE, its tokenizer.json, or a char model exported by export.py); "

@@ -280,8 +280,10 @@ def resolve_checkpoint(run=None, checkpoint=None, other: str = "--init HF_DIR") 
         return Path(checkpoint)
     path = checkpoint_in_run(Path(run), other) if run is not None else find_newest_checkpoint()
     if path is None:
+        from common.platform import script
         raise FileNotFoundError(f"no trained model found under ./{RUN_ROOTS[0]} or ./{RUN_ROOTS[1]} in {Path.cwd()}: "
-                                f"train one with `python train.py`, or pass --run DIR, --checkpoint FILE or {other}")
+                                f"train one with `python {script('train.py')}`, or pass --run DIR, --checkpoint FILE "
+                                f"or {other}")
     print(f"using {path}" + (" (newest run)" if run is None else ""), file=sys.stderr)
     return path
 

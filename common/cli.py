@@ -78,18 +78,20 @@ EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what the shell reports for `seq 1000000
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse, but a bad argument raises ValueError (the CLI's main() prints it as one line, exit 2); an unknown
-    --flag that is another spelling of one of ours is told the one to write: nanoGPT's (`nanogpt`: its name -> our
-    flag, which takes the value, or a function of the value -> what to write), or ours with underscores
-    (--max_new_tokens), as train.py translates nanoGPT's --key=value (launch/overrides.py)."""
+    --flag that is another spelling of one of ours is told the one to write: nanoGPT's or another tinygpt CLI's
+    (`spellings`: its name -> our flag, which takes the value, or a function of the value -> what to write), or ours
+    with underscores (--max_new_tokens), as train.py translates nanoGPT's --key=value (launch/overrides.py); before
+    any other error, so that the hint is what a mistyped command gets."""
 
-    def __init__(self, *args, nanogpt: dict[str, str | Callable[[str | None], str]] | None = None, **kwargs):
+    def __init__(self, *args, spellings: dict[str, str | Callable[[str | None], str]] | None = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.nanogpt = nanogpt or {}
+        self.spellings, self._given = spellings or {}, []
 
     def parse_args(self, args=None, namespace=None):
+        self._given = list(sys.argv[1:] if args is None else args)
         namespace, extras = self.parse_known_args(args, namespace)
         if extras:
-            self.error(self._habit(extras) or f"unrecognized arguments: {' '.join(extras)}")
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
         return namespace
 
     def _habit(self, extras: list[str]) -> str | None:
@@ -97,11 +99,11 @@ class ArgumentParser(argparse.ArgumentParser):
         from common.platform import command_line
         for i, arg in enumerate(extras):
             name, eq, value = arg.partition("=")
-            if not name.startswith("--"):
+            if not name.startswith("--") or name in self._option_string_actions:
                 continue
             if not eq and i + 1 < len(extras) and not extras[i + 1].startswith("-"):
                 value, arg = extras[i + 1], f"{arg} {extras[i + 1]}"
-            ours, value = self.nanogpt.get(name[2:]), value if eq or value else None
+            ours, value = self.spellings.get(name[2:]), value if eq or value else None
             if ours is None and name.replace("_", "-") in self._option_string_actions:
                 ours = name.replace("_", "-")
             if callable(ours):
@@ -115,7 +117,10 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message):
         if m := re.fullmatch(r"argument (?:\S+/)?(\S+): ignored explicit argument '(.*)'", message):  # --compile=False
             message = f"{m[1]}={m[2]}: {m[1]} takes no value: write {m[1]} alone, or leave it out"
-        raise ValueError(f"{message} (see python {self.prog} --help)")
+        message = self._habit(self._given) or message  # (a required flag missing: the other spelling is why)
+        from common.platform import script
+        prog = script(self.prog) if self.prog.endswith(".py") else self.prog  # (runs from where the user is)
+        raise ValueError(f"{message} (see python {prog} --help)")
 
 
 def nanogpt_init_from(option: str) -> Callable[[str | None], str]:

@@ -23,6 +23,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
+from common.platform import script
 from training.config import SCHEMA_KEYS, Config, check, normalize, train_keys
 
 ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
@@ -116,7 +117,7 @@ def _refuse_unknown(keys: Iterable[str], value: Any = None) -> None:
             close = _group_hint(key, value) or next(iter(difflib.get_close_matches(key, SCHEMA_KEYS, n=1,
                                                                                     cutoff=0.6)), None)
             raise ValueError(f"unknown config key '{key}'{f' (did you mean {close}?)' if close else ''}: check "
-                             f"the spelling; python train.py --cfg job prints every key")
+                             f"the spelling; python {script('train.py')} --cfg job prints every key")
 
 
 def check_override(key: str, value: Any, text: str) -> None:
@@ -132,7 +133,7 @@ def check_override(key: str, value: Any, text: str) -> None:
         OmegaConf.update(OmegaConf.structured(GROUPS[group]()), rest, value, merge=True)
     except OmegaConfBaseException as e:
         raise ValueError(f"cannot set {text}: {str(e).splitlines()[0]}: give a value of the right type "
-                         f"(python train.py --cfg job shows the current value of {key})") from None
+                         f"(python {script('train.py')} --cfg job shows the current value of {key})") from None
 
 
 def lexer_hint(arg: str) -> Optional[str]:

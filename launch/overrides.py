@@ -53,7 +53,7 @@ def flag_hint(arg: str) -> Optional[str]:
     else:
         shown = f"{key}={value if PLAIN.fullmatch(value) else quote(value)}" if eq else f"{key}=..."
     return (f"{arg} is a --flag, but train.py takes Hydra overrides (key=value, no dashes): write {shown} "
-            f"(python train.py --cfg job lists every key)")
+            f"(python {script('train.py')} --cfg job lists every key)")
 
 
 def word_hint(arg: str, before: Optional[str]) -> Optional[str]:

@@ -198,7 +198,8 @@ ROWS = [
      ["--max-new-tokens -3 is negative", "use 0 or more"], {}, []),
     ("sample-zero-samples", [*SAMPLE, "--num-samples", "0"], ["--num-samples 0 is invalid", "use 1 or more"], {}, []),
     ("sample-no-run", ["sample.py", "--prompt", "KING:"],
-     ["no trained model found under ./outputs or ./multirun", "train one with `python train.py`"], {}, []),
+     ["no trained model found under ./outputs or ./multirun", "train one with `python ", "train.py`, or pass"], {},
+     []),  # (train.py by a path that runs from {cwd})
     # --- columnar and jsonl sources (issue 22): inputs made by _columnar_inputs
     ("prepare-parquet-missing-column", [*PREPARE, "--path", "{inputs}/columns.parquet"],
      ["columns.parquet has no column 'text' (it has: body, n)", "set --text-key <the column that holds the text>"],

@@ -14,6 +14,7 @@ import pytest
 
 from common.cli import (EXIT_BROKEN_PIPE, ArgumentParser, cli_main, exit_quietly_on_broken_pipe, in_keys,
                         nanogpt_init_from, setting_error)
+from common.platform import script
 from tests.helpers import REPO
 
 
@@ -48,7 +49,7 @@ def test_mistakes_and_exit_codes_pass_through(capsys):
 def test_another_spelling_of_a_flag_is_told_the_one_to_write():
     """Issue 43: nanoGPT's flags (and ours with underscores) got argparse's "unrecognized arguments" in every CLI but
     train.py; the parser tells the flag to write, the value quoted for the shell."""
-    p = ArgumentParser(prog="x.py", nanogpt={"out_dir": "--run", "init_from": nanogpt_init_from("--init")})
+    p = ArgumentParser(prog="x.py", spellings={"out_dir": "--run", "init_from": nanogpt_init_from("--init")})
     p.add_argument("--run")
     p.add_argument("--init")
     p.add_argument("--max-new-tokens", type=int)
@@ -63,7 +64,7 @@ def test_another_spelling_of_a_flag_is_told_the_one_to_write():
                                               "--init_from=gpt2")):
         with pytest.raises(ValueError) as info:
             p.parse_args(argv)
-        assert str(info.value) == f"{said} (see python x.py --help)"
+        assert str(info.value) == f"{said} (see python {script('x.py')} --help)"  # (a path that runs from here)
     assert p.parse_args(["--max-new-tokens", "5", "--compile"]).max_new_tokens == 5
 
 
@@ -118,3 +119,19 @@ def test_in_keys_passes_other_errors_through_and_decorates():
 
     with pytest.raises(ValueError, match="^model.n=0 must be positive$"):
         build(0)
+
+
+def test_a_sibling_clis_name_for_the_same_flag_is_told_ours(monkeypatch):
+    """Issue 43: eval.py names a Hugging Face directory --hf, sample.py and explore.py --init; the other one got
+    argparse's bare "unrecognized arguments" (and eval.py's --out_dir, with no --file, "--file is required")."""
+    import eval as eval_cli
+    import explore
+    import sample
+    monkeypatch.chdir(REPO)
+    for parse, argv, said in ((sample.parse_args, ["--hf", "gpt2"], "sample.py takes --init gpt2, not --hf gpt2"),
+                              (explore.parse_args, ["--hf=gpt2"], "explore.py takes --init gpt2, not --hf=gpt2"),
+                              (eval_cli.parse_args, ["--init", "gpt2"], "eval.py takes --hf gpt2, not --init gpt2"),
+                              (eval_cli.parse_args, ["--out_dir", "o"], "eval.py takes --run o, not --out_dir o")):
+        with pytest.raises(ValueError) as info:
+            parse(argv)
+        assert str(info.value) == f"{said} (see python {parse.__module__}.py --help)"

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import eval as eval_cli
-from tests.helpers import run_cli
+from tests.helpers import REPO, run_cli
 from tests.helpers import approx_record, assert_one_error, save_run, tiny_model
 
 KEYS = {"loss", "perplexity", "bits_per_byte", "tokens", "bytes", "windows"}
@@ -212,12 +212,17 @@ def test_without_a_model_option_the_newest_run_is_scored_as_sample_py_does(tmp_p
     for args, line in ((["--hf", "gpt2"], "error: --hf gpt2 is not a local directory, and tinygpt never downloads "
                                           "models: get it with `hf download openai-community/gpt2 config.json "
                                           "model.safetensors --local-dir gpt2`, then use --hf gpt2"),
-                       (["--out_dir=out"], "error: eval.py takes --run out, not --out_dir=out (see python eval.py "
+                       (["--out_dir=out"], "error: eval.py takes --run out, not --out_dir=out (see python {} "
                                            "--help)"),
                        (["--text_key", "body"], "error: eval.py takes --text-key body, not --text_key body (see "
-                                                "python eval.py --help)")):
+                                                "python {} --help)"),
+                       (["--init", "gpt2"], "error: eval.py takes --hf gpt2, not --init gpt2 (see python {} --help)")):
         assert eval_cli.main(["--file", "t.txt", *args]) == 2
-        assert capsys.readouterr().err == line + "\n"
+        assert capsys.readouterr().err == line.format(REPO / "eval.py") + "\n"  # (run from another directory)
+    monkeypatch.chdir(REPO)  # the hint comes before argparse's own complaint (--file or --hellaswag missing)
+    assert eval_cli.main(["--out_dir", "outputs"]) == 2
+    assert capsys.readouterr().err == "error: eval.py takes --run outputs, not --out_dir outputs (see python eval.py " \
+                                      "--help)\n"
 
 
 def test_bpe_first_token_is_scored_after_endoftext(tmp_path, capsys, cache_with_gpt2):

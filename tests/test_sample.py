@@ -394,7 +394,7 @@ ARG_MISTAKES = [  # rejected before torch is imported: cheap even as subprocesse
     (["--attention-map", "."], "--attention-map . is a directory"),  # was "[Errno 21] Is a directory"
     (["--run", "x", "--checkpoint", "y"], "not allowed with"),
     (["--no-such-flag"], "unrecognized"),
-    ([], "python train.py"),  # nothing trained under ./outputs or ./multirun
+    ([], f"python {REPO / 'train.py'}"),  # nothing trained under ./outputs or ./multirun (train.py runs from here)
 ]
 
 
