@@ -156,7 +156,7 @@ def resume_checkpoint(spec: Any, run_dir: str | os.PathLike) -> Optional[tuple[P
     elif last.is_file():
         path = last
     elif _step(d / "best.pt", resumable=True) >= 0:  # a run kept without its last.pt: its best.pt resumes
-        raise CheckpointError(f"{'train.resume=true but ' * (spec is True)}{d} has no last.pt, but its best.pt "
+        raise CheckpointError(f"{'train.resume=true: ' * (spec is True)}{d} has no last.pt, but its best.pt "
                               f"(step {_step(d / 'best.pt')}) can be resumed: give train.resume={d / 'best.pt'}")
     elif spec is True:
         raise ValueError(f"train.resume=true but {d} has no last.pt (every run gets a new directory): pass the "

@@ -15,6 +15,11 @@ from typing import Any, Callable
 from common.interrupt import EXIT_INTERRUPTED
 
 
+def count(n: int, noun: str) -> str:
+    """'1 layer', '2 layers': a number and its noun, for messages."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def one_line(message: object) -> str:
     """Any text or exception as one line: its non-empty lines joined by spaces (an exception with no text
     gives its type's name)."""

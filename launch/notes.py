@@ -12,7 +12,7 @@ from training.config import SCHEMA_KEYS, Config, notes
 from training.metrics import flops_per_token
 
 CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
-            "Muon) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
+            "Muon) instead of the GPU preset; pass experiment=gpu to force it (hours on a CPU)")
 CPU_SIZE = (4, 4, 128, 64)  # nanoGPT's README CPU model: layers, heads, width, context (model=tiny and model=modern)
 # fp32 training FLOP/s of one CPU thread, roughly: experiment=cpu trains at ~10.5k tokens/s x 5.2M FLOPs per token
 # on 2 idle cores (docs/benchmarks.md, "The CPU preset"); larger matrices run somewhat faster, so this errs long

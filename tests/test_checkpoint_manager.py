@@ -257,7 +257,7 @@ def test_resume_checkpoint_picks_the_freshest_resumable_one(tmp_path):
     kept = tmp_path / "kept"
     kept.mkdir()
     save_checkpoint({**meta, "model": m.state_dict(), "optimizer": opt.state_dict(), "step": 4}, kept / "best.pt")
-    for spec, said in ((True, "train.resume=true but "), (str(kept), "")):
+    for spec, said in ((True, "train.resume=true: "), (str(kept), "")):
         with pytest.raises(CheckpointError, match=rf"^{said}{kept} has no last.pt, but its best.pt \(step 4\) can be "
                                                   rf"resumed: give train.resume={kept / 'best.pt'}$"):
             resume_checkpoint(spec, kept)

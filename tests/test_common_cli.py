@@ -121,6 +121,11 @@ def test_in_keys_passes_other_errors_through_and_decorates():
         build(0)
 
 
+def test_count_says_one_layer_and_two_layers():
+    from common.cli import count
+    assert (count(1, "layer"), count(2, "head"), count(0, "token")) == ("1 layer", "2 heads", "0 tokens")
+
+
 def test_a_sibling_clis_name_for_the_same_flag_is_told_ours(monkeypatch):
     """Issue 43: eval.py names a Hugging Face directory --hf, sample.py and explore.py --init; the other one got
     argparse's bare "unrecognized arguments" (and eval.py's --out_dir, with no --file, "--file is required")."""

@@ -32,7 +32,7 @@ def test_the_cpu_note_says_what_the_run_trains():
     assert notes.cpu_note(cpu_preset) == notes.CPU_NOTE  # the preset as it is: the line the docs show
     assert notes.cpu_note(_config()) == (
         "no CUDA GPU found: using the CPU preset experiment=cpu (a 6-layer, 384-wide model with context 256, trained "
-        "with AdamW) instead of the GPU baby GPT; pass experiment=shakespeare_char to force the full run")
+        "with AdamW) instead of the GPU preset; pass experiment=gpu to force it (hours on a CPU)")
 
 
 def test_a_gpu_sized_run_on_a_cpu_is_told_how_long_it_takes(monkeypatch):

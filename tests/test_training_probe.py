@@ -98,6 +98,8 @@ def test_a_resumed_run_keeps_its_series_and_refuses_another_text(tmp_path):
     with pytest.raises(ValueError, match=r"^train.probe_text='king' is not the text of this run's probe snapshots "
                                          r"\('ROMEO'\): resume with that train.probe_text, or move "):
         ProbeRecorder.start(tmp_path, "king", TOK, Val(), 32, Ranks(), step=3, resumed=True)
+    with pytest.raises(ValueError, match=r"^the default probe text \(the val split's\) is not the text of this run's"):
+        ProbeRecorder.start(tmp_path, None, TOK, Val(), 32, Ranks(), step=3, resumed=True)  # (was "=None")
     assert probes.steps(tmp_path) == [0, 3, 6]  # refused before anything changed
     ProbeRecorder.start(tmp_path, "ROMEO", TOK, Val(), 32, Ranks(), step=3, resumed=True)  # from step 3's last.pt
     assert probes.steps(tmp_path) == [0, 3]

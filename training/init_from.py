@@ -11,6 +11,7 @@ from typing import Iterable, Optional
 import torch
 
 from checkpoint.file import CheckpointError, read_checkpoint
+from common.cli import count
 from data.hf_tokenizer import read_hf_tokenizer
 from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer, vocab_size_of
 from model import hf
@@ -40,8 +41,8 @@ class Source:
         c = self.config
         kind = f"{self.written_by} checkpoint" if not self.hf_dir else "Hugging Face " + (
             "GPT-2" if c.position == "learned" else "Qwen3" if c.qk_norm else "Llama")
-        return f"{self.path} ({kind}: {c.n_layer} layers, {c.n_head} heads, {c.n_embd} wide, context " \
-               f"{c.block_size})" + (f", context cropped to {block_size}" if block_size < c.block_size else "")
+        return f"{self.path} ({kind}: {count(c.n_layer, 'layer')}, {count(c.n_head, 'head')}, {c.n_embd} wide, " \
+               f"context {c.block_size})" + (f", context cropped to {block_size}" if block_size < c.block_size else "")
 
 
 def open_source(spec: str) -> Source:

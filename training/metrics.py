@@ -13,6 +13,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
+from common.cli import count
 from common.files import atomic_write
 from common.platform import command_line, script
 from model.device import device_name
@@ -141,7 +142,8 @@ class RunLog:
         log.info(f"run dir: {run_dir}")
         log.info(f"data: {c.data.name}, {data.tokenizer.describe()}, {format_count(len(train))} train / "
                  f"{format_count(len(val))} val tokens ({data.dir})")
-        log.info(f"model: {self.num_params / 1e6:.2f}M parameters ({m.n_layer} layers, {m.n_head} heads, "
+        log.info(f"model: {self.num_params / 1e6:.2f}M parameters ({count(m.n_layer, 'layer')}, "
+                 f"{count(m.n_head, 'head')}, "
                  f"{m.n_embd} wide, context {m.block_size}, vocab {g.vocab_size}, dropout {m.dropout:g})")
         if source is not None and resumed_from is None:
             log.info(f"init from {source.describe(m.block_size)}")

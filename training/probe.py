@@ -51,7 +51,8 @@ class ProbeRecorder:
         ids = probe_ids(text, tokenizer, val, block_size)
         kept = [s for s in probes.steps(run_dir) if resumed and s <= step]  # (every rank: every rank refuses)
         if kept and (old := probes.read_snapshot(run_dir, kept[0], tensors=False))["ids"] != ids:
-            raise ValueError(f"train.probe_text={text!r} is not the text of this run's probe snapshots "
+            given = f"train.probe_text={text!r}" if text is not None else "the default probe text (the val split's)"
+            raise ValueError(f"{given} is not the text of this run's probe snapshots "
                              f"({old['text'][:40]!r}): resume with that train.probe_text, or move "
                              f"{probes.probe_dir(run_dir)} away to start a new series")
         if ranks.is_main:
