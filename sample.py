@@ -9,6 +9,9 @@ if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below e
     from common.interrupt import stop_quietly
     stop_quietly()
 
+from common import startup
+
+startup.mark("python start-up")  # TINYGPT_TRACE=startup: each start-up phase's seconds (common/startup.py)
 import dataclasses
 import io
 import re
@@ -23,6 +26,7 @@ from model.hub import download_command
 from common.platform import command_line, configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
+startup.mark("imports")
 
 SEPARATOR = "\n---------------\n"
 FLAGS = {name: "--" + name.replace("_", "-") for name in SETTINGS}  # --top-k for top_k: model/sampling.py's settings
@@ -187,18 +191,23 @@ def run(argv: list[str] | None = None) -> int:
     """The whole CLI; raises ValueError/OSError for user mistakes (main() turns them into one line)."""
     args, out = parse_args(argv), sys.stdout
     source = args.init if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
-    import torch
-    from model.device import cuda_bf16_native, resolve_device
-    from model.generate import generate_tokens, next_token_probs
+    startup.mark("arguments checked")
+    with startup.gc_paused():  # (common/startup.py)
+        import torch
+        from model.device import cuda_bf16_native, resolve_device
+        from model.generate import generate_tokens, next_token_probs
+    startup.mark("torch import")
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
     generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
     model, tokenizer = load_model(source, args.init, device)  # in eval mode, from the checkpoint alone (weights_only)
     if device.type == "cuda" and cuda_bf16_native():
         model = model.bfloat16()  # decoding is memory-bound: half the bytes per token
+    startup.mark("model loaded")
     ids = encode_prompt(tokenizer, args.prompt, model.config.block_size)
     head = args.prompt if args.prompt is not None else tokenizer.decode(ids)  # the prompt is printed in full
     decode = decode_step(args, device)
+    startup.mark("decode step")
     sampling = dataclasses.replace(args.sampling, vocab_limit=tokenizer.vocab_size)  # padded ids: never sampled
     if args.attention_map:
         from viz.attention_map import draw_attention_map
@@ -216,7 +225,7 @@ def run(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens, sampling,
                                  use_kv_cache=args.kv_cache, generator=generator, decode=decode, window=args.window)
-        n_tokens += stream_text(tokens, tokenizer, write, args.stop)
+        n_tokens += stream_text(startup.first(tokens, "first token"), tokenizer, write, args.stop)  # (printed)
         seconds += time.perf_counter() - t0  # no sync needed: every token has been read back to print it
         out.write("" if sink is out else sink.getvalue())
     print(end="" if tail == "\n" else "\n", file=out, flush=True)  # end the last line, never add one (--stop '\n')

@@ -11,18 +11,25 @@ if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below e
     from common.interrupt import stop_quietly
     stop_quietly(NOT_STARTED)
 
+from common import startup
+
+startup.mark("python start-up")  # TINYGPT_TRACE=startup: each start-up phase's seconds (common/startup.py)
 from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (so the imports below come after it): see common/platform.py
 
 import sys
 
-import torch
+with startup.gc_paused():  # torch's and Hydra's imports without garbage collections that find nothing to free
+    import torch
 
-from common.files import keep_tool_caches
-from launch.config import ERRORS, NO_PRESET, check_command_line, compose, no_preset, register_configs, with_override
-from launch.run import CPU_NOTE, Failed, HydraRun, say_failure
-from runtime.console import to_stderr
+    startup.mark("torch import")
+    from common.files import keep_tool_caches
+    from launch.config import (ERRORS, NO_PRESET, check_command_line, compose, no_preset, register_configs,
+                               with_override)
+    from launch.run import CPU_NOTE, Failed, HydraRun, say_failure
+    from runtime.console import to_stderr
+startup.mark("imports (Hydra, tinygpt)")
 
 HELP = ("-h", "--help", "--hydra-help", "-sc", "--shell-completion", "--version")
 
@@ -54,10 +61,13 @@ def main(args: list[str]) -> int:
     multirun, run = bool({"-m", "--multirun"} & set(args)), None
     try:
         args, auto_cpu = as_composed(args, torch.cuda.is_available())
+        startup.mark("CUDA check")
         register_configs(sweep=multirun)
         jobs = check_command_line(args, multirun)  # compose + check: every job's overrides, before anything runs
         if not multirun and not any(a.startswith("-") for a in args):
-            run = HydraRun(compose(args, return_hydra_config=True), auto_cpu)  # set up: checked, its dir claimed
+            cfg = compose(args, return_hydra_config=True)
+            startup.mark("config composed (Hydra)")
+            run = HydraRun(cfg, auto_cpu)  # set up: checked, its dir claimed
             return run.execute()
         if auto_cpu and multirun:
             to_stderr(CPU_NOTE)

@@ -1,7 +1,7 @@
 """One command for a GPU machine: `python bench.py --gpu-check [--nanogpt DIR]` checks and times what a CPU cannot.
 
 Steps, each recorded in one JSON rewritten after every step (a run cut short still tells what it measured): `tests`
-(pytest -m cuda), `default` (plain `python train.py`: each evaluation's time from launch), `compile` (its first
+(pytest -m cuda), `default` (plain `python train.py`: its start-up trace, each evaluation's time), `compile` (its first
 logged step with a cold and a warm torch.compile cache, and eager), `nanogpt` (config/train_shakespeare_char.py for
 2000 of its 5000 steps: its best is at 1750), `startup` (torch + CUDA's start, sample.py's first token), `decode`
 (sample.py and GPT-2 124M tokens/s), `throughput` (GPT-2 124M training, regions / whole model / nanoGPT's bench.py).
@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from benchmarks import REPO, load_avg, say
+from common import startup
 from training.metrics import read_metrics
 
 CUDA_TESTS = ["-m", "cuda", "-q", "-p", "no:cacheprovider", "-n", "0", "--continue-on-collection-errors"]
@@ -29,6 +30,7 @@ NANO_EVAL = re.compile(r"step (\d+): train loss ([\d.]+), val loss ([\d.]+)")
 NANO_ITER = re.compile(r"time per iteration: ([\d.]+)ms, MFU: ([\d.]+)%")
 GENERATED = re.compile(r"generated (\d+) tokens in ([\d.]+) s \(([\d.]+) tokens/s")
 PYTEST = re.compile(r"(\d+) (passed|failed|skipped|error|errors)\b")
+TRACE = {startup.SWITCH: startup.VALUE}  # train.py's and sample.py's start-up phases on stderr
 
 
 def pytest_counts(text: str) -> dict:
@@ -92,13 +94,14 @@ def step_tests(ctx) -> dict:
 def _train(ctx, name: str, *overrides: str, cache: str, stop_at_first_step: bool) -> dict:
     run = ctx["tmp"] / name
     env = {**ctx["env"], "TORCHINDUCTOR_CACHE_DIR": str(ctx["tmp"] / cache / "inductor"),
-           "TRITON_CACHE_DIR": str(ctx["tmp"] / cache / "triton")}
+           "TRITON_CACHE_DIR": str(ctx["tmp"] / cache / "triton"), **TRACE}
     cmd = [sys.executable, str(REPO / "train.py"), *overrides, f"hydra.run.dir={run}"]
     r = follow(cmd, ctx["tmp"], env, tinygpt_seen(run), limit=ctx["limit"],
                stop=(lambda f: "first_logged_step" in f) if stop_at_first_step else (lambda f: False))
     out = {"command": "python train.py " + " ".join(overrides), "wall_s": r["wall_s"], "returncode": r["returncode"],
            "config_printed_s": r["found"].get("config_printed", (None, None))[1],
-           "first_logged_step_s": r["found"].get("first_logged_step", (None, None))[1], "evals": evals(r["found"])}
+           "first_logged_step_s": r["found"].get("first_logged_step", (None, None))[1], "evals": evals(r["found"]),
+           "startup": startup.parse(r["log"])}  # [phase, seconds from launch, its own]
     if r["returncode"] not in (0, None, -9) and not stop_at_first_step:
         out["error"] = " | ".join(r["tail"])
     return out
@@ -157,7 +160,7 @@ def _sample(ctx, *args: str, importtime: bool = False) -> dict:
     err = ctx["tmp"] / f"sample-{time.time_ns()}.err"
     t0 = time.perf_counter()
     with open(err, "wb") as e:
-        p = subprocess.Popen(cmd, cwd=ctx["tmp"], env=ctx["env"], stdout=subprocess.PIPE, stderr=e)
+        p = subprocess.Popen(cmd, cwd=ctx["tmp"], env={**ctx["env"], **TRACE}, stdout=subprocess.PIPE, stderr=e)
         first = p.stdout.read(len("ROMEO:") + 1)  # the prompt, then the first generated character
         first_s = time.perf_counter() - t0
         p.stdout.read()
@@ -166,7 +169,7 @@ def _sample(ctx, *args: str, importtime: bool = False) -> dict:
     m = GENERATED.search(text)
     row = {"args": " ".join(args), "first_token_s": round(first_s, 3) if len(first) > 6 else None,
            "wall_s": round(time.perf_counter() - t0, 3), "tokens_per_s": float(m[3]) if m else None,
-           "returncode": p.returncode}
+           "returncode": p.returncode, "startup": startup.parse(text)}
     if importtime:
         row["imports"] = {mod: bool(re.search(rf"\|\s*{re.escape(mod)}$", text, re.M))
                           for mod in ("torch._dynamo", "sympy", "torch.distributed.fsdp")}
@@ -271,6 +274,8 @@ def table(result: dict) -> str:
                   f"{f(d['first_logged_step_s'])} s; val <= {TARGET} at {f(d['time_to_target_s'])} s, <= {NANO_BEST} "
                   f"at {f(d['time_to_nano_best_s'])} s; final val {f(d['final_val'], '.4f')}",
                   f"  evals (step, val, s): {d['evals']}"]
+        if d.get("startup"):
+            lines.append("  start-up (s from launch): " + ", ".join(f"{p} {at:.2f}" for p, at, _ in d["startup"]))
     if "compile" in g:
         c = g["compile"]
         lines.append(f"train.compile=true: compile cold {f(c['compile_cold_s'])} s, warm {f(c['compile_warm_s'])} s "

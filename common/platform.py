@@ -11,6 +11,7 @@ import platform
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -109,6 +110,23 @@ def peak_rss() -> Optional[int]:
     except ImportError:  # Windows
         return None
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss if is_macos() else None  # bytes on macOS
+
+
+def process_age() -> Optional[float]:
+    """Seconds since this process started (the interpreter's start-up included), or None where the OS does not say.
+    Linux: its start in clock ticks since boot (psutil's create_time adds /proc's boot time, in whole seconds: up
+    to 1 s off); elsewhere psutil's create_time."""
+    stat = _read(PROC / "self" / "stat")
+    if stat is not None and hasattr(time, "CLOCK_BOOTTIME"):
+        try:  # (fields after the command's closing parenthesis: the 22nd, starttime, is the 20th of them)
+            ticks = int(stat.rpartition(")")[2].split()[19])
+            return time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        except (ValueError, IndexError, OSError):
+            pass
+    try:
+        return time.time() - psutil.Process().create_time()
+    except FAILURES:
+        return None
 
 
 def usable_cores() -> int:

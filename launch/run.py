@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional
 import torch
 
 from checkpoint.manager import overwrite_refusal
-from common import run_lock
+from common import run_lock, startup
 from common.cli import one_line
 from launch import memory
 from launch.config import to_dataclass
@@ -97,6 +97,7 @@ def set_up(cfg: Any, run_dir: Optional[str | os.PathLike] = None, overrides: Opt
     """The checks every run passes, in order, before it writes anything; a ValueError (one line) for a mistake.
     `claim`: lock the run directory (a sweep's job is inside its sweep's, locked already)."""
     config, overrides = to_dataclass(cfg), list(overrides or [])
+    startup.mark("config checked")
     source = None
     if config.model.init_from:  # a fine-tune's shape is its source's
         from training import init_from
@@ -106,11 +107,13 @@ def set_up(cfg: Any, run_dir: Optional[str | os.PathLike] = None, overrides: Opt
     try:
         with train_keys():
             device = resolve_device(config.train.device, ranks.local_rank)  # the run's, resolved once
+        startup.mark("device resolved")
         # rank 0's directory for all (by default a dated one); rank 0 checks memory and claims the directory
         dated = datetime.now().strftime("outputs/%Y-%m-%d/%H-%M-%S")
         given = str(ranks.broadcast_object(str(run_dir if run_dir is not None else dated)))
         run_dir = Path(given)
         problem = memory.check(config, device, ranks.world_size, ranks.local_world_size) if ranks.is_main else None
+        startup.mark("memory check (on CUDA: its context made)")
         claimed, created = None, not run_dir.exists()
         if ranks.is_main and not problem:
             key = "hydra.run.dir" if claim else "hydra.sweep.dir"  # (a sweep's job: its sweep's directory)

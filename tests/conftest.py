@@ -165,6 +165,8 @@ def _as_fast_test(item):
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+os.environ.pop("TINYGPT_TRACE", None)  # a developer's start-up trace (common/startup.py): not in the tests' output
+
 # One matplotlib font cache for the whole session: CLI subprocesses would otherwise rebuild it under each
 # test's fresh cache dir (~0.5 s per run), and it must never land in the user's HOME.
 os.environ.setdefault("MPLCONFIGDIR", tempfile.mkdtemp(prefix="tinygpt-tests-mpl-"))

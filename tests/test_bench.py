@@ -244,10 +244,12 @@ def test_gpu_check_reads_pytest_and_nanogpt_and_refuses_without_a_gpu(capsys):
     rows = [[250, 1.56, 24.3], [750, 1.4609, 42.4]]
     assert g.first_at(rows, 1.47) == [750, 1.4609, 42.4] and g.first_at(rows, 1.4) is None
     result = {"gpu_check": {"default": {"config_printed_s": 12.0, "first_logged_step_s": 15.8, "time_to_target_s": 42.4,
-                                        "time_to_nano_best_s": 42.4, "final_val": 1.4491, "evals": rows},
+                                        "time_to_nano_best_s": 42.4, "final_val": 1.4491, "evals": rows,
+                                        "startup": [["python start-up", 0.05, 0.05], ["torch import", 3.8, 3.75]]},
                             "nanogpt": {"first_step_s": 39.8, "best": [1750, 1.4644, 76.6], "time_to_nano_best_s": 76.6,
                                         "wall_s": 85.1, "evals": [[1750, 1.4644, 76.6]]}}, "errors": {}}
     assert "ratio: tinygpt to 1.47 / nanoGPT's best = 0.55x" in g.table(result)
+    assert "start-up (s from launch): python start-up 0.05, torch import 3.80" in g.table(result)
     if not torch.cuda.is_available():
         assert bench.main(["--gpu-check"]) == 2
         assert capsys.readouterr().err.startswith("error: --gpu-check needs a CUDA GPU")

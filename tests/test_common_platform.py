@@ -37,6 +37,27 @@ def test_memory_is_psutils_available_within_the_cgroup_limit(linux, monkeypatch)
     assert platform.available_memory() == 8 << 30
 
 
+def test_the_process_age_is_this_process_s():
+    import time
+    age, psutils = platform.process_age(), time.time() - psutil.Process().create_time()
+    assert age is not None and 0 < age < psutils + 0.1 and age > psutils - 1.1  # (psutil's: boot time in whole s)
+
+
+def test_the_process_age_is_its_start_in_ticks_since_boot_else_psutils(linux, monkeypatch):
+    (linux / "self").mkdir()
+    (linux / "self" / "stat").write_text("42 (a (b) c) S 1" + " 0" * 17 + " 250 0 0\n")  # starttime: the 22nd field
+    monkeypatch.setattr(platform.os, "sysconf", lambda name: 100)
+    monkeypatch.setattr(platform.time, "CLOCK_BOOTTIME", 7, raising=False)  # (Linux's: absent on macOS, Windows)
+    monkeypatch.setattr(platform.time, "clock_gettime", lambda clock: 10.0, raising=False)
+    assert platform.process_age() == pytest.approx(7.5)  # 2.5 s after boot, now 10 s
+    (linux / "self" / "stat").unlink()
+    monkeypatch.setattr(psutil, "Process", lambda: types.SimpleNamespace(create_time=lambda: 100.0))
+    monkeypatch.setattr(platform.time, "time", lambda: 103.0)
+    assert platform.process_age() == 3.0
+    monkeypatch.setattr(psutil, "Process", lambda: (_ for _ in ()).throw(psutil.AccessDenied()))
+    assert platform.process_age() is None
+
+
 @pytest.mark.parametrize("error", [FileNotFoundError("/proc/meminfo"), psutil.AccessDenied(), RuntimeError("sysctl")])
 def test_facts_psutil_cannot_read_are_none(monkeypatch, error):
     def fail(*args, **kwargs):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Callable, Optional
 import torch
 
 from checkpoint.manager import CheckpointManager
+from common import startup
 from model.device import resolve_compile
 from runtime.console import progress_bar
 from runtime.ranks import Ranks
@@ -51,12 +52,14 @@ class Trainer:
         self.session_start, self.train_seconds, self.first_step = time.perf_counter(), 0.0, 0
 
     def setup(self) -> None:
+        startup.mark("run dir claimed, logging, notes")
         from data.loader import BatchLoader
         from data.prepare import prepare
         from data.tokenizer import describe_tokenizer, token_bytes
         from model.gpt import GPT
         config, ranks, train, device = self.config, self.ranks, self.config.train, self.device
         self.precision = setup_precision(device, train.dtype, ranks.parallel)
+        startup.mark("precision")
         with ranks.main_first():  # local rank 0 fills the cache, the other ranks then find it there
             self.prepared = prepare(config.data, progress=ranks.is_main, log=log.info)
         self.tokenizer = self.prepared.tokenizer
@@ -67,11 +70,13 @@ class Trainer:
             from training import eval_hellaswag
             eval_hellaswag.check(train.hellaswag, self.tokenizer, config.model.block_size)
         self.token_bytes = token_bytes(self.tokenizer).to(device)  # for bits per byte
+        startup.mark("data")
         self.gpt_config = config.model.with_vocab(self.tokenizer.vocab_size)
         seed_all(train.seed)
         self.model = GPT(self.gpt_config) if self.source is None else \
             init_from.build(GPT, self.gpt_config, self.source, train.resume)
         self.model.to(device)  # the same on every rank
+        startup.mark("model built")
         if ranks.rank:
             torch.manual_seed(train.seed + ranks.rank)  # different dropout masks per process
         # what the steps call: DDP(model), or the model itself (FSDP2 shards it in place)
@@ -103,6 +108,7 @@ class Trainer:
         if self.compiled:  # its blocks and output, as regions (training/step.py): the steps still call step_model
             compile_regions(self.model)
         self.guard = CompileGuard(self.compiled, self._to_eager, rewound=[self.loader])  # a failing compiler: eager
+        startup.mark("optimizer, loader, resume, compile set-up")
         if ranks.is_main:  # the run directory, the wandb run's id (kept across resumes), the report's opening lines
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if config.logger.name == "wandb":
@@ -113,6 +119,7 @@ class Trainer:
             if self.resumed and (old := self.ckpt.source_batch_tokens) not in (None, self.batch_tokens):
                 log.warning(f"the global batch changes from the checkpoint's {old:,} to {self.batch_tokens:,} tokens "
                             f"per step: the learning-rate schedule and the step count stay as they were")
+        startup.mark("config printed")
 
     def fit(self) -> TrainResult:
         """Train from the state's step to train.max_iters, an early stop or a stop every rank agreed on: a log line
@@ -132,6 +139,7 @@ class Trainer:
                     self._eval_and_save(save=state.eval_pending and state.step > 0)  # as the straight run did it
                 elif self.probe and not self.resumed and 0 in self.probe.steps:
                     self._probe()  # the model before training (or the one fine-tuning starts from)
+                startup.mark("before step 1 (a step-0 probe or evaluation)")
                 while state.step < train.max_iters and not self.early_stopped and not self.stop.agreed():
                     set_lr(self.optimizer, self.lr_schedule(state.step))
                     metrics = self.guard.run("train", lambda: forward_backward(
@@ -145,6 +153,7 @@ class Trainer:
                     state.tokens += self.batch_tokens
                     bar.update(1)
                     if state.step == self.first_step + 1:  # a slow device: a word before the first log line
+                        startup.mark("first step", wait=metrics["loss"].item)  # (a GPU's queue waited for)
                         self.report.first_step(state.step, time.perf_counter() - self.interval_start,
                                                train.log_interval)
                     if state.step % train.log_interval == 0 or state.step == train.max_iters:
@@ -171,6 +180,7 @@ class Trainer:
             self.report.log_train(state.step, {name: sum(v) / len(v) for name, v in values.items()},
                                   self.lr_schedule(state.step - 1), state.tokens, state.elapsed(),
                                   steps * self.batch_tokens / seconds if seconds > 0 else 0.0)
+            startup.mark("first logged step", end=True)
         if write:
             self.window.clear(state.step)
 
