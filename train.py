@@ -27,7 +27,7 @@ with startup.gc_paused():  # torch's and Hydra's imports without garbage collect
     from common.files import keep_tool_caches
     from launch.config import (ERRORS, NO_PRESET, check_command_line, compose, no_preset, register_configs,
                                with_override)
-    from launch.run import CPU_NOTE, Failed, HydraRun, say_failure
+    from launch.run import Failed, HydraRun, say_failure, sweep_cpu_notes
     from runtime.console import to_stderr
 startup.mark("imports (Hydra, tinygpt)")
 
@@ -69,8 +69,9 @@ def main(args: list[str]) -> int:
             startup.mark("config composed (Hydra)")
             run = HydraRun(cfg, auto_cpu)  # set up: checked, its dir claimed
             return run.execute()
-        if auto_cpu and multirun:
-            to_stderr(CPU_NOTE)
+        if auto_cpu and multirun:  # each job's run, as a single run's note says it
+            for note in sweep_cpu_notes(jobs):
+                to_stderr(note)
         from launch import sweep
         return sweep.run_with_hydra(args, jobs, hydra_job)
     except (Failed,) + ERRORS as e:

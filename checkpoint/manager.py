@@ -230,6 +230,18 @@ def overwrite_refusal(run_dir: str | os.PathLike, key: str = "hydra.run.dir") ->
             f"{key}{more}, or move {'it' if len(found) == 1 else 'them'} out of {run_dir} (nothing was overwritten)")
 
 
+def starts_afresh(resume: Any, run_dir: str | os.PathLike) -> bool:
+    """Does a run with this `train.resume` write `run_dir` anew (so its earlier files would be overwritten)? Yes for
+    false, and for a checkpoint of another directory (a run resumed from elsewhere writes its own files)."""
+    if resume is True or resume is None:
+        return False
+    if resume is False:
+        return True
+    p = Path(os.path.expanduser(str(resume)))
+    source = p if p.is_dir() and not is_sharded_checkpoint(p) else p.parent  # a run dir, or the one holding it
+    return not (source.exists() and Path(run_dir).exists() and source.resolve() == Path(run_dir).resolve())
+
+
 def _resumable(found: list[str]) -> bool:  # what train.resume=true continues
     return "last.pt" in found or f"{LAST_DCP}/" in found
 

@@ -175,7 +175,7 @@ def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
             for o in OverridesParser.create().parse_overrides(job):
                 if o.is_sweep_override() and not o.is_hydra_override():
                     raise ValueError(f"{o.input_line} gives several values: to sweep over them add -m (python "
-                                     f"train.py -m ...), to pass a list use key=[a,b]")
+                                     f"{script('train.py')} -m ...), to pass a list use key=[a,b]")
                 if not (o.is_hydra_override() or o.is_delete()):
                     check_override(o.key_or_group, o.value(), o.input_line)
             if multirun:
@@ -186,8 +186,8 @@ def check_command_line(args: list[str], multirun: bool) -> list[list[str]]:
             if multirun and swept:  # a sweep gives every job the same settings: bpe's vocab_size would fail char
                 mine = next(a for a in job if a.startswith("data.tokenizer="))
                 where += (f": a sweep gives all its jobs the same other settings, so sweep each tokenizer on its "
-                          f"own: python train.py {' '.join(mine if a in swept else a for a in args)} with the "
-                          f"setting above, then the same for the other data.tokenizer values")
+                          f"own: python {script('train.py')} {' '.join(mine if a in swept else a for a in args)} "
+                          f"with the setting above, then the same for the other data.tokenizer values")
             first = next((ln for ln in str(e).splitlines() if ln.strip()), type(e).__name__)  # Hydra's: 1st line
             raise ValueError(first + where) from None
     return jobs

@@ -35,6 +35,12 @@ def cpu_note(c: Config) -> str:
                             f"{size}, trained with {'Muon' if c.optim.name == 'muon' else 'AdamW'}")
 
 
+def sweep_cpu_notes(jobs: list[list[str]]) -> list[str]:
+    """The CPU note of each distinct run a sweep's jobs train (each job's overrides composed), said once each."""
+    from launch.config import compose, to_dataclass
+    return list(dict.fromkeys(cpu_note(to_dataclass(compose(job))) for job in jobs)) or [CPU_NOTE]
+
+
 def cpu_seconds(c: Config, threads: int) -> float:
     """Seconds a run of `c` takes on `threads` CPU threads, roughly: training's FLOPs (6N + attention, per token) and
     the evaluations' (forward only: a third) against CPU_FLOPS_PER_THREAD."""

@@ -17,12 +17,12 @@ from typing import Any, Callable, Optional
 
 import torch
 
-from checkpoint.manager import overwrite_refusal
+from checkpoint.manager import overwrite_refusal, starts_afresh
 from common import run_lock, startup
 from common.cli import one_line
 from launch import memory
 from launch.config import to_dataclass
-from launch.notes import CPU_NOTE, cpu_note, start_notes  # noqa: F401 (CPU_NOTE: train.py's, for a sweep)
+from launch.notes import cpu_note, start_notes, sweep_cpu_notes  # noqa: F401 (sweep_cpu_notes: train.py's)
 from model.device import resolve_device
 from runtime import console
 from runtime.console import to_files, to_stderr
@@ -117,7 +117,7 @@ def set_up(cfg: Any, run_dir: Optional[str | os.PathLike] = None, overrides: Opt
         claimed, created = None, not run_dir.exists()
         if ranks.is_main and not problem:
             key = "hydra.run.dir" if claim else "hydra.sweep.dir"  # (a sweep's job: its sweep's directory)
-            refusal = (lambda d: overwrite_refusal(d, key)) if config.train.resume is False else None
+            refusal = (lambda d: overwrite_refusal(d, key)) if starts_afresh(config.train.resume, run_dir) else None
             problem = run_lock.claim(given, key, refusal) if claim else refusal and refusal(run_dir)
             claimed = given if claim and not problem else None
         if problem := ranks.broadcast_object(problem):

@@ -16,7 +16,7 @@ from hydra import compose, initialize_config_dir
 from checkpoint import file as ck
 from checkpoint import sharded as S
 from checkpoint.file import CheckpointError, save_checkpoint
-from checkpoint.manager import CheckpointManager, overwrite_refusal, resume_checkpoint
+from checkpoint.manager import CheckpointManager, overwrite_refusal, resume_checkpoint, starts_afresh
 from data.tokenizer import describe_tokenizer as describe
 from tests.helpers import REPO, find_non_plain, tiny_model_and_opt, train_steps
 from runtime import distributed as D
@@ -355,8 +355,18 @@ def test_set_up_refuses_before_writing_anything_and_a_sweep_before_its_first_job
         with pytest.raises(ValueError, match=rf"already holds best.pt .*: choose another {key} \(to train on"):
             set_up(cfg, run, claim=claim)
         assert _tree(run) == before
-    cfg.train.resume = str(run / "best.pt")  # resuming from it (into another directory) is not refused
+    cfg.train.resume = str(run / "best.pt")  # resuming from it (into another directory, or its own) is not refused
     set_up(cfg, tmp_path / "next", claim=False)
+    set_up(cfg, run, claim=False)
+    # ... but a checkpoint of elsewhere resumed into a directory holding another run's files writes it anew: refused
+    other = tmp_path / "other"
+    _one_of_each(other, "metrics.jsonl")
+    before = _tree(other)
+    with pytest.raises(ValueError, match=r"other already holds metrics.jsonl from an earlier run, which a new run "):
+        set_up(cfg, other, claim=True)
+    assert _tree(other) == before
+    assert [starts_afresh(r, run) for r in (True, None, False, str(run), str(run / "best.pt"), str(other))] == [
+        False, False, True, False, False, True]
     job = tmp_path / "sweep" / "1"
     _one_of_each(job, "metrics.jsonl")
     with pytest.raises(sweep.Failed, match=r"hydra.sweep.dir=sweep holds an earlier sweep's runs \(sweep.1 holds "

@@ -35,6 +35,18 @@ def test_the_cpu_note_says_what_the_run_trains():
         "with AdamW) instead of the GPU preset; pass experiment=gpu to force it (hours on a CPU)")
 
 
+def test_a_sweep_on_the_cpu_preset_says_what_each_run_trains():
+    """Issue 43 (round six, found again): a sweep printed the fixed note, "trained with Muon", whatever it trained."""
+    from launch.config import register_configs
+    register_configs(sweep=True)  # (as train.py does before it checks a sweep's jobs)
+    adamw = ["experiment=cpu", "optim=adamw"]
+    assert notes.sweep_cpu_notes([[*adamw, "optim.lr=1e-3"], [*adamw, "optim.lr=2e-3"]]) == [
+        notes.CPU_NOTE.replace("trained with Muon", "trained with AdamW")]  # the same run twice: said once
+    assert notes.sweep_cpu_notes([["experiment=cpu"], ["experiment=cpu", "model.n_layer=2"]]) == [
+        notes.CPU_NOTE, notes.CPU_NOTE.replace("nanoGPT's CPU-sized model", "a 2-layer, 128-wide model with context 64")]
+    assert notes.sweep_cpu_notes([]) == [notes.CPU_NOTE]  # (Hydra's own flags: no jobs composed)
+
+
 def test_a_gpu_sized_run_on_a_cpu_is_told_how_long_it_takes(monkeypatch):
     """Issue 43: experiment=gpu forced onto a CPU said nothing of the hours ahead (and printed nothing for minutes).
     The estimate: FLOPs per token x tokens (evaluations a third) against a rough rate per thread."""

@@ -120,7 +120,7 @@ def test_hydra_flags_after_overrides_work_and_a_mistake_is_one_line(tmp_path):
     proc = run_cli(["train.py", "train.max_iter=5"], cwd=tmp_path, timeout=120)
     assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [
         "error: unknown config key 'train.max_iter' (did you mean train.max_iters?): check the spelling; "
-        "python train.py --cfg job prints every key"]
+        f"python {REPO / 'train.py'} --cfg job prints every key"]  # (train.py by a path that runs from tmp_path)
 
 
 @pytest.mark.slow
@@ -478,7 +478,7 @@ def test_a_sweep_over_tokenizers_is_told_a_command_that_works(tmp_path, tiny_cor
             "train.eval_interval=1", "hydra.sweep.dir=sw"]
     proc = run_cli(["train.py", *args], cwd=tmp_path, timeout=180)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
-    advice = proc.stderr.split("on its own: python train.py ")[1].split(" with the setting above")[0]
+    advice = proc.stderr.split(f"on its own: python {REPO / 'train.py'} ")[1].split(" with the setting above")[0]
     ok = run_cli(["train.py", *shlex.split(advice), "data.vocab_size=300"], cwd=tmp_path)
     assert ok.returncode == 0 and "1 of 1 jobs completed" in ok.stdout, ok.stderr
 
