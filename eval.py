@@ -15,7 +15,8 @@ import math
 import os
 import sys
 
-from checkpoint.file import add_checkpoint_options, check_hf_dir, load_model, resolve_checkpoint  # no torch
+from checkpoint.file import load_model  # no torch
+from checkpoint.locate import add_checkpoint_options, check_hf_dir, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from
 
 KEYS = {"device": "--device", "path": "--file", "text_key": "--text-key", "encoding_errors": "--encoding-errors"}

@@ -13,7 +13,7 @@ import errno
 import sys
 from pathlib import Path
 
-from checkpoint.file import check_hf_dir  # no torch
+from checkpoint.locate import check_hf_dir  # no torch
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from
 from common.platform import configure_threads
 

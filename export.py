@@ -14,7 +14,8 @@ import shutil
 import sys
 from pathlib import Path
 
-from checkpoint.file import add_checkpoint_options, check_vocab, load_for_inference, resolve_checkpoint  # no torch
+from checkpoint.file import check_vocab, load_for_inference  # no torch
+from checkpoint.locate import add_checkpoint_options, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main
 from common.files import replace_dir
 from common.interrupt import on_stop

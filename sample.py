@@ -19,7 +19,8 @@ import sys
 import time
 from pathlib import Path
 
-from checkpoint.file import add_checkpoint_options, check_hf_dir, load_model, resolve_checkpoint
+from checkpoint.file import load_model
+from checkpoint.locate import add_checkpoint_options, check_hf_dir, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from, read_text_file
 from model.sampling import SETTINGS, WINDOWS, Sampling
 from model.hub import download_command

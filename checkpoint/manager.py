@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, RUN_ROOTS, VERSION, CheckpointError, instead,
-                             is_sharded_checkpoint, link_checkpoint, read_checkpoint, remove_stale_temp_files,
-                             save_checkpoint, batch_tokens)
+from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, VERSION, CheckpointError, instead, is_sharded_checkpoint,
+                             link_checkpoint, read_checkpoint, remove_stale_temp_files, save_checkpoint, batch_tokens)
+from checkpoint.locate import RUN_ROOTS
 from common.files import remove_quietly, replace, temp_path
 from model.gpt import check_weights, clean_state_dict
 

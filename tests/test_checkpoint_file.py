@@ -16,8 +16,9 @@ import pytest
 import torch
 
 from checkpoint import file as ck
-from checkpoint.file import (CheckpointError, check_vocab, save_checkpoint, checkpoint_in_run, find_newest_checkpoint,
-                             load_for_inference, model_from_checkpoint, read_checkpoint, resolve_checkpoint)
+from checkpoint.file import (CheckpointError, check_vocab, save_checkpoint, checkpoint_in_run, load_for_inference,
+                             model_from_checkpoint, read_checkpoint)
+from checkpoint.locate import find_newest_checkpoint, resolve_checkpoint
 from training.state import capture_rng_state
 from tests.helpers import find_non_plain, save_run, tiny_model
 

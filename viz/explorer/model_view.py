@@ -181,7 +181,8 @@ def first_prompt(views: list) -> str:
 def load_source(kind: str | None, path: str | None, device):
     """(model in eval mode on `device`, tokenizer, name, run dir) of --run DIR, --checkpoint FILE or --init HF_DIR
     (None: the newest run; no run dir), loaded as sample.py loads them; the one place the explorer loads models."""
-    from checkpoint.file import load_model, resolve_checkpoint
+    from checkpoint.file import load_model
+    from checkpoint.locate import resolve_checkpoint
     if kind == "init":
         return (*load_model(hf_dir=path, device=device), str(path), None)
     ckpt = resolve_checkpoint(path if kind == "run" else None, path if kind == "checkpoint" else None)
