@@ -36,9 +36,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                        "(two to compare them). Without a model argument it uses the newest run under ./outputs "
                        "or ./multirun.")
     p.set_defaults(sources=[])
-    p.add_argument("--run", action=AddSource, metavar="DIR", help="training run directory (best.pt, else last.pt)")
+    p.add_argument("--run", action=AddSource, metavar="DIR", help="training run directory (best.pt, else last.pt; "
+                   "a nanoGPT out_dir: its ckpt.pt)")
     p.add_argument("--checkpoint", action=AddSource, metavar="FILE", help="checkpoint file (.pt)")
-    p.add_argument("--init", action=AddSource, metavar="HF_DIR", help="local Hugging Face GPT-2 directory")
+    p.add_argument("--init", action=AddSource, metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 "
+                   "directory (an export.py --hf export too)")
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = a free one)")
     p.add_argument("--host", default=LOCAL, help="address to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--prompt", default="", metavar="TEXT",

@@ -15,7 +15,8 @@ RUN_ROOTS = ("outputs", "multirun")  # Hydra's default output dirs, relative to 
 def add_checkpoint_options(parser, required: bool = False):
     """--run DIR | --checkpoint FILE, mutually exclusive; returns the group, for a CLI's other source (--init)."""
     src = parser.add_mutually_exclusive_group(required=required)
-    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt)")
+    src.add_argument("--run", metavar="DIR", help="training run directory (uses best.pt, else last.pt; a nanoGPT "
+                     "out_dir: its ckpt.pt)")
     src.add_argument("--checkpoint", metavar="FILE", help="checkpoint file (.pt)")
     return src
 
