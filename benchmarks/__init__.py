@@ -1,11 +1,13 @@
 """bench.py's sections: `inprocess` times tinygpt's code in this process (train, decode, prep), `commands` its
-commands as a user runs them (quality, startup, sample). Here: what both use (torch is imported lazily)."""
+commands as a user runs them (quality, startup, sample), `gpu_check` the GPU call. Here: what they share (torch is
+imported lazily), e.g. `follow`, a command run while its log is watched."""
 from __future__ import annotations
 
 import contextlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from common.interrupt import on_stop
@@ -48,3 +50,26 @@ def gpt_config(name: str):
     """The GPTConfig of preset `name` with its vocabulary, padded as the preset says."""
     from model.config import GPTConfig
     return GPTConfig(**model_preset(name)).with_vocab(VOCAB[name])
+
+
+def follow(cmd: list[str], cwd: Path, env: dict, seen, stop=lambda found: False, limit: float = 600.0) -> dict:
+    """Run cmd; every `poll`, seen(log text) -> {name: value} of what has appeared so far, each stamped with the
+    seconds from launch at which it first appeared; stop(found) ends the run early."""
+    log, found, t0 = cwd / f"log-{time.time_ns()}.txt", {}, time.perf_counter()
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                done, now = proc.poll() is not None, time.perf_counter() - t0
+                for name, value in seen(log.read_text(errors="replace")).items():
+                    found.setdefault(name, (value, round(now, 2)))
+                if done or stop(found) or now > limit:
+                    break
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
+    return {"found": found, "wall_s": round(time.perf_counter() - t0, 2), "returncode": proc.returncode,
+            "tail": tail, "log": log.read_text(errors="replace")}

@@ -19,7 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO, load_avg, say
+from benchmarks import REPO, follow, load_avg, say
 from common import startup
 from training.metrics import read_metrics
 
@@ -37,29 +37,6 @@ def pytest_counts(text: str) -> dict:
     """{"passed": n, "failed": n, ...} from pytest's last summary line."""
     last = next((ln for ln in reversed(text.splitlines()) if " in " in ln and PYTEST.search(ln)), "")
     return {kind.rstrip("s") if kind.startswith("error") else kind: int(n) for n, kind in PYTEST.findall(last)}
-
-
-def follow(cmd: list[str], cwd: Path, env: dict, seen, stop=lambda found: False, limit: float = 600.0) -> dict:
-    """Run cmd; every `poll`, seen(log text) -> {name: value} of what has appeared so far, each stamped with the
-    seconds from launch at which it first appeared; stop(found) ends the run early."""
-    log, found, t0 = cwd / f"log-{time.time_ns()}.txt", {}, time.perf_counter()
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd, cwd=str(cwd), env=env, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            while True:
-                done, now = proc.poll() is not None, time.perf_counter() - t0
-                for name, value in seen(log.read_text(errors="replace")).items():
-                    found.setdefault(name, (value, round(now, 2)))
-                if done or stop(found) or now > limit:
-                    break
-                time.sleep(0.05)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait()
-    tail = log.read_text(errors="replace").strip().splitlines()[-3:]
-    return {"found": found, "wall_s": round(time.perf_counter() - t0, 2), "returncode": proc.returncode,
-            "tail": tail, "log": log.read_text(errors="replace")}
 
 
 def tinygpt_seen(run: Path):
