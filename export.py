@@ -53,9 +53,10 @@ def export_pt(src: str, out: str | None) -> Path:
     exported state resumes like any last.pt."""
     from checkpoint.sharded import export_single_file
     from training.optim import build_optimizer
-    return export_single_file(src, out, lambda model, o: build_optimizer(
-        model, lr=o.get("lr", 1e-3), weight_decay=o.get("weight_decay", 0.0),
-        betas=(o.get("beta1", 0.9), o.get("beta2", 0.99)), device_type="cpu"))
+    from training.config import OptimConfig
+    return export_single_file(src, out, lambda model, o: build_optimizer(model, OptimConfig(
+        lr=o.get("lr", 1e-3), weight_decay=o.get("weight_decay", 0.0), beta1=o.get("beta1", 0.9),
+        beta2=o.get("beta2", 0.99))))
 
 
 def force_refusal(out: Path) -> str | None:

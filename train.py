@@ -29,6 +29,7 @@ with startup.gc_paused():  # torch's and Hydra's imports without garbage collect
                                with_override)
     from launch.run import Failed, HydraRun, say_failure, sweep_cpu_notes
     from runtime.console import to_stderr
+    from training.loop import train
 startup.mark("imports (Hydra, tinygpt)")
 
 HELP = ("-h", "--help", "--hydra-help", "-sc", "--shell-completion", "--version")
@@ -67,8 +68,11 @@ def main(args: list[str]) -> int:
         if not multirun and not any(a.startswith("-") for a in args):
             cfg = compose(args, return_hydra_config=True)
             startup.mark("config composed (Hydra)")
-            run = HydraRun(cfg, auto_cpu)  # set up: checked, its dir claimed
-            return run.execute()
+            # set up: checked, its directory claimed; then trained inside its guarantees (launch/run.py)
+            run = HydraRun(cfg, auto_cpu)
+            with run.guarantees() as edge:
+                edge.outcome = train(run.setup.config, edge, run.setup.device, run.setup.source)
+            return run.exit_code
         if auto_cpu and multirun:  # each job's run, as a single run's note says it
             for note in sweep_cpu_notes(jobs):
                 to_stderr(note)

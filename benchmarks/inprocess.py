@@ -55,6 +55,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
     from data.loader import BatchLoader, write_token_file
     from model.gpt import GPT
     from training.metrics import flops_per_token, mfu, mfu_peak
+    from training.config import OptimConfig
     from training.optim import build_optimizer
     from training.step import compile_regions, forward_backward, optimizer_step
 
@@ -70,7 +71,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
     model = GPT(cfg).to(device).train()
     row["params"] = model.num_params()
     fpt = flops_per_token(row["params"], cfg.n_layer, cfg.n_head, cfg.head_size, cfg.block_size)
-    opt = build_optimizer(model, lr=1e-4, weight_decay=0.1, betas=(0.9, 0.95), device_type=device.type, name=optim)
+    opt = build_optimizer(model, OptimConfig(name=optim, lr=1e-4, weight_decay=0.1, beta2=0.95), device.type)
     loader = BatchLoader(*paths, cfg.block_size, batch, seed=0, device=device)
     model_c = torch.compile(model) if compile_model == "whole" else model
     if compile_model == "regions":

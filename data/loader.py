@@ -17,7 +17,7 @@ import numpy as np
 
 from common.rng import seed_for
 from common.cli import setting_error
-from data.tokenizer import Tokenizer
+from data.tokenizer import Tokenizer, token_bytes
 
 # 32-byte little-endian header, then `count` ids of `itemsize` bytes each:
 # magic b"TGPTTOK\0" | uint32 version (1) | uint32 itemsize (2 or 4) | uint64 count | uint32 vocab_size | uint32 0
@@ -151,6 +151,10 @@ class Prepared:
         if self.files is None:
             self.files = TokenShards(self.paths("train")), TokenShards(self.paths("val"))
         return self.files
+
+    def token_bytes(self, device) -> torch.Tensor:
+        """Each id's UTF-8 length on `device`: the divisor of bits per byte."""
+        return token_bytes(self.tokenizer).to(device)
 
     train_paths = property(lambda self: self.paths("train"))
     val_paths = property(lambda self: self.paths("val"))

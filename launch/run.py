@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 import os
 import signal
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime
 from logging.handlers import MemoryHandler
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 
@@ -28,8 +28,9 @@ from runtime import console
 from runtime.console import to_files, to_stderr
 from runtime.ranks import Ranks, torchrun_env
 from runtime.signals import SIGPIPE, run_under_way
+from training import loop
 from training.config import Config, train_keys
-from training.loop import Trainer
+from training.edge import Edge
 from training.state import TrainResult
 from training.step import TrainingDiverged
 
@@ -143,38 +144,52 @@ def train(cfg: Any, run_dir: Optional[str | os.PathLike] = None, *, cli_override
 
 
 def execute(setup: Setup, on_start: Optional[Callable[[], None]] = None) -> TrainResult:
-    """Train a set-up run (training/loop.py) inside its guarantees: once set up (a resume accepted), `on_start()`,
-    rank 0's warnings (launch/notes.py) and Ctrl-C the run's; rank 0's summary also after an error; a stopped run's
-    closing line; the process group left together when the run ended well (else at once)."""
-    status, result, clean = "failed", None, False  # clean: ended where every rank ends (ranks leave together)
+    """training/loop.py's train() of a set-up run, inside its guarantees."""
+    with guarantees(setup, on_start) as edge:
+        edge.outcome = loop.train(setup.config, edge, setup.device, setup.source)
+    return edge.outcome
+
+
+@contextmanager
+def guarantees(setup: Setup, on_start: Optional[Callable[[], None]] = None) -> Iterator[Edge]:
+    """The hooks (training/edge.py) a set-up run trains with, and what surrounds it: once set up (a resume
+    accepted), `on_start()`, rank 0's warnings (launch/notes.py) and Ctrl-C the run's; rank 0's summary also
+    after an error; a stopped run's closing line; the process group left together when the run ended well (else
+    at once). The caller sets `edge.outcome` to what train() returned."""
+    # clean: ended where every rank ends (ranks leave together)
+    status, clean = "failed", False
     try:
         notes = start_notes(setup.config, setup.device, setup.overrides) if setup.ranks.is_main else []
-        trainer = Trainer(setup.config, setup.run_dir, setup.ranks, setup.device, setup.source)
-        # under_way: from on_start to the closing line, Ctrl-C is the run's (runtime/signals.py); train_keys: the data
-        # and model libraries' errors told in this config's keys (data.path, model.block_size)
+        edge = Edge(setup.config, setup.run_dir, setup.ranks, setup.source)
+        # under_way: from on_start to the closing line, Ctrl-C is the run's (runtime/signals.py); train_keys:
+        # the data and model libraries' errors told in this config's keys (data.path, model.block_size)
         with ExitStack() as under_way, train_keys():
-            try:
-                trainer.setup()
+            def started() -> None:
                 if on_start is not None:
                     on_start()
                 for line in notes:
                     say(f"warning: {line}", logging.WARNING)
                 under_way.enter_context(run_under_way())
-                result = trainer.fit()
-                status, clean = result.status, True
-            except (KeyboardInterrupt, BrokenPipeError) as e:  # a second Ctrl-C (or one before the loop's handler),
-                # or a library's write that met the closed pipe: no more saving
-                trainer.stop.signum = SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGINT
-                status = trainer.stop.status
+            edge.on_start = started
+            try:
+                yield edge
+                status, clean = edge.outcome.status, True
+            # a second Ctrl-C (or one before the loop's handler), or a library's write that met the closed
+            # pipe: no more saving
+            except (KeyboardInterrupt, BrokenPipeError) as e:
+                edge.stop_request.signum = SIGPIPE if isinstance(e, BrokenPipeError) else signal.SIGINT
+                status = edge.stop_request.status
             except TrainingDiverged:
                 status = "diverged"
                 raise
             finally:
+                edge.close()
                 try:
-                    trainer.finish(status)
-                except KeyboardInterrupt:  # a Ctrl-C while finishing (every file is written atomically)
-                    result, clean = None, False
-            return trainer.closing(result, setup.resume_command)
+                    edge.finish(status)
+                # a Ctrl-C while finishing (every file is written atomically)
+                except KeyboardInterrupt:
+                    edge.outcome, clean = None, False
+            edge.outcome = edge.closing(edge.outcome, setup.resume_command)
     finally:
         setup.ranks.destroy(together=clean)
 
@@ -187,6 +202,7 @@ class HydraRun:
         from omegaconf import OmegaConf, read_write
         from hydra.types import RunMode
         self.cfg, self.auto_cpu, self.held, self.accepted, self.setup = cfg, auto_cpu, [], False, None
+        self.exit_code = 1
         self.job = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])  # the run's config, without Hydra's
         try:
             self.setup = set_up(self.job, str(cfg.hydra.run.dir), list(cfg.hydra.overrides.task))
@@ -202,14 +218,19 @@ class HydraRun:
             if note := data_path_note(data.name, data.path, self.setup.overrides):
                 to_stderr(note)
 
-    def execute(self) -> int:
+    @contextmanager
+    def guarantees(self) -> Iterator[Edge]:
+        """Hydra's logging set up, then the run's guarantees (as `guarantees` above); a user's mistake or an
+        out-of-memory becomes the one error line; `exit_code` once it is over."""
         from hydra.core.hydra_config import HydraConfig
         from hydra.core.utils import configure_log
         HydraConfig.instance().set_config(self.cfg)
         Path(self.cfg.hydra.runtime.output_dir).mkdir(parents=True, exist_ok=True)
         configure_log(self.cfg.hydra.job_logging, self.cfg.hydra.verbose)
-        console.setup()  # the console's one handler (`train.py | head`: the run stops as on Ctrl-C, quietly)
-        if self.setup.config.train.resume is not False:  # train.log's lines wait until the resume is accepted
+        # the console's one handler (`train.py | head`: the run stops as on Ctrl-C, quietly)
+        console.setup()
+        # train.log's lines wait until the resume is accepted
+        if self.setup.config.train.resume is not False:
             root = logging.getLogger()
             for fh in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
                 mh = MemoryHandler(1 << 30, logging.CRITICAL + 1, fh, flushOnClose=False)
@@ -218,14 +239,18 @@ class HydraRun:
                 self.held.append((fh, mh))
         else:
             self.accept()
-        if self.setup.run_dir.resolve().is_relative_to(Path.cwd().resolve()):  # paths as the user sees them
+        # paths as the user sees them
+        if self.setup.run_dir.resolve().is_relative_to(Path.cwd().resolve()):
             self.setup.run_dir = Path(os.path.relpath(self.setup.run_dir))
         try:
-            result = execute(self.setup, on_start=self.start)
-        except Exception as e:  # noqa: BLE001 (re-raised unless a user's mistake or out of memory)
+            with guarantees(self.setup, on_start=self.start) as edge:
+                yield edge
+        # re-raised unless a user's mistake or out of memory
+        except Exception as e:  # noqa: BLE001
             raise failure(e, self.setup.config) from None
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # trained and closed: a late Ctrl-C must not escape
-        return result.exit_code
+        # trained and closed: a late Ctrl-C must not escape
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.exit_code = edge.outcome.exit_code
 
     def start(self) -> None:
         """The loop's on_start: set up (a resume accepted), before step 1."""

@@ -21,7 +21,7 @@ from data.tokenizer import describe_tokenizer as describe
 from tests.helpers import REPO, find_non_plain, tiny_model_and_opt, train_steps
 from runtime import distributed as D
 from runtime.ranks import Ranks
-from training import loop as loop_mod
+from training import edge as edge_mod
 from launch.config import register_configs
 from launch.run import train
 from training.state import TrainState
@@ -61,13 +61,13 @@ def test_a_checkpoint_in_the_old_layout_resumes_exactly(tmp_path, tiny_corpus, m
     train(_cfg(tiny_corpus, "train.max_iters=8"), straight)
 
     first = tmp_path / "first"  # stopped right after the step-3 checkpoint: step 3's loss is not logged yet
-    real_save = loop_mod.Trainer._save
+    real_save = edge_mod.Edge._save
 
     def save_then_die(self, step, best=False):
         real_save(self, step, best)
         raise _Killed
     with monkeypatch.context() as mp:
-        mp.setattr(loop_mod.Trainer, "_save", save_then_die)
+        mp.setattr(edge_mod.Edge, "_save", save_then_die)
         with pytest.raises(_Killed):
             train(_cfg(tiny_corpus, "train.max_iters=8"), first)
     new = torch.load(first / "last.pt", weights_only=True)
@@ -119,8 +119,9 @@ def _model(seed):
 
 
 def _opt(model):
+    from training.config import OptimConfig
     from training.optim import build_optimizer
-    return build_optimizer(model, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    return build_optimizer(model, OptimConfig(lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.99), "cpu")
 
 
 def _parts(seed):

@@ -33,8 +33,9 @@ def test_sharded_checkpoint_round_trip_and_export(tmp_path, capsys):
     full = ck.load_checkpoint(tmp_path / "f.pt")
     assert full["step"] == 2 and full["optimizer"] is not None and find_non_plain(full) is None
     m3 = model_from_checkpoint(full).train()  # what sample.py does
+    from training.config import OptimConfig
     from training.optim import build_optimizer
-    opt3 = build_optimizer(m3, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    opt3 = build_optimizer(m3, OptimConfig(lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.99), "cpu")
     opt3.load_state_dict(full["optimizer"])
     assert train_steps(m3, opt3, 2, seed=2) == expected
     capsys.readouterr()

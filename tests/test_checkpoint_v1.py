@@ -44,9 +44,8 @@ def test_the_old_checkpoint_resumes(tmp_path):
     ckpt = torch.load(FIXTURE, weights_only=True)
     model = GPT(GPTConfig.from_dict(ckpt["model_config"]))
     o = ckpt["config"]["optim"]
-    opt = build_optimizer(model, lr=o["lr"], weight_decay=o["weight_decay"], betas=(o["beta1"], o["beta2"]),
-                          device_type="cpu", name=o["name"], muon_lr=o["muon_lr"], muon_momentum=o["muon_momentum"],
-                          muon_ns_steps=o["muon_ns_steps"])
+    from training.config import OptimConfig
+    opt = build_optimizer(model, OptimConfig(**o), "cpu")
     meta = {k: ckpt[k] for k in ("model_config", "tokenizer", "config")}
     manager = CheckpointManager(run, {"model": model, "optimizer": opt}, meta, describe_tokenizer, ranks=Ranks())
     assert manager.resume(True) == 2 and manager.config_diff == []

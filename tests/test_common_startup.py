@@ -13,8 +13,8 @@ from tests.helpers import run_cli
 
 TRAIN = ["python start-up", "torch import", "imports (Hydra, tinygpt)", "CUDA check", "config composed (Hydra)",
          "config checked", "device resolved", "memory check (on CUDA: its context made)",
-         "run dir claimed, logging, notes", "precision", "data", "model built",
-         "optimizer, loader, resume, compile set-up", "config printed", "before step 1 (a step-0 probe or evaluation)",
+         "run dir claimed, logging, notes", "data, model and optimizer built", "resume, compile set-up",
+         "config printed", "before step 1 (a step-0 probe or evaluation)",
          "first step", "first logged step"]
 SAMPLE = ["python start-up", "imports", "arguments checked", "torch import", "model loaded", "decode step",
           "first token"]

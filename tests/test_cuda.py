@@ -50,11 +50,12 @@ def test_compiled_bf16_training_uses_fused_adamw(tmp_path, cache_with_shakespear
     assert "device: cuda" in log and "bfloat16" in log and "torch.compile on" in log
     assert "torch.compile failed" not in log  # really compiled, no silent fallback
     _learned(run)
+    from training.config import OptimConfig
     from training.optim import build_optimizer
     from model.config import GPTConfig
     from model.gpt import GPT
     model = GPT(GPTConfig(vocab_size=65, block_size=64, n_layer=2, n_head=2, n_embd=64)).cuda()
-    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cuda")
+    opt = build_optimizer(model, OptimConfig(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.95), "cuda")
     assert all(g.get("fused") for g in opt.param_groups)
 
 

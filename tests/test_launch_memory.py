@@ -96,6 +96,7 @@ import json, os, sys, torch
 from model.gpt import GPT
 from launch import memory
 from training.config import Config
+from training.config import OptimConfig
 from training.optim import build_optimizer
 
 def kib(key):
@@ -115,7 +116,7 @@ def measure(batch, dropout, optim, **model):
         f.write("5")  # the peak (VmHWM) starts again from here
     base = kib("VmRSS:")
     model = GPT(m.with_vocab(V))
-    opt = build_optimizer(model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", name=c.optim.name)
+    opt = build_optimizer(model, OptimConfig(name=c.optim.name, lr=1e-3, beta2=0.95), "cpu")
     for _ in range(3):  # training steps: forward, backward, clip, update
         model(x, y)[1].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)

@@ -76,9 +76,15 @@ def test_the_run_gives_each_warning_once_as_it_starts(tmp_path, monkeypatch, cap
     """launch.run.execute (train.py, a sweep's job, in-process train()) says each note after on_start (the CPU note,
     a resume accepted), on stderr and in train.log, before the first step."""
     said = []
-    monkeypatch.setattr(run.Trainer, "setup", lambda self: said.append(capsys.readouterr().err))  # nothing yet
-    monkeypatch.setattr(run.Trainer, "fit", lambda self: said.append(capsys.readouterr().err) or
-                        TrainResult("completed", 1, 1.0, self.run_dir))
+
+    def train(config, edge, device, source):
+        # nothing yet, then the run's start (a resume accepted), then the loop
+        said.append(capsys.readouterr().err)
+        edge.on_start()
+        said.append(capsys.readouterr().err)
+        return TrainResult("completed", 1, 1.0, edge.run_dir)
+    monkeypatch.setattr(run.loop, "train", train)
+    monkeypatch.setattr(run.Edge, "finish", lambda self, status: None)
     monkeypatch.setattr(run, "to_files", lambda line, level: said.append((line, level)))
     setup = run.Setup(_config(train__max_iters=5, optim__muon_lr=0.05), tmp_path, Ranks(), CPU,
                       ["optim.muon_lr=0.05", "train.max_iters=5"])

@@ -334,6 +334,7 @@ def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight
     """SIGTERM between two log lines, SIGTERM in the middle of an evaluation, and a kill right after a
     checkpoint whose loss window is half full: each resumed run equals the straight one, metrics included."""
     from data.loader import BatchLoader
+    from training import edge as edge_mod
     from training import loop as loop_mod
     from launch.run import train
 
@@ -358,13 +359,13 @@ def test_resume_is_exact_wherever_the_stop_lands(tmp_path, tiny_corpus, straight
                 return real_eval(self, split, i)
             mp.setattr(BatchLoader, "eval_batch", eval_batch)
         else:
-            real_save = loop_mod.Trainer._save
+            real_save = edge_mod.Edge._save
 
             def save(self, s, best=False):
                 real_save(self, s, best)
                 if s == 6:
                     raise _Killed
-            mp.setattr(loop_mod.Trainer, "_save", save)
+            mp.setattr(edge_mod.Edge, "_save", save)
         try:
             res = train(_in_process_cfg(tiny_corpus), run)
             assert res.exit_code == 143

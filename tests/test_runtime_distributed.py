@@ -173,11 +173,12 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
     sd, osd = copy.deepcopy(m.state_dict()), copy.deepcopy(opt.state_dict())
     expected = train_steps(m, opt, 2, seed=2)
 
+    from training.config import OptimConfig
     from training.optim import build_optimizer
     f, _ = tiny_model_and_opt(seed=3)
     f.load_state_dict(sd)  # single-file weights load before sharding ...
     info.wrap_model(f, torch.device("cpu"))
-    fopt = build_optimizer(f, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    fopt = build_optimizer(f, OptimConfig(lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.99), "cpu")
     S.load_full_optimizer_state(f, fopt, osd)  # ... the optimizer state after
     assert fopt.param_groups[0]["foreach"] is True
     meta = {"format": ck.FORMAT, "version": ck.VERSION, "model": None, "model_config": m.config.to_dict(),
@@ -190,7 +191,7 @@ def test_fsdp_one_rank_loads_single_file_and_sharded_state(tmp_path, one_rank_gr
 
     g, _ = tiny_model_and_opt(seed=4)
     info.wrap_model(g, torch.device("cpu"))
-    gopt = build_optimizer(g, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    gopt = build_optimizer(g, OptimConfig(lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.99), "cpu")
     S.load_sharded(tmp_path / "s", g, gopt)
     assert train_steps(g, gopt, 2, seed=2) == expected
 
@@ -322,15 +323,15 @@ def test_sharded_checkpoint_resumes_exactly(dist_runs):
 
 SLOW_FINISH = """
 import os, runpy, sys, time
-from training import loop
+from training import edge
 
-real_finish = loop.Trainer.finish
+real_finish = edge.Edge.finish
 
 def finish(self, status):  # rank 0's summary and loss.png, made slow: rank 1 is done long before
     time.sleep(3)
     real_finish(self, status)
 
-loop.Trainer.finish = finish
+edge.Edge.finish = finish
 sys.argv[0] = os.path.join(os.environ["PYTHONPATH"], "train.py")
 runpy.run_path(sys.argv[0], run_name="__main__")
 """

@@ -19,6 +19,7 @@ from hydra import compose, initialize_config_dir
 from tests.helpers import REPO, find_non_plain
 from checkpoint import file as ck
 from checkpoint.file import model_from_checkpoint
+from training import edge as edge_mod
 from training import loop as loop_mod
 from launch.config import register_configs
 from launch.run import train
@@ -344,7 +345,7 @@ def test_compile_failure_falls_back_to_eager(tmp_path, tiny_corpus, monkeypatch,
             block.compile(backend=broken)
         model.output = torch.compile(model.output, backend=broken)
 
-    monkeypatch.setattr(loop_mod, "compile_regions", compile_regions)
+    monkeypatch.setattr(edge_mod, "compile_regions", compile_regions)
     eager = tmp_path / "eager"
     train(make_cfg(tiny_corpus, "train.max_iters=3", "model.dropout=0.1", "train.eval_interval=3"), eager)
     comp = tmp_path / "comp"
@@ -367,7 +368,7 @@ def test_out_of_memory_under_compile_is_not_a_compile_failure(tmp_path, tiny_cor
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         model.output = output
 
-    monkeypatch.setattr(loop_mod, "compile_regions", compile_regions)
+    monkeypatch.setattr(edge_mod, "compile_regions", compile_regions)
     with caplog.at_level("WARNING"), pytest.raises(torch.OutOfMemoryError):
         train(make_cfg(tiny_corpus, "train.max_iters=3", "train.compile=true"), tmp_path / "run")
     assert len(calls) == 1 and not [r for r in caplog.records if "torch.compile failed" in r.message]
@@ -466,13 +467,14 @@ def test_eval_records_and_lines_carry_bits_per_byte(tmp_path, tiny_corpus, caplo
 def _scripted_val_losses(monkeypatch, losses):
     """Evaluations whose val losses are `losses`, in order (train losses: 9.0)."""
     it = iter(losses)
-    real = loop_mod.Trainer._evaluate
+    real = loop_mod.evaluate
 
-    def scripted(self):
-        stats = real(self)
+    def scripted(run, stop=None):
+        stats = real(run, stop)
         stats["val"] = {"loss": next(it), "bpb": None}
         return {**stats, "train": {"loss": 9.0, "bpb": None}}
-    monkeypatch.setattr(loop_mod.Trainer, "_evaluate", scripted)
+    monkeypatch.setattr(loop_mod, "evaluate", scripted)
+    monkeypatch.setattr(edge_mod, "evaluate", scripted)
 
 
 @pytest.mark.slow  # over ~1 s
@@ -574,7 +576,7 @@ def test_a_failing_evaluation_keeps_the_checkpoint_and_no_best_without_its_file(
 
     def disk_full(self, step, best=False):
         raise OSError("could not write checkpoint: no space left on device")
-    monkeypatch.setattr(loop_mod.CheckpointManager, "save", disk_full)
+    monkeypatch.setattr(edge_mod.CheckpointManager, "save", disk_full)
     with pytest.raises(OSError, match="no space left"):
         train(make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2"), tmp_path / "full")
     summary = records(tmp_path / "full")[-1]

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from model.gpt import GPT
+from training.config import OptimConfig
 from training.optim import AdamW, MuonAdamW, build_optimizer, lr_at, muon_param_groups, newton_schulz, param_groups, set_lr
 
 
@@ -25,7 +26,7 @@ def test_weight_decay_only_on_matrices(tiny_gpt_config):
 
 def test_optimizer_implementation_per_device(tiny_gpt_config):
     from model.gpt import GPT
-    opt = build_optimizer(GPT(tiny_gpt_config), lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    opt = build_optimizer(GPT(tiny_gpt_config), OptimConfig(lr=1e-3), "cpu")
     assert isinstance(opt, AdamW) and isinstance(opt, torch.optim.AdamW)
     assert opt.param_groups[0]["foreach"] is True and not opt.param_groups[0].get("fused")
     assert opt.param_groups[0]["betas"] == (0.9, 0.99)
@@ -71,7 +72,7 @@ def test_resumed_state_takes_this_devices_implementation(tiny_gpt_config):
     from training.optim import keep_impl_flags
     torch.manual_seed(0)
     src_model = GPT(tiny_gpt_config)
-    src = build_optimizer(src_model, lr=1e-3, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    src = build_optimizer(src_model, OptimConfig(lr=1e-3, weight_decay=0.1, beta1=0.9, beta2=0.99), "cpu")
     src_model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))[1].backward()
     src.step()
     with torch.device("meta"):  # stands in for CUDA: a device other than the CPU
@@ -148,8 +149,8 @@ def test_adamw_half_matches_torch_adamw(ours):
 def test_training_steps_lr_scale_and_exact_resume(tiny_gpt_config, tmp_path):
     torch.manual_seed(0)
     model = GPT(tiny_gpt_config)
-    opt = build_optimizer(model, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", name="muon",
-                          muon_lr=0.02)
+    opt = build_optimizer(model, OptimConfig(name="muon", lr=3e-3, weight_decay=0.1, beta2=0.95,
+                                                   muon_lr=0.02), "cpu")
     assert isinstance(opt, MuonAdamW) and opt.param_groups[0]["lr_scale"] == pytest.approx(0.02 / 3e-3)
     x = torch.randint(0, tiny_gpt_config.vocab_size, (4, tiny_gpt_config.block_size))
 
@@ -169,8 +170,8 @@ def test_training_steps_lr_scale_and_exact_resume(tiny_gpt_config, tmp_path):
     twin = copy.deepcopy(model)
     ck = torch.load(tmp_path / "c.pt", weights_only=True)
     twin.load_state_dict(ck["model"])
-    twin_opt = build_optimizer(twin, lr=3e-3, weight_decay=0.1, betas=(0.9, 0.95), device_type="cpu", name="muon",
-                               muon_lr=0.02)
+    twin_opt = build_optimizer(twin, OptimConfig(name="muon", lr=3e-3, weight_decay=0.1, beta2=0.95,
+                                                        muon_lr=0.02), "cpu")
     twin_opt.load_state_dict(ck["opt"])
     for m, o in ((model, opt), (twin, twin_opt)):
         step(m, o, 1e-3)

@@ -15,10 +15,11 @@ from training.step import CompileGuard, EvalInterrupted, eval_stats, forward_bac
 def _model_and_opt(seed=0):
     from model.config import GPTConfig
     from model.gpt import GPT
+    from training.config import OptimConfig
     from training.optim import build_optimizer
     torch.manual_seed(seed)
     m = GPT(GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, n_embd=32))
-    return m, build_optimizer(m, lr=1e-2, weight_decay=0.1, betas=(0.9, 0.99), device_type="cpu")
+    return m, build_optimizer(m, OptimConfig(lr=1e-2, weight_decay=0.1, beta1=0.9, beta2=0.99), "cpu")
 
 
 def _batches(n, batch=4, seed=1):

@@ -44,6 +44,12 @@ class Source:
         return f"{self.path} ({kind}: {count(c.n_layer, 'layer')}, {count(c.n_head, 'head')}, {c.n_embd} wide, " \
                f"context {c.block_size})" + (f", context cropped to {block_size}" if block_size < c.block_size else "")
 
+    def check_tokenizer(self, tokenizer: dict) -> None:
+        check_tokenizer(self, tokenizer)
+
+    def build(self, model_cls, config: GPTConfig, resume) -> torch.nn.Module:
+        return build(model_cls, config, self, resume)
+
 
 def open_source(spec: str) -> Source:
     """The source `spec` names, with its shape (a checkpoint file is read once, a HF directory's weights later)."""

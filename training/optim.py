@@ -22,17 +22,16 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
 
-def build_optimizer(model: torch.nn.Module, *, lr: float, weight_decay: float, betas: tuple[float, float],
-                    device_type: str, name: str = "adamw", muon_lr: float = 0.02, muon_momentum: float = 0.95,
-                    muon_ns_steps: int = 5) -> torch.optim.Optimizer:
-    """AdamW over `param_groups` (fused on CUDA, foreach elsewhere), or with name="muon" Muon for the blocks'
-    matrices and AdamW for the rest (MuonAdamW below)."""
-    if name == "muon":
-        opt = MuonAdamW(muon_param_groups(model, weight_decay), lr=lr, muon_lr=muon_lr, betas=betas,
-                        weight_decay=weight_decay, momentum=muon_momentum, ns_steps=muon_ns_steps)
+def build_optimizer(model: torch.nn.Module, o, device_type: str = "cpu") -> torch.optim.Optimizer:
+    """The `optim` group's optimizer (`o`: training.config.OptimConfig): AdamW over `param_groups` (fused on
+    CUDA, foreach elsewhere), or with name="muon" Muon for the blocks' matrices and AdamW for the rest."""
+    betas = (o.beta1, o.beta2)
+    if o.name == "muon":
+        opt = MuonAdamW(muon_param_groups(model, o.weight_decay), lr=o.lr, muon_lr=o.muon_lr, betas=betas,
+                        weight_decay=o.weight_decay, momentum=o.muon_momentum, ns_steps=o.muon_ns_steps)
     else:
         kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
-        opt = AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, **kwargs)
+        opt = AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=betas, **kwargs)
     opt.register_load_state_dict_pre_hook(keep_impl_flags)  # a checkpoint of any device loads as this one's
     return opt
 

@@ -35,7 +35,7 @@ class EvalInterrupted(BaseException):
     """`eval_stats`'s `stop()` said so (not an Exception: a compile-failure guard must not catch it)."""
 
 
-def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], *, accum: int = 1,
+def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], accum: int = 1,
                      autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                      scaler: Optional[torch.amp.GradScaler] = None,
                      grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> dict[str, torch.Tensor]:
@@ -53,7 +53,7 @@ def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], *,
     return {"loss": total}
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                    scaler: Optional[torch.amp.GradScaler] = None, grad_clip: float = 0.0) -> torch.Tensor:
     """Unscale, clip to `grad_clip` (0: none), step, zero the gradients; the norm before clipping (a device tensor)."""
     if scaler is not None:
