@@ -55,7 +55,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
     from data.loader import BatchLoader, write_token_file
     from model.gpt import GPT
     from training.metrics import flops_per_token, mfu, mfu_peak
-    from training.config import OptimConfig
+    from training.config import OptimConfig, TrainConfig
     from training.optim import build_optimizer
     from training.step import compile_regions, forward_backward, optimizer_step
 
@@ -82,8 +82,8 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
         torch.cuda.reset_peak_memory_stats(device)
 
     def step():  # the training loop's own step (clip 1.0, optim.grad_clip's default)
-        forward_backward(model_c, loader.next_batch, autocast=precision.autocast, scaler=scaler)
-        optimizer_step(model, opt, scaler=scaler, grad_clip=1.0)
+        forward_backward(model_c, loader.next_batch, TrainConfig(), precision.autocast, scaler)
+        optimizer_step(model, opt, OptimConfig(grad_clip=1.0), scaler)
     try:
         (first,) = _step_times(step, 1, device)  # carries torch.compile's compilation when compiling
         row["warmup_s"] = round(sum(_step_times(step, warmup, device)), 3)

@@ -204,13 +204,13 @@ def test_train_section_times_the_real_training_step(tmp_path, monkeypatch):
     real = training.step.optimizer_step
 
     def spy(*a, **kw):
-        calls.append(kw)
+        calls.append(a[2])
         return real(*a, **kw)
     monkeypatch.setattr(training.step, "optimizer_step", spy)
     cpu = setup_precision(torch.device("cpu"), "float32")
     row = inprocess.bench_train_preset("tiny", 2, 3, 1, cpu, False, tmp_path)
     assert "error" not in row and row["measured_steps"] == 3
-    assert len(calls) == 1 + 1 + 3 and calls[0]["grad_clip"] == 1.0  # first + warm-up + measured
+    assert len(calls) == 1 + 1 + 3 and calls[0].grad_clip == 1.0  # first + warm-up + measured
 
 
 def test_busy_machine_warns_and_records_the_load(monkeypatch, capsys):

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from training.config import OptimConfig, TrainConfig
 from training.step import CompileGuard, EvalInterrupted, eval_stats, forward_backward, optimizer_step
 
 
@@ -34,12 +35,13 @@ def test_accumulated_step_equals_one_big_batch():
     opt_a, opt_b = torch.optim.SGD(a.parameters(), lr=0.1), torch.optim.SGD(b.parameters(), lr=0.1)
     nxt, data = _batches(2, batch=2)
     synced = []
-    loss_a = forward_backward(a, nxt, accum=2, grad_sync=lambda last: synced.append(last) or contextlib.nullcontext())
+    loss_a = forward_backward(a, nxt, TrainConfig(grad_accum_steps=2),
+                              grad_sync=lambda last: synced.append(last) or contextlib.nullcontext())
     assert synced == [False, True]  # gradients reduced on the last micro-step only
-    norm_a = optimizer_step(a, opt_a, grad_clip=1.0)
+    norm_a = optimizer_step(a, opt_a, OptimConfig(grad_clip=1.0))
     big = (torch.cat([data[0][0], data[1][0]]), torch.cat([data[0][1], data[1][1]]))
-    loss_b = forward_backward(b, lambda: big)
-    norm_b = optimizer_step(b, opt_b, grad_clip=1.0)
+    loss_b = forward_backward(b, lambda: big, TrainConfig())
+    norm_b = optimizer_step(b, opt_b, OptimConfig(grad_clip=1.0))
     assert set(loss_a) == {"loss"} and loss_a["loss"].shape == () and norm_a.shape == ()
     assert loss_a["loss"].item() == pytest.approx(loss_b["loss"].item(), abs=1e-6)
     assert norm_a.item() == pytest.approx(norm_b.item(), rel=1e-5)
@@ -53,8 +55,8 @@ def test_optimizer_step_returns_the_norm_it_clips_and_steps_as_clip_grad_norm_do
     the gradients left as they are; the weights bitwise those of torch's clip_grad_norm_ and a plain step."""
     (a, opt_a), (b, opt_b) = _model_and_opt(), _model_and_opt()
     nxt, data = _batches(1)
-    forward_backward(a, nxt)
-    norm = optimizer_step(a, opt_a, grad_clip=grad_clip)
+    forward_backward(a, nxt, TrainConfig())
+    norm = optimizer_step(a, opt_a, OptimConfig(grad_clip=grad_clip))
     _, loss = b(*data[0])
     loss.backward()
     want = torch.nn.utils.clip_grad_norm_(b.parameters(), grad_clip if grad_clip else math.inf, foreach=True)

@@ -1,7 +1,8 @@
-"""A real run's hooks (training/hooks.py), kept out of the loop: resume and random state, the metrics window and the
-progress bar, the report (console, metrics.jsonl, wandb), probes, the best checkpoint and early stop, HellaSwag,
-checkpoints, the compile fallback, the start-up trace and stop signals. The loop calls them at fixed points;
-launch/run.py makes one per run and closes it, whatever happened.
+"""A real run's hooks (training/hooks.py), kept out of the loop: resume and random state, the
+metrics window and the progress bar, the report (console, metrics.jsonl, wandb), probes, the best
+checkpoint and early stop, HellaSwag, checkpoints, the compile fallback, the start-up trace and stop
+signals. The loop calls them at fixed points; launch/run.py makes one per run and closes it,
+whatever happened.
 """
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ log = logging.getLogger(__name__)
 
 
 class Edge(Hooks):
-    """One run's guarantees around the loop; `close()` always, `closing()` and `finish()` by launch/run.py."""
+    """One run's guarantees around the loop; `close()` always, `closing()` and `finish()` by
+    launch/run.py."""
 
     def __init__(self, config, run_dir: Path, ranks: Ranks, source=None):
         self.config, self.run_dir, self.ranks, self.source = config, Path(run_dir), ranks, source
@@ -48,22 +50,26 @@ class Edge(Hooks):
         self.closer = contextlib.ExitStack()
         startup.mark("run dir claimed, logging, notes")
 
-    # ---- the loop's hooks, in the order it calls them ----
+    # the loop's hooks, in the order it calls them
 
     def start(self, run: Run) -> None:
-        """Resume into the built parts, compile, open the report; then the step-0 evaluation or probe."""
+        """Resume into the built parts, compile, open the report; then the step-0 evaluation or
+        probe."""
         startup.mark("data, model and optimizer built")
         from data.tokenizer import describe_tokenizer
-        self.run, config, ranks, train, state = run, self.config, self.ranks, self.config.train, run.state
-        if train.hellaswag:  # a row this model cannot score is refused now, not at the first evaluation
+        self.run, config, ranks, state = run, self.config, self.ranks, run.state
+        train = config.train
+        # a row this model cannot score is refused now, not at the first evaluation
+        if train.hellaswag:
             from training import eval_hellaswag
             eval_hellaswag.check(train.hellaswag, run.data.tokenizer, config.model.block_size)
         self.window = MetricsWindow(train.log_interval, run.precision.device, ranks)
         self.rng = RNGState(ranks, train.seed)
-        parts = {"model": run.model, "optimizer": run.optimizer, "scaler": run.scaler, "loader": run.loader,
-                 "loss_window": self.window, "rng": self.rng, "train_state": state}
-        meta = {"model_config": run.model.config.to_dict(), "tokenizer": run.data.tokenizer.to_dict(),
-                "config": dataclasses.asdict(config)}
+        parts = {"model": run.model, "optimizer": run.optimizer, "scaler": run.scaler,
+                 "loader": run.loader, "loss_window": self.window, "rng": self.rng,
+                 "train_state": state}
+        meta = {"model_config": run.model.config.to_dict(),
+                "tokenizer": run.data.tokenizer.to_dict(), "config": dataclasses.asdict(config)}
         self.ckpt = CheckpointManager(self.run_dir, parts, meta, describe_tokenizer, ranks=ranks,
                                       sharded=ranks.parallel == "fsdp")
         self.resumed = self.ckpt.resume(train.resume) is not None
@@ -107,7 +113,8 @@ class Edge(Hooks):
         # a slow device: a word before the first log line (a GPU's queue waited for)
         if state.step == self.first_step + 1:
             startup.mark("first step", wait=metrics["loss"].item)
-            self.report.first_step(state.step, time.perf_counter() - self.interval_start, train.log_interval)
+            self.report.first_step(state.step, time.perf_counter() - self.interval_start,
+                                   train.log_interval)
         if state.step % train.log_interval == 0 or state.step == train.max_iters:
             self._log_train()
         evaluating = state.step % train.eval_interval == 0 or state.step == train.max_iters
@@ -115,7 +122,8 @@ class Edge(Hooks):
             self._probe(metrics["loss"])
 
     def evaluated(self, run: Run, stats, save: bool = True) -> None:
-        """Report, keep the best, save (every rank: collectives), HellaSwag, the probe; `stats` None: a stop."""
+        """Report, keep the best, save (every rank: collectives), HellaSwag, the probe; `stats`
+        None: a stop."""
         state, step, t0 = run.state, run.state.step, time.perf_counter()
         if stats is None:
             # saved with the stop's checkpoint: the resumed run redoes it
@@ -131,7 +139,8 @@ class Edge(Hooks):
         improved = save and stats["val"]["loss"] < state.best_val_loss
         if improved:
             state.best_val_loss, state.best_step = stats["val"]["loss"], step
-        self.report.log_eval(step, stats, run.lr_at(step - 1), state.tokens, state.elapsed(), improved)
+        self.report.log_eval(step, stats, run.lr_at(step - 1), state.tokens, state.elapsed(),
+                             improved)
         if save:
             try:
                 self._save(step, best=improved)
@@ -143,15 +152,17 @@ class Edge(Hooks):
         # after the save: a failing benchmark never costs the checkpoint
         if self.config.train.hellaswag:
             from training import eval_hellaswag
-            eval_hellaswag.at_eval(self.config.train.hellaswag, step, run.step_model, run.data.tokenizer,
-                                   run.precision.autocast, self.ranks, self.report)
+            eval_hellaswag.at_eval(self.config.train.hellaswag, step, run.step_model,
+                                   run.data.tokenizer, run.precision.autocast, self.ranks,
+                                   self.report)
         if self.probe:
             self.probe.record(run.model, step, stats["val"]["loss"])
         # evaluations and saves do not count as training time
         self.interval_start += time.perf_counter() - t0
 
     def end(self, run: Run) -> TrainResult:
-        """A stop's window kept for its last.pt, saved unless this session took no step; the early-stop line."""
+        """A stop's window kept for its last.pt, saved unless this session took no step; the
+        early-stop line."""
         if not self.idle:
             self.stop_request.finish()
             if self.window.values or self.stop_request.signum is not None:
@@ -160,12 +171,13 @@ class Edge(Hooks):
                 self._save(run.state.step)
         self.close()
         if self.early_stopped and self.ranks.is_main:
-            log.info(f"early stop at step {run.state.step}: val loss has not improved for train.patience="
-                     f"{self.config.train.patience} evaluations (best {run.state.best_val_loss:.4f} at step "
-                     f"{run.state.best_step})")
+            state = run.state
+            log.info(f"early stop at step {state.step}: val loss has not improved for "
+                     f"train.patience={self.config.train.patience} evaluations (best "
+                     f"{state.best_val_loss:.4f} at step {state.best_step})")
         return self.result()
 
-    # ---- what launch/run.py calls around the loop ----
+    # what launch/run.py calls around the loop
 
     def close(self) -> None:
         """The progress bar closed and the signal handlers put back (also after an error)."""
@@ -179,8 +191,8 @@ class Edge(Hooks):
                            stop.exit_code(aborted) if stopped else 0, self.early_stopped)
 
     def closing(self, result: Optional[TrainResult], resume_command) -> TrainResult:
-        """The last line of a run a signal or closed pipe stopped (`result`), or aborted mid-step (None: 130,
-        141); `resume_command()`: the command that continues it."""
+        """The last line of a run a signal or closed pipe stopped (`result`), or aborted mid-step
+        (None: 130, 141); `resume_command()`: the command that continues it."""
         if result is not None and not (result.exit_code and self.ranks.is_main):
             return result
         ckpt, step = getattr(self, "ckpt", None), self.run.state.step if self.run else 0
@@ -200,10 +212,11 @@ class Edge(Hooks):
                                compiled=self.compiled, early_stopped=self.early_stopped,
                                stopped_by=self.stop_request.name)
 
-    # ---- the parts of the hooks above ----
+    # the parts of the hooks above
 
     def _open_report(self) -> None:
-        """The run directory, the wandb run's id (kept across resumes), the report's opening lines."""
+        """The run directory, the wandb run's id (kept across resumes), the report's opening lines.
+        """
         run, state = self.run, self.run.state
         self.run_dir.mkdir(parents=True, exist_ok=True)
         if self.config.logger.name == "wandb":
@@ -212,13 +225,15 @@ class Edge(Hooks):
                           precision=run.precision, compiled=self.compiled, ranks=self.ranks,
                           source=self.source, resumed_from=self.ckpt.source,
                           config_diff=self.ckpt.config_diff)
-        if self.resumed and (old := self.ckpt.source_batch_tokens) not in (None, state.batch_tokens):
-            log.warning(f"the global batch changes from the checkpoint's {old:,} to {state.batch_tokens:,} "
-                        f"tokens per step: the learning-rate schedule and the step count stay as they were")
+        old = self.ckpt.source_batch_tokens
+        if self.resumed and old not in (None, state.batch_tokens):
+            log.warning(f"the global batch changes from the checkpoint's {old:,} to "
+                        f"{state.batch_tokens:,} tokens per step: the learning-rate schedule and "
+                        f"the step count stay as they were")
 
     def _begin(self) -> None:
-        """Random state restored (last: nothing may draw after it), the clock, the bar, the signal handlers;
-        a resume with nothing left to train says so and the loop takes no step."""
+        """Random state restored (last: nothing may draw after it), the clock, the bar, the signal
+        handlers; a resume with nothing left to train says so and the loop takes no step."""
         state, train, run = self.run.state, self.config.train, self.run
         self.rng.restore()
         state.started = self.interval_start = time.perf_counter()
@@ -242,7 +257,8 @@ class Edge(Hooks):
         startup.mark("before step 1 (a step-0 probe or evaluation)")
 
     def _log_train(self, write: bool = True) -> None:
-        """Read the window (NaN check, every rank), time it; a stop's (`write` False) stays unlogged."""
+        """Read the window (NaN check, every rank), time it; a stop's (`write` False) stays
+        unlogged."""
         state, values, now = self.run.state, self.window.read(self._diverged), time.perf_counter()
         seconds, self.interval_start = now - self.interval_start, now
         self.train_seconds += seconds
@@ -257,8 +273,11 @@ class Edge(Hooks):
             self.window.clear(state.step)
 
     def _probe(self, loss: Optional[torch.Tensor] = None) -> None:
-        """A probe snapshot between evaluations, with this step's train loss (every rank: a collective)."""
-        train_loss = None if loss is None else self.ranks.all_reduce_mean(loss.detach().clone()).item()
+        """A probe snapshot between evaluations, with this step's train loss (every rank: a
+        collective)."""
+        train_loss = None
+        if loss is not None:
+            train_loss = self.ranks.all_reduce_mean(loss.detach().clone()).item()
         t0 = time.perf_counter()
         self.probe.record(self.run.model, self.run.state.step, train_loss=train_loss)
         self.interval_start += time.perf_counter() - t0

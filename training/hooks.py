@@ -1,9 +1,11 @@
-"""The points where a run's edge acts on the training loop (training/loop.py), and what it is given there.
+"""The points where a run's edge acts on the training loop (training/loop.py), and what it is given
+there.
 
-`Hooks` is the plain one: it resumes nothing, saves nothing, prints nothing and never stops early, so the loop runs
-from a test or a notebook as it is. A real run's (resume and random state, the metrics window and progress bar,
-probes, the best checkpoint and early stop, HellaSwag, checkpoints, the compile fallback, wandb, signals) is
-training/edge.py's `Edge`, which overrides these methods; the loop calls them and knows nothing of what they do.
+`Hooks` is the plain one: it resumes nothing, saves nothing, prints nothing and never stops early,
+so the loop runs from a test or a notebook as it is. A real run's (resume and random state, the
+metrics window and progress bar, probes, the best checkpoint and early stop, HellaSwag, checkpoints,
+the compile fallback, wandb, signals) is training/edge.py's `Edge`, which overrides these methods;
+the loop calls them and knows nothing of what they do.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from runtime.ranks import Ranks
 
 @dataclass
 class Run:
-    """A run's parts, as the loop built them: what every hook may read (and a resume restores in place)."""
+    """A run's parts, as the loop built them: what every hook may read (and a resume restores in
+    place)."""
     config: Any  # training.config.Config
     data: Any  # data.prepare.Prepared: the token files and the tokenizer
     model: torch.nn.Module
@@ -45,7 +48,8 @@ class Hooks:
         return False
 
     def guard(self, kind: str, fn: Callable[..., Any], *args: Any) -> Any:
-        """Call `fn(*args)`: a step ("train") or an evaluation ("eval"); the edge redoes a failed compile eagerly."""
+        """Call `fn(*args)`: a step ("train") or an evaluation ("eval"); the edge redoes a failed
+        compile eagerly."""
         return fn(*args)
 
     def eval_stop(self) -> bool:
@@ -56,7 +60,8 @@ class Hooks:
         """A step is done (`metrics`: its device tensors): log it now and then."""
 
     def evaluated(self, run: Run, stats: Optional[dict]) -> None:
-        """An evaluation is done (`stats`: per split, "loss" and "bpb"; None: a stop cut it short): save."""
+        """An evaluation is done (`stats`: per split, "loss" and "bpb"; None: a stop cut it short):
+        save."""
 
     def end(self, run: Run) -> Any:
         """The loop is over: what train() returns (here the run's state)."""

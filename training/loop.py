@@ -1,8 +1,10 @@
-"""Training, read top to bottom as nanoGPT's train.py: the data, the model and the optimizer are built, then the
-loop runs: the learning rate, the micro-steps (forward, backward), clipping and the optimizer step, then now and then
-an evaluation and a save. Everything around a run (resume, the progress bar, checkpoints, probes, signals, the
-compile fallback) is the `hooks` object's, called at fixed points: training/hooks.py's plain one does nothing,
-training/edge.py's is a real run's. Why it syncs once per log interval: docs/design.md.
+"""Training, read top to bottom as nanoGPT's train.py: build the data, the model and the optimizer,
+then loop: the learning rate, the micro-steps (forward, backward), clipping and the optimizer step,
+and now and then an evaluation and a save.
+
+Everything around a run (resume, the progress bar, checkpoints, probes, signals, the compile
+fallback) belongs to the `hooks` object, called at fixed points: training/hooks.py's plain one does
+nothing, training/edge.py's is a real run's. Why it syncs once per log interval: docs/design.md.
 """
 from __future__ import annotations
 
@@ -24,9 +26,10 @@ from training.step import eval_stats, forward_backward, optimizer_step
 log = logging.getLogger(__name__)
 
 
-def train(config, hooks: Optional[Hooks] = None, device: str | torch.device = "cpu", source=None) -> Any:
-    """Train `config` (training.config.Config) on `device`; `source`: a fine-tune's weights (training/init_from).
-    Returns what `hooks.end` returns: the plain hooks' the run's TrainState, a real run's its TrainResult."""
+def train(config, hooks: Optional[Hooks] = None, device="cpu", source=None) -> Any:
+    """Train `config` (training.config.Config) on `device`; `source`: a fine-tune's weights
+    (training/init_from.py). Returns what `hooks.end` returns: the plain hooks the run's TrainState,
+    a real run's hooks its TrainResult."""
     hooks = hooks or Hooks()
     ranks, train, device = hooks.ranks, config.train, torch.device(device)
 
@@ -35,11 +38,11 @@ def train(config, hooks: Optional[Hooks] = None, device: str | torch.device = "c
         data = prepare(config.data, progress=ranks.is_main, log=log.info)
     if source is not None:
         source.check_tokenizer(data.tokenizer.to_dict())
-    loader = BatchLoader(*data.token_files(), config.model.block_size, train.batch_size, seed=train.seed,
-                         grad_accum_steps=train.grad_accum_steps, rank=ranks.rank,
+    loader = BatchLoader(*data.token_files(), config.model.block_size, train.batch_size,
+                         seed=train.seed, grad_accum_steps=train.grad_accum_steps, rank=ranks.rank,
                          world_size=ranks.world_size, device=device)
 
-    # the model: new, or the fine-tune's source; the same weights on every rank, then its own dropout
+    # the model: new, or the fine-tune's source; the same weights on every rank, its own dropout
     seed_all(train.seed)
     model_config = config.model.with_vocab(data.tokenizer.vocab_size)
     model = GPT(model_config) if source is None else source.build(GPT, model_config, train.resume)
@@ -50,12 +53,14 @@ def train(config, hooks: Optional[Hooks] = None, device: str | torch.device = "c
     # what the steps call: DDP(model), or the model itself (FSDP2 shards it in place)
     step_model = ranks.wrap_model(model, device, precision.dtype)
 
-    # the optimizer, and the learning rate at each step (a pure function of the step: resumes exactly)
+    # the optimizer, and the learning rate at each step (a function of the step: resumes exactly)
     optimizer = build_optimizer(model, config.optim, device.type)
     lr_at = schedule(config.optim, train.max_iters)
-    batch_tokens = train.batch_size * train.grad_accum_steps * ranks.world_size * model_config.block_size
-    run = Run(config, data, model, step_model, optimizer, precision.grad_scaler(), loader, precision,
-              TrainState(batch_tokens=batch_tokens), ranks, lr_at, data.token_bytes(device))
+    batch_tokens = (train.batch_size * train.grad_accum_steps * ranks.world_size
+                    * model_config.block_size)
+    run = Run(config, data, model, step_model, optimizer, precision.grad_scaler(), loader,
+              precision, TrainState(batch_tokens=batch_tokens), ranks, lr_at,
+              data.token_bytes(device))
     # a resume restores the parts in place and moves state.step on
     hooks.start(run)
 
@@ -65,25 +70,26 @@ def train(config, hooks: Optional[Hooks] = None, device: str | torch.device = "c
         set_lr(optimizer, lr_at(state.step))
 
         # forward and backward over the micro-batches (gradients all-reduced on the last one)
-        metrics = hooks.guard("train", forward_backward, step_model, loader.next_batch,
-                              train.grad_accum_steps, precision.autocast, run.scaler, grad_sync)
+        metrics = hooks.guard("train", forward_backward, step_model, loader.next_batch, train,
+                              precision.autocast, run.scaler, grad_sync)
 
         # clip the gradients, step, zero them
-        metrics["grad_norm"] = optimizer_step(model, optimizer, run.scaler, config.optim.grad_clip)
+        metrics["grad_norm"] = optimizer_step(model, optimizer, config.optim, run.scaler)
         state.step += 1
         state.tokens += batch_tokens
         # the metrics stay device tensors: the hooks read them once per log interval
         hooks.stepped(run, metrics)
 
-        # evaluate both splits every eval_interval steps and at the end; the hooks save and keep the best
+        # evaluate both splits every eval_interval steps and at the end; the hooks save checkpoints
         if state.step % train.eval_interval == 0 or state.step == train.max_iters:
             hooks.evaluated(run, hooks.guard("eval", evaluate, run, hooks.eval_stop))
     return hooks.end(run)
 
 
 def evaluate(run: Run, stop: Optional[Callable[[], bool]] = None) -> dict[str, dict]:
-    """Mean loss and bits per byte of each split over train.eval_iters batches, shared among the ranks."""
+    """Mean loss and bits per byte of each split over train.eval_iters batches (shared by ranks)."""
     plan = run.ranks.eval_plan(run.config.train.eval_iters)
-    return {split: eval_stats(run.step_model, partial(run.loader.eval_batch, split), plan, stop=stop,
-                              autocast=run.precision.autocast, reduce_sum=run.ranks.all_reduce_sum,
-                              token_bytes=run.token_bytes) for split in ("train", "val")}
+    return {split: eval_stats(run.step_model, partial(run.loader.eval_batch, split), plan,
+                              stop=stop, autocast=run.precision.autocast,
+                              reduce_sum=run.ranks.all_reduce_sum, token_bytes=run.token_bytes)
+            for split in ("train", "val")}

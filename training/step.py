@@ -35,12 +35,13 @@ class EvalInterrupted(BaseException):
     """`eval_stats`'s `stop()` said so (not an Exception: a compile-failure guard must not catch it)."""
 
 
-def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], accum: int = 1,
+def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], train: Any,
                      autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                      scaler: Optional[torch.amp.GradScaler] = None,
                      grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> dict[str, torch.Tensor]:
-    """`accum` micro-batches' gradients (`grad_sync`: Ranks.grad_sync); the step's metrics, device tensors: loss."""
-    total = None
+    """The gradients of `train.grad_accum_steps` micro-batches (`train`: the TrainConfig; `grad_sync`:
+    Ranks.grad_sync); the step's metrics as device tensors: its loss."""
+    total, accum = None, train.grad_accum_steps
     for micro in range(accum):
         x, y = next_batch()
         with grad_sync(micro == accum - 1) if grad_sync is not None else contextlib.nullcontext():
@@ -53,9 +54,11 @@ def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], ac
     return {"loss": total}
 
 
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   scaler: Optional[torch.amp.GradScaler] = None, grad_clip: float = 0.0) -> torch.Tensor:
-    """Unscale, clip to `grad_clip` (0: none), step, zero the gradients; the norm before clipping (a device tensor)."""
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, optim: Any,
+                   scaler: Optional[torch.amp.GradScaler] = None) -> torch.Tensor:
+    """Unscale, clip to `optim.grad_clip` (0: none; `optim`: the OptimConfig), step, zero the gradients; the norm
+    before clipping (a device tensor)."""
+    grad_clip = optim.grad_clip
     if scaler is not None:
         scaler.unscale_(optimizer)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf, foreach=True)
