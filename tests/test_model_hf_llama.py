@@ -227,7 +227,7 @@ def test_export_parity(tmp_path, kw, cls):
     (dict(norm="layernorm"), "norm='layernorm' is not supported: position=rope exports as Llama/Qwen3"),
     (dict(mlp="gelu"), "mlp='gelu' is not supported: position=rope"),
     (dict(qk_norm=True, bias=True), "bias=True is not supported: with qk_norm=true"),
-    (dict(position="learned"), "norm='rmsnorm' is not supported: learned positions export as GPT-2"),
+    (dict(position="learned"), "norm='rmsnorm' is not supported: position=learned exports as GPT-2"),
     (dict(position="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "n_kv_head=2 is not supported"),
     (dict(position="learned", norm="layernorm", mlp="gelu", qk_norm=True), "qk_norm=True is not supported"),
 ])
