@@ -139,8 +139,31 @@ class Rope(Position):
         return apply_rope(q, *state), apply_rope(k, *state)
 
 
+def alibi_slopes(n_head: int, device=None):
+    """The heads' slopes (Press et al.): 2^(-8i/n), i = 1..n, for n = n_head a power of two; else
+    those of the power of two m below n_head, then every other one of 2m's."""
+    import torch
+    m = 1 << (n_head.bit_length() - 1)
+    first = torch.arange(1, m + 1, device=device)
+    rest = 2 * torch.arange(n_head - m, device=device) + 1
+    return torch.cat((2.0 ** (-8.0 * first / m), 2.0 ** (-4.0 * rest / m)))
+
+
+class Alibi(Position):
+    """ALiBi (Press et al.; BLOOM's, MPT's): no table, q and k untouched; head h adds
+    -slope_h * (i - j) to the score of query i for key j, so each head prefers recent keys at its
+    own scale. Decode: the bias over the cache's slots. Exports: none."""
+    unexportable = ("no exporter writes ALiBi (BLOOM's and MPT's layers differ from ours): train "
+                    "with model.position=rope (Llama/Qwen3) or learned (GPT-2) to export")
+
+    def bias(self, config, query_pos, key_pos):
+        slopes = alibi_slopes(config.n_head, query_pos.device)
+        distance = (query_pos[:, None] - key_pos[None, :]).float()
+        return -slopes[:, None, None] * distance
+
+
 # the table: model.position's values (GPTConfig checks against its keys)
-SCHEMES: dict[str, Position] = {"learned": Learned(), "rope": Rope()}
+SCHEMES: dict[str, Position] = {"learned": Learned(), "rope": Rope(), "alibi": Alibi()}
 
 
 def export_family(config, fmt: str) -> str:
