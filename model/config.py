@@ -79,9 +79,11 @@ class GPTConfig:
     init_from: Optional[str] = None
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):  # the int and bool fields by their type (annotations are strings here)
+        # the int and bool fields by their type (annotations are strings here)
+        for f in dataclasses.fields(self):
             setting, value = "{" + f.name + "=}", getattr(self, f.name)
-            if f.name == "vocab_size" and value is None:  # (set from the tokenizer: GPT() refuses None)
+            # (set from the tokenizer: GPT() refuses None)
+            if f.name == "vocab_size" and value is None:
                 continue
             # bool is a subclass of int: refuse it explicitly (n_layer=True is a typo, not 1 layer)
             whole = f.type == "int" or f.name == "vocab_size"

@@ -1,5 +1,5 @@
-"""model/attention.py's CausalSelfAttention (the sdpa and manual paths, attention maps), every position scheme of
-model/positions.py's table, and model/generate.py's KVCache."""
+"""model/attention.py's CausalSelfAttention (the sdpa and manual paths, attention maps), every
+position scheme of model/positions.py's table, and model/generate.py's KVCache."""
 import dataclasses
 import math
 
@@ -331,23 +331,23 @@ def test_grouped_query_attention_with_rope_and_qk_norm_by_hand(tiny_gpt_config, 
         assert torch.allclose(y, grouped_by_hand(attn, x, pos, config.rope_theta), atol=1e-5, rtol=0)
 
 
-# ---- every position scheme of the table (model/positions.py): a new one is tested here by its key ---------
+# ---- every position scheme of the table (model/positions.py): a new one is tested by its key ----
 
 SCHEME_NAMES = list(SCHEMES)
 
 
 def scheme_config(tiny_gpt_config, position, attention="sdpa"):
-    """A tiny model of `position` with grouped-query heads (4 query, 2 key/value) and qk_norm, so that
-    the scheme meets every head mapping attention has."""
-    return dataclasses.replace(tiny_gpt_config, n_head=4, n_kv_head=2, qk_norm=True, position=position,
-                               attention=attention)
+    """A tiny model of `position` with grouped-query heads (4 query, 2 key/value) and qk_norm, so
+    that the scheme meets every head mapping attention has."""
+    return dataclasses.replace(tiny_gpt_config, n_head=4, n_kv_head=2, qk_norm=True,
+                               position=position, attention=attention)
 
 
 @pytest.mark.parametrize("attention", PATHS)
 @pytest.mark.parametrize("position", SCHEME_NAMES)
 def test_every_scheme_is_causal_exactly(tiny_gpt_config, position, attention):
-    """No position sees the future: a change to the tokens after t changes no logit at or before t, bit
-    for bit (and does change the later ones); the attention maps put no weight on a later key."""
+    """No position sees the future: a change to the tokens after t changes no logit at or before t,
+    bit for bit (and does change the later ones); the attention maps give a later key no weight."""
     config = scheme_config(tiny_gpt_config, position, attention)
     model = spiky(config, attention)
     idx, perturbed = future_perturbations(config)
@@ -365,9 +365,10 @@ def test_every_scheme_is_causal_exactly(tiny_gpt_config, position, attention):
 @pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
 @pytest.mark.parametrize("attention", PATHS)
 @pytest.mark.parametrize("position", SCHEME_NAMES)
-def test_every_scheme_cached_decode_equals_full_forward(tiny_gpt_config, position, attention, static):
+def test_every_scheme_cached_decode_equals_full_forward(tiny_gpt_config, position, attention,
+                                                        static):
     """The KV-cached decode (a prefill of 5, a chunk of 4, then one token at a time) gives the full
-    forward's logits, over all of a static cache's slots and over a dynamic cache's filled prefix."""
+    forward's logits, over all of a static cache's slots and a dynamic cache's filled prefix."""
     config = scheme_config(tiny_gpt_config, position, attention)
     model = spiky(config, attention)
     T = config.block_size
@@ -401,7 +402,7 @@ def test_every_scheme_manual_equals_sdpa(tiny_gpt_config, position):
 
 def test_a_scheme_is_its_table_entry_only(tiny_gpt_config, monkeypatch):
     """A scheme added to the table alone (here the base entry: no position at all, NoPE) is a valid
-    setting, builds, runs causally on both paths with the cache, and export refuses it in one line."""
+    setting, builds, runs causally on both paths with the cache; export refuses it in one line."""
     from model.hf_llama import export_kind
     from model.positions import Position, export_family
     with pytest.raises(ValueError, match="position='nope' is not known"):
@@ -410,10 +411,51 @@ def test_a_scheme_is_its_table_entry_only(tiny_gpt_config, monkeypatch):
     config = scheme_config(tiny_gpt_config, "nope")
     for attention in PATHS:
         test_every_scheme_is_causal_exactly(tiny_gpt_config, "nope", attention)
-        test_every_scheme_cached_decode_equals_full_forward(tiny_gpt_config, "nope", attention, True)
+        test_every_scheme_cached_decode_equals_full_forward(tiny_gpt_config, "nope", attention,
+                                                            True)
     assert "wpe" not in GPT(config).transformer
     for fmt, name in (("hf", "Hugging Face"), ("gguf", "GGUF")):
-        with pytest.raises(ValueError, match=f"^model.position=nope cannot be exported to {name}: "):
+        with pytest.raises(ValueError, match=f"^model.position=nope cannot be exported to {name}"):
             export_family(config, fmt)
     with pytest.raises(ValueError, match="^model.position=nope cannot be exported to Hugging Face"):
         export_kind(config)
+
+
+def reference_alibi_slopes(n):
+    """The ALiBi paper's get_slopes (ofirpress/attention_with_linear_biases), in float64."""
+    def power_of_2(n):
+        start = 2 ** (-2 ** -(math.log2(n) - 3))
+        return [start * start ** i for i in range(n)]
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    m = 2 ** math.floor(math.log2(n))
+    return power_of_2(m) + reference_alibi_slopes(2 * m)[0::2][:n - m]
+
+
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("n_head", [4, 6])
+def test_alibi_adds_each_heads_slope_times_the_distance(tiny_gpt_config, attention, n_head):
+    """ALiBi as the paper writes it, head by head: softmax(q_i.k_j / sqrt(hs) - m_h (i - j)) over
+    j <= i, the slopes m_h the paper's (6 heads: not a power of two)."""
+    from model.positions import alibi_slopes
+    for n in (1, 2, 3, 4, 5, 6, 8, 12, 16, 20):
+        assert torch.allclose(alibi_slopes(n), torch.tensor(reference_alibi_slopes(n)).float())
+    config = dataclasses.replace(tiny_gpt_config, n_head=n_head, head_dim=8, position="alibi",
+                                 attention=attention)
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(config).eval()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x, T, hs = torch.randn(2, 7, config.n_embd), 7, 8
+    q, k, v = (x @ attn.c_attn.weight.T + attn.c_attn.bias).split(n_head * hs, dim=-1)
+    distance = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float()
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    heads = []
+    for h, m in enumerate(reference_alibi_slopes(n_head)):
+        sl = slice(h * hs, (h + 1) * hs)
+        scores = q[..., sl] @ k[..., sl].transpose(-2, -1) / math.sqrt(hs) - m * distance
+        heads.append(torch.softmax(scores.masked_fill(~causal, float("-inf")), -1) @ v[..., sl])
+    by_hand = torch.cat(heads, dim=-1) @ attn.c_proj.weight.T + attn.c_proj.bias
+    with torch.no_grad():
+        y, _ = attn(x, at=SCHEMES["alibi"].attend(config, torch.arange(T)))
+    assert torch.allclose(y, by_hand, atol=1e-5, rtol=0)

@@ -273,7 +273,8 @@ def test_rotary_positions_advance_once_per_step_not_per_layer(tiny_gpt_config, m
     from model import positions
     config = dataclasses.replace(tiny_gpt_config, n_layer=3, **DECODERS["rope-gqa-qknorm"])
     model, calls, forwards, real = spiky_model(config), [], [], positions.rope_cos_sin
-    monkeypatch.setattr(positions, "rope_cos_sin", lambda pos, *a: calls.append(pos.tolist()) or real(pos, *a))
+    monkeypatch.setattr(positions, "rope_cos_sin",
+                        lambda pos, *a: calls.append(pos.tolist()) or real(pos, *a))
     model.register_forward_pre_hook(lambda m, args, kw: forwards.append(kw["input_pos"].tolist()), with_kwargs=True)
     generate(model, torch.tensor([[1, 2, 3]]), 3 * config.block_size, GREEDY)
     assert calls == forwards and len(calls) == 3 * config.block_size
