@@ -161,7 +161,17 @@ def test_sdpa_causal_flag_matches_explicit_mask():
 
 # ---- the modern settings: every combination attention sees, both paths --------------------------------------
 
-VARIANTS = model_variants()
+def scheme_config(position, attention="sdpa"):
+    """A tiny model of position scheme `position` with grouped-query heads (4 query, 2 key/value) and
+    qk_norm, so that the scheme meets every head mapping attention has."""
+    from model.config import GPTConfig
+    return GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,
+                     qk_norm=True, position=position, attention=attention)
+
+
+# the modern settings' combinations, and one model per key of the position schemes' table
+# (model/positions.py): a new scheme is tested by every test below without an edit here
+VARIANTS = model_variants() + [(f"scheme-{name}", scheme_config(name)) for name in SCHEMES]
 IDS = [name for name, _ in VARIANTS]
 CONFIGS = [config for _, config in VARIANTS]
 
@@ -231,18 +241,23 @@ def test_every_setting_has_attention_maps(config):
 @pytest.mark.parametrize("attention", PATHS)
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
 def test_every_setting_cached_chunks_match_full_forward(config, attention):
-    """Prefill 5, a chunk of 4 (queries and keys of different lengths: an explicit mask), then single tokens."""
+    """Prefill 5, a chunk of 4 (queries and keys of different lengths: an explicit mask), then single
+    tokens: the full forward's logits, over all of a static cache's slots and over a dynamic cache's
+    filled prefix."""
     model = spiky(config, attention)
     T = config.block_size
     idx = torch.randint(0, config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
-    cache = KVCache.for_model(model, batch_size=2)
-    assert cache.k[0].shape == (2, config.kv_heads, T, config.head_size)  # the cache holds n_kv_head heads
-    with torch.no_grad():
-        full, _ = model(idx)
-        parts = [model(idx[:, :5], cache=cache, input_pos=torch.arange(5))[0],
-                 model(idx[:, 5:9], cache=cache, input_pos=torch.arange(5, 9))[0]]
-        parts += [model(idx[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]))[0] for t in range(9, T)]
-    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4, rtol=0)
+    for static in (True, False):
+        cache = KVCache.for_model(model, batch_size=2, static=static)
+        # the cache holds n_kv_head heads
+        assert cache.k[0].shape == (2, config.kv_heads, T, config.head_size)
+        with torch.no_grad():
+            full, _ = model(idx)
+            parts = [model(idx[:, :5], cache=cache, input_pos=torch.arange(5))[0],
+                     model(idx[:, 5:9], cache=cache, input_pos=torch.arange(5, 9))[0]]
+            parts += [model(idx[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]))[0]
+                      for t in range(9, T)]
+        assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4, rtol=0), static
 
 
 def on_path(model, attention):
@@ -331,88 +346,21 @@ def test_grouped_query_attention_with_rope_and_qk_norm_by_hand(tiny_gpt_config, 
         assert torch.allclose(y, grouped_by_hand(attn, x, pos, config.rope_theta), atol=1e-5, rtol=0)
 
 
-# ---- every position scheme of the table (model/positions.py): a new one is tested by its key ----
+# ---- the position schemes' table (model/positions.py) -------------------------------------------
 
-SCHEME_NAMES = list(SCHEMES)
-
-
-def scheme_config(tiny_gpt_config, position, attention="sdpa"):
-    """A tiny model of `position` with grouped-query heads (4 query, 2 key/value) and qk_norm, so
-    that the scheme meets every head mapping attention has."""
-    return dataclasses.replace(tiny_gpt_config, n_head=4, n_kv_head=2, qk_norm=True,
-                               position=position, attention=attention)
-
-
-@pytest.mark.parametrize("attention", PATHS)
-@pytest.mark.parametrize("position", SCHEME_NAMES)
-def test_every_scheme_is_causal_exactly(tiny_gpt_config, position, attention):
-    """No position sees the future: a change to the tokens after t changes no logit at or before t,
-    bit for bit (and does change the later ones); the attention maps give a later key no weight."""
-    config = scheme_config(tiny_gpt_config, position, attention)
-    model = spiky(config, attention)
-    idx, perturbed = future_perturbations(config)
-    with torch.no_grad():
-        base, _ = model(idx)
-        for t, changed in perturbed:
-            logits, _ = model(changed)
-            assert torch.equal(logits[:, :t + 1], base[:, :t + 1]), f"{position}: leak into t<={t}"
-            assert not torch.equal(logits[:, t + 1:], base[:, t + 1:]), "the test must be sensitive"
-    maps = model.attention_maps(idx)
-    assert (maps.triu(diagonal=1) == 0).all()
-    assert torch.allclose(maps.sum(-1), torch.ones(maps.shape[:-1]), atol=1e-5)
-
-
-@pytest.mark.parametrize("static", [True, False], ids=["static", "dynamic"])
-@pytest.mark.parametrize("attention", PATHS)
-@pytest.mark.parametrize("position", SCHEME_NAMES)
-def test_every_scheme_cached_decode_equals_full_forward(tiny_gpt_config, position, attention,
-                                                        static):
-    """The KV-cached decode (a prefill of 5, a chunk of 4, then one token at a time) gives the full
-    forward's logits, over all of a static cache's slots and a dynamic cache's filled prefix."""
-    config = scheme_config(tiny_gpt_config, position, attention)
-    model = spiky(config, attention)
-    T = config.block_size
-    idx = torch.randint(0, config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
-    cache = KVCache.for_model(model, batch_size=2, static=static)
-    with torch.no_grad():
-        full, _ = model(idx)
-        parts = [model(idx[:, :5], cache=cache, input_pos=torch.arange(5))[0],
-                 model(idx[:, 5:9], cache=cache, input_pos=torch.arange(5, 9))[0]]
-        parts += [model(idx[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]))[0]
-                  for t in range(9, T)]
-    assert (torch.cat(parts, dim=1) - full).abs().max() <= 1e-4
-
-
-@pytest.mark.parametrize("position", SCHEME_NAMES)
-def test_every_scheme_manual_equals_sdpa(tiny_gpt_config, position):
-    """The two attention paths give one model's logits and gradients, whatever the scheme does."""
-    config = scheme_config(tiny_gpt_config, position)
-    sdpa, manual = spiky(config, "sdpa"), spiky(config, "manual", seed=123)
-    manual.load_state_dict(sdpa.state_dict())
-    g = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, config.vocab_size, (3, config.block_size), generator=g)
-    (logits_s, loss_s), (logits_m, loss_m) = sdpa(idx, idx), manual(idx, idx)
-    assert (logits_s - logits_m).abs().max() <= 1e-4
-    loss_s.backward()
-    loss_m.backward()
-    grads_m = dict(manual.named_parameters())
-    for name, p in sdpa.named_parameters():
-        assert torch.allclose(p.grad, grads_m[name].grad, atol=1e-5, rtol=1e-3), name
-
-
-def test_a_scheme_is_its_table_entry_only(tiny_gpt_config, monkeypatch):
+def test_a_scheme_is_its_table_entry_only(monkeypatch):
     """A scheme added to the table alone (here the base entry: no position at all, NoPE) is a valid
     setting, builds, runs causally on both paths with the cache; export refuses it in one line."""
     from model.hf_llama import export_kind
     from model.positions import Position, export_family
     with pytest.raises(ValueError, match="position='nope' is not known"):
-        scheme_config(tiny_gpt_config, "nope")
+        scheme_config("nope")
     monkeypatch.setitem(SCHEMES, "nope", Position())
-    config = scheme_config(tiny_gpt_config, "nope")
+    config = scheme_config("nope")
     for attention in PATHS:
-        test_every_scheme_is_causal_exactly(tiny_gpt_config, "nope", attention)
-        test_every_scheme_cached_decode_equals_full_forward(tiny_gpt_config, "nope", attention,
-                                                            True)
+        test_every_setting_is_causal_exactly(config, attention)
+        test_every_setting_cached_chunks_match_full_forward(config, attention)
+    test_every_setting_manual_equals_sdpa(config)
     assert "wpe" not in GPT(config).transformer
     for fmt, name in (("hf", "Hugging Face"), ("gguf", "GGUF")):
         with pytest.raises(ValueError, match=f"^model.position=nope cannot be exported to {name}"):
