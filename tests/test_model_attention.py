@@ -162,8 +162,8 @@ def test_sdpa_causal_flag_matches_explicit_mask():
 # ---- the modern settings: every combination attention sees, both paths --------------------------------------
 
 def scheme_config(position, attention="sdpa"):
-    """A tiny model of position scheme `position` with grouped-query heads (4 query, 2 key/value) and
-    qk_norm, so that the scheme meets every head mapping attention has."""
+    """A tiny model of position scheme `position` with grouped-query heads (4 query, 2 key/value)
+    and qk_norm, so that the scheme meets every head mapping attention has."""
     from model.config import GPTConfig
     return GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,
                      qk_norm=True, position=position, attention=attention)
@@ -241,9 +241,9 @@ def test_every_setting_has_attention_maps(config):
 @pytest.mark.parametrize("attention", PATHS)
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
 def test_every_setting_cached_chunks_match_full_forward(config, attention):
-    """Prefill 5, a chunk of 4 (queries and keys of different lengths: an explicit mask), then single
-    tokens: the full forward's logits, over all of a static cache's slots and over a dynamic cache's
-    filled prefix."""
+    """Prefill 5, a chunk of 4 (queries and keys of different lengths: an explicit mask), then
+    single tokens: the full forward's logits, over all of a static cache's slots and over a dynamic
+    cache's filled prefix."""
     model = spiky(config, attention)
     T = config.block_size
     idx = torch.randint(0, config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
