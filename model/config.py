@@ -1,8 +1,9 @@
 """GPTConfig, the model's shape, and `pad_vocab`, the one home of vocabulary padding.
 
-One config for the model: a plain dataclass (no Hydra, no OmegaConf) that is also the schema of train.py's `model`
-group, so construction is where every field is validated, once, with one-line errors naming the field (common.cli).
-Checkpoints store its shape as a dict (`to_dict`); the defaults are GPT-2 small's, as nanoGPT's GPTConfig.
+One config for the model: a plain dataclass (no Hydra, no OmegaConf) that is also the schema of
+train.py's `model` group, so construction is where every field is validated, once, with one-line
+errors naming the field (common.cli). Checkpoints store its shape as a dict (`to_dict`); the
+defaults are GPT-2 small's, as nanoGPT's GPTConfig.
 """
 from __future__ import annotations
 
@@ -12,51 +13,77 @@ from dataclasses import dataclass
 from typing import Optional
 
 from common.cli import setting_error
+from model.positions import SCHEMES
 
 ATTENTION_IMPLS = ("sdpa", "manual")
-BUILD_FIELDS = ("pad_vocab_to", "init_from")  # how a run builds the model, not its shape
-SHAPE_REQUIRED = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")  # in every stored model config
-POSITIONS = ("learned", "rope")  # learned: GPT-2's wpe table; rope: rotary q and k, no table
+# how a run builds the model, not its shape
+BUILD_FIELDS = ("pad_vocab_to", "init_from")
+# in every stored model config
+SHAPE_REQUIRED = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd")
+# the position schemes' table (model/positions.py) holds what each does: learned (GPT-2's wpe), rope
+POSITIONS = tuple(SCHEMES)
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "gelu_exact", "swiglu", "relu2")
 
 
 def pad_vocab(vocab_size: int, multiple: int) -> int:
-    """vocab_size rounded up to a multiple of `multiple` (GPT-2's 50257 -> 50304 with 64: faster matmuls)."""
+    """vocab_size rounded up to a multiple of `multiple` (GPT-2's 50257 -> 50304 with 64: faster
+    matmuls)."""
     assert vocab_size >= 1 and multiple >= 1, (vocab_size, multiple)
     return -(-vocab_size // multiple) * multiple
 
 
 @dataclass
 class GPTConfig:
-    vocab_size: Optional[int] = None  # rows of the embedding and the head; None: the tokenizer's (training sets it)
-    block_size: int = 1024  # maximum context length (number of learned position embeddings)
+    # rows of the embedding and the head; None: the tokenizer's (training sets it)
+    vocab_size: Optional[int] = None
+    # maximum context length (the rows of wpe, GPT-2's learned position table)
+    block_size: int = 1024
     n_layer: int = 12
     n_head: int = 12
     n_embd: int = 768
     dropout: float = 0.0
-    bias: bool = True  # biases in Linear layers and LayerNorms, like GPT-2
-    tie_weights: bool = True  # lm_head shares its weight with the token embedding
-    attention: str = "sdpa"  # "sdpa" (fused kernels) or "manual" (textbook, can return weights)
-    # the modern decoder's settings (docs/model.md); the defaults are GPT-2's, so old checkpoint dicts still load
-    position: str = "learned"  # "learned" (wpe) or "rope" (rotary q and k, rotate_half layout, no wpe)
-    rope_theta: float = 10000.0  # rotary base: inv_freq = 1 / rope_theta^(2i / head_dim)
-    norm: str = "layernorm"  # "layernorm" or "rmsnorm" (weight only)
-    norm_eps: float = 1e-5  # eps of every norm (blocks, final, qk_norm)
-    mlp: str = "gelu"  # "gelu" (GPT-2's tanh form), "gelu_exact" (erf: nanoGPT's), "swiglu" (Llama/Qwen3), "relu2"
-    mlp_hidden: Optional[int] = None  # None: 4*n_embd (gelu, relu2); swiglu: 8*n_embd/3 up to a multiple of 32
-    n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention); None = n_head, 1 = multi-query
-    head_dim: Optional[int] = None  # None = n_embd // n_head; set it to decouple the heads' width from n_embd
-    qk_norm: bool = False  # RMSNorm over head_dim of each q and k head, before the rotation (Qwen3)
-    logit_softcap: Optional[float] = None  # logits -> softcap * tanh(logits / softcap), after the head, in fp32
-    # how a training run builds it (not part of the shape, so not in to_dict): the vocabulary's padding, the weights
-    pad_vocab_to: int = 1  # vocab_size = the tokenizer's rounded up to a multiple of this (64 for GPT-2: faster matmuls)
-    init_from: Optional[str] = None  # fine-tune: a local HF GPT-2/Llama/Qwen3 dir or a tinygpt run / checkpoint
+    # biases in Linear layers and LayerNorms, like GPT-2
+    bias: bool = True
+    # lm_head shares its weight with the token embedding
+    tie_weights: bool = True
+    # "sdpa" (fused kernels) or "manual" (textbook, can return weights)
+    attention: str = "sdpa"
+    # the modern decoder's settings (docs/model.md); the defaults are GPT-2's, so old checkpoint
+    # dicts still load. position: a key of model/positions.py's table, "learned" (wpe) or "rope"
+    # (rotary q and k, rotate_half layout, no wpe)
+    position: str = "learned"
+    # rotary base: inv_freq = 1 / rope_theta^(2i / head_dim)
+    rope_theta: float = 10000.0
+    # "layernorm" or "rmsnorm" (weight only)
+    norm: str = "layernorm"
+    # eps of every norm (blocks, final, qk_norm)
+    norm_eps: float = 1e-5
+    # "gelu" (GPT-2's tanh form), "gelu_exact" (erf: nanoGPT's), "swiglu" (Llama/Qwen3), "relu2"
+    mlp: str = "gelu"
+    # None: 4*n_embd (gelu, relu2); swiglu: 8*n_embd/3 up to a multiple of 32
+    mlp_hidden: Optional[int] = None
+    # key/value heads (grouped-query attention); None = n_head, 1 = multi-query
+    n_kv_head: Optional[int] = None
+    # None = n_embd // n_head; set it to decouple the heads' width from n_embd
+    head_dim: Optional[int] = None
+    # RMSNorm over head_dim of each q and k head, before the position scheme (Qwen3)
+    qk_norm: bool = False
+    # logits -> softcap * tanh(logits / softcap), after the head, in fp32
+    logit_softcap: Optional[float] = None
+    # how a training run builds it (not part of the shape, so not in to_dict): the vocabulary's
+    # padding (vocab_size = the tokenizer's rounded up to a multiple of pad_vocab_to; 64 for GPT-2:
+    # faster matmuls), and the weights to start from (fine-tune: a local HF GPT-2/Llama/Qwen3 dir or
+    # a tinygpt run / checkpoint)
+    pad_vocab_to: int = 1
+    init_from: Optional[str] = None
 
     def __post_init__(self):
-        for f in dataclasses.fields(self):  # the int and bool fields by their type (annotations are strings here)
+        # the int and bool fields by their type (annotations are strings here)
+        for f in dataclasses.fields(self):
             setting, value = "{" + f.name + "=}", getattr(self, f.name)
-            if f.name == "vocab_size" and value is None:  # (set from the tokenizer: GPT() refuses None)
+            # (set from the tokenizer: GPT() refuses None)
+            if f.name == "vocab_size" and value is None:
                 continue
             # bool is a subclass of int: refuse it explicitly (n_layer=True is a typo, not 1 layer)
             whole = f.type == "int" or f.name == "vocab_size"
@@ -83,28 +110,33 @@ class GPTConfig:
 
     def _check_modern(self) -> None:
         """The modern settings, each refused in one line naming it and what it accepts."""
-        for name, allowed in (("position", POSITIONS), ("norm", NORMS), ("mlp", MLPS)):
+        # position: the keys of the schemes' table, read at each check
+        for name, allowed in (("position", SCHEMES), ("norm", NORMS), ("mlp", MLPS)):
             if getattr(self, name) not in allowed:
-                raise setting_error("{" + name + "=}{0!r} is not known: use one of {1}", getattr(self, name),
-                                    ", ".join(allowed))
-        for name in ("mlp_hidden", "n_kv_head", "head_dim"):  # None, or a positive whole number
+                raise setting_error("{" + name + "=}{0!r} is not known: use one of {1}",
+                                    getattr(self, name), ", ".join(allowed))
+        # None, or a positive whole number
+        for name in ("mlp_hidden", "n_kv_head", "head_dim"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise setting_error("{" + name + "=}{0!r} is invalid: use a positive whole number or null", value)
+            whole = isinstance(value, int) and not isinstance(value, bool)
+            if value is not None and not (whole and value >= 1):
+                raise setting_error("{" + name + "=}{0!r} is invalid: use a positive whole number "
+                                    "or null", value)
         for name, optional in (("rope_theta", False), ("norm_eps", False), ("logit_softcap", True)):
             value = getattr(self, name)
             if optional and value is None:
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:  # NaN too
+            # `not value > 0` refuses NaN too
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise setting_error("{" + name + "=}{0!r} is invalid: use a positive number" +
                                     (" or null" if optional else ""), value)
             setattr(self, name, float(value))
         if self.n_head % self.kv_heads != 0:
-            raise setting_error("{n_kv_head=}{0} does not divide {n_head=}{1}: use a divisor of n_head (1 = "
-                                "multi-query, n_head = plain multi-head)", self.n_kv_head, self.n_head)
-        if self.position == "rope" and self.head_size % 2 != 0:
-            raise setting_error("{position=}rope needs an even head size, got {0}: change n_embd/n_head or "
-                                "head_dim", self.head_size)
+            raise setting_error("{n_kv_head=}{0} does not divide {n_head=}{1}: use a divisor of "
+                                "n_head (1 = multi-query, n_head = plain multi-head)",
+                                self.n_kv_head, self.n_head)
+        # what the position scheme needs of the other settings (rope: an even head size)
+        SCHEMES[self.position].check(self)
 
     @property
     def head_size(self) -> int:
@@ -118,23 +150,27 @@ class GPTConfig:
 
     @property
     def mlp_size(self) -> int:
-        """The MLP's hidden width: mlp_hidden, else 4*n_embd (swiglu: 2/3 of that, parameter-matched, up to 32s)."""
+        """The MLP's hidden width: mlp_hidden, else 4*n_embd (swiglu: 2/3 of that,
+        parameter-matched, up to a multiple of 32)."""
         if self.mlp_hidden is not None:
             return self.mlp_hidden
         return math.ceil(8 * self.n_embd / 3 / 32) * 32 if self.mlp == "swiglu" else 4 * self.n_embd
 
     def to_dict(self) -> dict:
-        """The model's shape, as checkpoints store it (without how a run builds it: pad_vocab_to, init_from)."""
+        """The model's shape, as checkpoints store it (without how a run builds it: pad_vocab_to,
+        init_from)."""
         return {k: v for k, v in dataclasses.asdict(self).items() if k not in BUILD_FIELDS}
 
     def with_vocab(self, vocab_size: int) -> "GPTConfig":
-        """This config for a tokenizer of `vocab_size` ids: the vocabulary padded to a multiple of pad_vocab_to."""
+        """This config for a tokenizer of `vocab_size` ids: the vocabulary padded to a multiple of
+        pad_vocab_to."""
         return dataclasses.replace(self, vocab_size=pad_vocab(vocab_size, self.pad_vocab_to))
 
     @classmethod
     def from_dict(cls, d: dict) -> "GPTConfig":
         if not isinstance(d, dict):
-            raise ValueError(f"model config must be a dict, got {type(d).__name__}: pass GPTConfig.to_dict() output")
+            raise ValueError(f"model config must be a dict, got {type(d).__name__}: pass "
+                             f"GPTConfig.to_dict() output")
         fields = {f.name: f for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - set(fields))
         if unknown:
@@ -144,4 +180,3 @@ class GPTConfig:
         if missing:
             raise ValueError(f"model config is missing {', '.join(missing)}: add these keys")
         return cls(**d)
-

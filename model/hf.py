@@ -12,6 +12,7 @@ import torch
 from common.files import with_open_mode
 from model import hf_llama
 from model.config import GPTConfig
+from model.positions import export_family
 
 _CONV1D = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 _TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")  # names HF uses for the same tanh formula
@@ -75,7 +76,8 @@ def load_hf_state_dict(path: Path) -> dict:
 
 def convert_hf_state_dict(sd: dict, config: GPTConfig) -> dict:
     """HF GPT-2 tensor names/layouts -> ours (float32; Conv1D weights transposed to nn.Linear layout)."""
-    if config.position == "rope":  # only Llama/Qwen3 configs have rotary positions
+    # the position scheme's family (model/positions.py): Llama/Qwen3's rotary, or GPT-2's table
+    if export_family(config, "hf") == "llama":
         return hf_llama.convert_state_dict(sd, config)
     out = {}
     for key, t in sd.items():

@@ -53,7 +53,7 @@ def test_parameter_counts_match_the_model(tokenizer, tie, bias, pad, more):
     assert adamw.static - memory.estimate(c).static == 4 * muon
 
 
-def _saved_bytes(block, x, rope, half: bool) -> int:
+def _saved_bytes(block, x, at, half: bool) -> int:
     """Bytes of the tensors autograd keeps for one block's backward (each storage once, parameters left out)."""
     params, kept = {p.data_ptr() for p in block.parameters()}, {}
 
@@ -62,7 +62,7 @@ def _saved_bytes(block, x, rope, half: bool) -> int:
             kept[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
         return t
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), torch.autocast("cpu", enabled=half):
-        block(x, rope=rope)
+        block(x, at=at)
     return sum(kept.values())
 
 
@@ -77,16 +77,15 @@ def test_saved_activations_follow_the_models_own_widths(settings, half):
     one, fewer key/value heads, wider heads, RMSNorm, RoPE and qk_norm each change it, and the estimate follows
     from the model's widths alone (within 5% on torch 2.13's CPU kernels). Two batch sizes: their difference
     leaves out what does not grow with the batch (autocast's 16-bit copies of the weights)."""
-    from model.attention import rope_cos_sin
     from model.config import GPTConfig
     from model.gpt import GPT
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=64, block_size=32, n_layer=1, n_head=4, n_embd=64, **settings))
     cfg, T = model.config, 32
-    rope = rope_cos_sin(torch.arange(T), cfg.head_size, cfg.rope_theta) if cfg.position == "rope" else None
+    at = model.position.attend(cfg, torch.arange(T))
     x2, x4 = (torch.randn(b, T, cfg.n_embd, requires_grad=True) for b in (2, 4))
     block = model.transformer.h[0]
-    measured = (_saved_bytes(block, x4, rope, half) - _saved_bytes(block, x2, rope, half)) / (2 * T)
+    measured = (_saved_bytes(block, x4, at, half) - _saved_bytes(block, x2, at, half)) / (2 * T)
     estimated = memory.saved_per_token(model, half)
     assert 0.9 <= estimated / measured <= 1.05, (estimated, measured)
 

@@ -1,4 +1,5 @@
-"""model/gpt.py's CausalSelfAttention (the sdpa and manual paths, attention maps) and model/generate.py's KVCache."""
+"""model/attention.py's CausalSelfAttention (the sdpa and manual paths, attention maps), every
+position scheme of model/positions.py's table, and model/generate.py's KVCache."""
 import dataclasses
 import math
 
@@ -7,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from model.gpt import GPT
-from model.attention import CausalSelfAttention, apply_rope, rope_cos_sin
+from model.attention import CausalSelfAttention
+from model.positions import SCHEMES, Attend, apply_rope, rope_cos_sin
 from model.generate import KVCache
 from tests.helpers import model_variants
 
@@ -159,7 +161,17 @@ def test_sdpa_causal_flag_matches_explicit_mask():
 
 # ---- the modern settings: every combination attention sees, both paths --------------------------------------
 
-VARIANTS = model_variants()
+def scheme_config(position, attention="sdpa"):
+    """A tiny model of position scheme `position` with grouped-query heads (4 query, 2 key/value)
+    and qk_norm, so that the scheme meets every head mapping attention has."""
+    from model.config import GPTConfig
+    return GPTConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_embd=32, n_kv_head=2,
+                     qk_norm=True, position=position, attention=attention)
+
+
+# the modern settings' combinations, and one model per key of the position schemes' table
+# (model/positions.py): a new scheme is tested by every test below without an edit here
+VARIANTS = model_variants() + [(f"scheme-{name}", scheme_config(name)) for name in SCHEMES]
 IDS = [name for name, _ in VARIANTS]
 CONFIGS = [config for _, config in VARIANTS]
 
@@ -229,18 +241,23 @@ def test_every_setting_has_attention_maps(config):
 @pytest.mark.parametrize("attention", PATHS)
 @pytest.mark.parametrize("config", CONFIGS, ids=IDS)
 def test_every_setting_cached_chunks_match_full_forward(config, attention):
-    """Prefill 5, a chunk of 4 (queries and keys of different lengths: an explicit mask), then single tokens."""
+    """Prefill 5, a chunk of 4 (queries and keys of different lengths: an explicit mask), then
+    single tokens: the full forward's logits, over all of a static cache's slots and over a dynamic
+    cache's filled prefix."""
     model = spiky(config, attention)
     T = config.block_size
     idx = torch.randint(0, config.vocab_size, (2, T), generator=torch.Generator().manual_seed(0))
-    cache = KVCache.for_model(model, batch_size=2)
-    assert cache.k[0].shape == (2, config.kv_heads, T, config.head_size)  # the cache holds n_kv_head heads
-    with torch.no_grad():
-        full, _ = model(idx)
-        parts = [model(idx[:, :5], cache=cache, input_pos=torch.arange(5))[0],
-                 model(idx[:, 5:9], cache=cache, input_pos=torch.arange(5, 9))[0]]
-        parts += [model(idx[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]))[0] for t in range(9, T)]
-    assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4, rtol=0)
+    for static in (True, False):
+        cache = KVCache.for_model(model, batch_size=2, static=static)
+        # the cache holds n_kv_head heads
+        assert cache.k[0].shape == (2, config.kv_heads, T, config.head_size)
+        with torch.no_grad():
+            full, _ = model(idx)
+            parts = [model(idx[:, :5], cache=cache, input_pos=torch.arange(5))[0],
+                     model(idx[:, 5:9], cache=cache, input_pos=torch.arange(5, 9))[0]]
+            parts += [model(idx[:, t:t + 1], cache=cache, input_pos=torch.tensor([t]))[0]
+                      for t in range(9, T)]
+        assert torch.allclose(torch.cat(parts, dim=1), full, atol=1e-4, rtol=0), static
 
 
 def on_path(model, attention):
@@ -325,5 +342,68 @@ def test_grouped_query_attention_with_rope_and_qk_norm_by_hand(tiny_gpt_config, 
     assert attn.c_attn.weight.shape == ((4 + 2 * n_kv_head) * 6, config.n_embd)
     x, pos = torch.randn(2, 7, config.n_embd), torch.arange(7)
     with torch.no_grad():
-        y, _ = attn(x, rope=rope_cos_sin(pos, 6, config.rope_theta))
+        y, _ = attn(x, at=Attend(rope_cos_sin(pos, 6, config.rope_theta), None))
         assert torch.allclose(y, grouped_by_hand(attn, x, pos, config.rope_theta), atol=1e-5, rtol=0)
+
+
+# ---- the position schemes' table (model/positions.py) -------------------------------------------
+
+def test_a_scheme_is_its_table_entry_only(monkeypatch):
+    """A scheme added to the table alone (here the base entry: no position at all, NoPE) is a valid
+    setting, builds, runs causally on both paths with the cache; export refuses it in one line."""
+    from model.hf_llama import export_kind
+    from model.positions import Position, export_family
+    with pytest.raises(ValueError, match="position='nope' is not known"):
+        scheme_config("nope")
+    monkeypatch.setitem(SCHEMES, "nope", Position())
+    config = scheme_config("nope")
+    for attention in PATHS:
+        test_every_setting_is_causal_exactly(config, attention)
+        test_every_setting_cached_chunks_match_full_forward(config, attention)
+    test_every_setting_manual_equals_sdpa(config)
+    assert "wpe" not in GPT(config).transformer
+    for fmt, name in (("hf", "Hugging Face"), ("gguf", "GGUF")):
+        with pytest.raises(ValueError, match=f"^model.position=nope cannot be exported to {name}"):
+            export_family(config, fmt)
+    with pytest.raises(ValueError, match="^model.position=nope cannot be exported to Hugging Face"):
+        export_kind(config)
+
+
+def reference_alibi_slopes(n):
+    """The ALiBi paper's get_slopes (ofirpress/attention_with_linear_biases), in float64."""
+    def power_of_2(n):
+        start = 2 ** (-2 ** -(math.log2(n) - 3))
+        return [start * start ** i for i in range(n)]
+    if math.log2(n).is_integer():
+        return power_of_2(n)
+    m = 2 ** math.floor(math.log2(n))
+    return power_of_2(m) + reference_alibi_slopes(2 * m)[0::2][:n - m]
+
+
+@pytest.mark.parametrize("attention", PATHS)
+@pytest.mark.parametrize("n_head", [4, 6])
+def test_alibi_adds_each_heads_slope_times_the_distance(tiny_gpt_config, attention, n_head):
+    """ALiBi as the paper writes it, head by head: softmax(q_i.k_j / sqrt(hs) - m_h (i - j)) over
+    j <= i, the slopes m_h the paper's (6 heads: not a power of two)."""
+    from model.positions import alibi_slopes
+    for n in (1, 2, 3, 4, 5, 6, 8, 12, 16, 20):
+        assert torch.allclose(alibi_slopes(n), torch.tensor(reference_alibi_slopes(n)).float())
+    config = dataclasses.replace(tiny_gpt_config, n_head=n_head, head_dim=8, position="alibi",
+                                 attention=attention)
+    torch.manual_seed(0)
+    attn = CausalSelfAttention(config).eval()
+    for p in attn.parameters():
+        torch.nn.init.normal_(p, std=0.3)
+    x, T, hs = torch.randn(2, 7, config.n_embd), 7, 8
+    q, k, v = (x @ attn.c_attn.weight.T + attn.c_attn.bias).split(n_head * hs, dim=-1)
+    distance = (torch.arange(T)[:, None] - torch.arange(T)[None, :]).float()
+    causal = torch.tril(torch.ones(T, T, dtype=torch.bool))
+    heads = []
+    for h, m in enumerate(reference_alibi_slopes(n_head)):
+        sl = slice(h * hs, (h + 1) * hs)
+        scores = q[..., sl] @ k[..., sl].transpose(-2, -1) / math.sqrt(hs) - m * distance
+        heads.append(torch.softmax(scores.masked_fill(~causal, float("-inf")), -1) @ v[..., sl])
+    by_hand = torch.cat(heads, dim=-1) @ attn.c_proj.weight.T + attn.c_proj.bias
+    with torch.no_grad():
+        y, _ = attn(x, at=SCHEMES["alibi"].attend(config, torch.arange(T)))
+    assert torch.allclose(y, by_hand, atol=1e-5, rtol=0)

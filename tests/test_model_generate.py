@@ -270,10 +270,11 @@ def test_greedy_cached_equals_uncached_past_block_size(decoder_config, attention
 def test_rotary_positions_advance_once_per_step_not_per_layer(tiny_gpt_config, monkeypatch):
     """One rotation per forward, shared by the layers, at the cache's explicit positions: a prefill at 0..T-1,
     then one position further per token, back to 0 when the window slides (flash-linear-attention #766)."""
-    from model import gpt
+    from model import positions
     config = dataclasses.replace(tiny_gpt_config, n_layer=3, **DECODERS["rope-gqa-qknorm"])
-    model, calls, forwards, real = spiky_model(config), [], [], gpt.rope_cos_sin
-    monkeypatch.setattr(gpt, "rope_cos_sin", lambda pos, *a: calls.append(pos.tolist()) or real(pos, *a))
+    model, calls, forwards, real = spiky_model(config), [], [], positions.rope_cos_sin
+    monkeypatch.setattr(positions, "rope_cos_sin",
+                        lambda pos, *a: calls.append(pos.tolist()) or real(pos, *a))
     model.register_forward_pre_hook(lambda m, args, kw: forwards.append(kw["input_pos"].tolist()), with_kwargs=True)
     generate(model, torch.tensor([[1, 2, 3]]), 3 * config.block_size, GREEDY)
     assert calls == forwards and len(calls) == 3 * config.block_size

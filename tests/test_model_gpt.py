@@ -12,6 +12,7 @@ import torch
 from model.config import GPTConfig
 from model.gpt import GPT
 from model.gpt import check_weights, clean_state_dict, model_with_weights
+from model.positions import SCHEMES
 from tests.helpers import REPO
 
 
@@ -123,6 +124,18 @@ def test_modern_module_names_and_shapes(tiny_gpt_config):
         "transformer.h.0.mlp.c_fc.weight": (2 * H, 32), "transformer.h.0.mlp.c_proj.weight": (32, H)}
     head_dim = GPT(dataclasses.replace(config, head_dim=8)).state_dict()  # heads narrower than n_embd / n_head
     assert tuple(head_dim["transformer.h.0.attn.c_proj.weight"].shape) == (32, 2 * 8)
+
+
+@pytest.mark.parametrize("position", list(SCHEMES))
+def test_only_a_scheme_with_a_table_has_wpe(position):
+    """GPT builds wpe (block_size x n_embd) for a scheme whose entry says so, and only then; the
+    non-embedding count leaves it out."""
+    config = GPTConfig(vocab_size=50, block_size=8, n_layer=1, n_head=2, n_embd=16,
+                       position=position)
+    model = GPT(config)
+    table = SCHEMES[position].table
+    assert ("wpe" in model.transformer) == table
+    assert model.num_params(non_embedding=False) - model.num_params() == (8 * 16 if table else 0)
 
 
 def test_num_params_without_position_table_and_swiglu_is_parameter_matched():

@@ -18,6 +18,7 @@ from model.config import GPTConfig
 from model.gpt import GPT
 from model import hf_llama
 from model.generate import Sampling, generate
+from model.positions import FORMATS, SCHEMES
 
 transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
 tokenizers = pytest.importorskip("tokenizers")
@@ -227,7 +228,8 @@ def test_export_parity(tmp_path, kw, cls):
     (dict(norm="layernorm"), "norm='layernorm' is not supported: position=rope exports as Llama/Qwen3"),
     (dict(mlp="gelu"), "mlp='gelu' is not supported: position=rope"),
     (dict(qk_norm=True, bias=True), "bias=True is not supported: with qk_norm=true"),
-    (dict(position="learned"), "norm='rmsnorm' is not supported: learned positions export as GPT-2"),
+    (dict(position="learned"), "norm='rmsnorm' is not supported: position=learned exports as "
+                               "GPT-2"),
     (dict(position="learned", norm="layernorm", mlp="gelu", n_kv_head=2), "n_kv_head=2 is not supported"),
     (dict(position="learned", norm="layernorm", mlp="gelu", qk_norm=True), "qk_norm=True is not supported"),
 ])
@@ -249,3 +251,23 @@ def test_gpt2_export_writes_eps_and_mlp_width(tmp_path):
     assert (hf.config.layer_norm_epsilon, hf.config.n_inner) == (1e-6, 48)
     assert max_diff(ours, hf, 64, 16) <= 1e-5
     assert GPT.from_pretrained(tmp_path).config == ours.config
+
+
+@pytest.mark.parametrize("position", list(SCHEMES))
+def test_every_position_scheme_exports_as_its_family_or_is_refused_in_one_line(tmp_path, position):
+    """The table says how each export format writes a scheme (model/positions.py), and the Hugging
+    Face writer follows it: the family's class, or one line before anything is written."""
+    from model.hf import write_pretrained
+    scheme = SCHEMES[position]
+    assert set(scheme.exports) <= set(FORMATS), scheme.exports
+    family = scheme.exports.get("hf")
+    gpt2 = dict(norm="layernorm", mlp="gelu") if family == "gpt2" else {}
+    ours = GPT(GPTConfig(**{**MODERN, "position": position, **gpt2}))
+    if family is None:
+        with pytest.raises(ValueError, match=f"^model.position={position} cannot be exported to "
+                                             f"Hugging Face: ") as e:
+            write_pretrained(ours, 72, tmp_path / "out")
+        assert "\n" not in str(e.value) and not (tmp_path / "out").exists()
+    else:
+        write_pretrained(ours, 72, tmp_path / "out")
+        assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == family

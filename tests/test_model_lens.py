@@ -15,10 +15,10 @@ VARIANTS = model_variants()
 
 def by_hand(model, idx) -> torch.Tensor:
     """The lens written out as the textbook does: each layer's residual through ln_f, lm_head and the softcap."""
-    x, rope = model._embed(idx, torch.arange(idx.size(1)))
+    x, at = model._embed(idx, torch.arange(idx.size(1)))
     rows = [x]
     for block in model.transformer.h:
-        x, _ = block(x, rope=rope)
+        x, _ = block(x, at=at)
         rows.append(x)
     logits = model.lm_head(model.transformer.ln_f(torch.stack(rows)))
     c = model.config.logit_softcap
