@@ -115,8 +115,13 @@ def min_p(logits, tokens, p: float):
 
 # setting -> its rule, in Hugging Face's order. Greedy applies the rules before the temperature
 # (those after it only trim the tail), then takes the argmax.
-RULES = {"vocab_limit": vocab_limit, "top_k": top_k, "temperature": temperature, "top_p": top_p,
-         "min_p": min_p}
+RULES = {
+    "vocab_limit": vocab_limit,
+    "top_k": top_k,
+    "temperature": temperature,
+    "top_p": top_p,
+    "min_p": min_p,
+}
 
 
 def logits_to_probs(logits, tokens, sampling: Sampling):
