@@ -14,7 +14,7 @@ from common.cli import setting_error
 WINDOWS = ("half", "sliding")
 GREEDY_BELOW = 2.0 ** -126  # float32's smallest normal number (torch.finfo(torch.float32).tiny)
 FLOAT32_MAX = 3.4028234663852886e38  # torch.finfo(torch.float32).max
-NEG_INF = float("-inf")
+NEG_INF, INF = float("-inf"), float("inf")
 
 
 def setting(default, type, metavar: str, help: str):
@@ -37,6 +37,8 @@ class Sampling:
         None, float, "P", "nucleus sampling: smallest set with mass >= P, 0 < P <= 1")
     min_p: float | None = setting(
         None, float, "P", "keep tokens at least P times as likely as the top one, 0 < P <= 1")
+    repetition_penalty: float | None = setting(None, float, "R", "CTRL's: tokens already in the "
+                                               "text less likely, R > 1 (e.g. 1.2; 1 = off)")
     # ids >= vocab_limit are never drawn (a padded vocabulary): the tokenizer's size
     vocab_limit: int | None = None
 
@@ -53,6 +55,10 @@ class Sampling:
         if self.min_p is not None and not (_number(self.min_p) and 0.0 <= self.min_p <= 1.0):
             raise setting_error("{min_p=}{0!r} is outside [0, 1]: use e.g. {min_p=}0.05 (0 keeps "
                                 "every token)", self.min_p)
+        if self.repetition_penalty is not None and not (_number(self.repetition_penalty)
+                                                        and 0 < self.repetition_penalty < INF):
+            raise setting_error("{repetition_penalty=}{0!r} is invalid: use a positive number such "
+                                "as 1.2 (1 = off)", self.repetition_penalty)
         if self.vocab_limit is not None and not (_number(self.vocab_limit, whole=True)
                                                  and self.vocab_limit >= 1):
             raise setting_error("{vocab_limit=}{0!r} is invalid: use the tokenizer's vocabulary "
@@ -80,6 +86,14 @@ def vocab_limit(logits, tokens, limit: int):
     logits = logits.clone()  # (not the caller's)
     logits[..., limit:] = NEG_INF
     return logits
+
+
+def repetition_penalty(logits, tokens, r: float):
+    """CTRL's (HF's RepetitionPenaltyLogitsProcessor): the logits of the tokens so far divided by r
+    where positive, multiplied by r where negative."""
+    drawn = (tokens >= 0).float()  # (-1: a slot not drawn yet)
+    seen = logits.new_zeros(logits.shape).scatter_add_(-1, tokens.clamp_min(0), drawn)
+    return logits.where(seen == 0, (logits / r).where(logits > 0, logits * r))
 
 
 def top_k(logits, tokens, k: int):
@@ -117,6 +131,7 @@ def min_p(logits, tokens, p: float):
 # (those after it only trim the tail), then takes the argmax.
 RULES = {
     "vocab_limit": vocab_limit,
+    "repetition_penalty": repetition_penalty,
     "top_k": top_k,
     "temperature": temperature,
     "top_p": top_p,

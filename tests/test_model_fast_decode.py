@@ -15,7 +15,8 @@ from tests.test_model_generate import decoder_config, spiky_model  # noqa: F401 
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 # greedy, and every rule at once (the rules one by one on every path: tests/test_model_sampling.py)
-SAMPLINGS = [Sampling(temperature=0), Sampling(temperature=1.5, top_k=20, top_p=0.95, min_p=0.01)]
+SAMPLINGS = [Sampling(temperature=0),
+             Sampling(temperature=1.5, top_k=20, top_p=0.95, min_p=0.01, repetition_penalty=1.3)]
 IDS = ["greedy", "sampled"]
 
 
@@ -244,7 +245,8 @@ def test_compiled_static_cache_decode_traces_once_and_matches_eager(tiny_gpt_con
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
-        for sampling, seed in ((Sampling(temperature=0), None), (Sampling(0.8, top_k=10, top_p=0.9, min_p=0.05), 5)):
+        sampled = Sampling(0.8, top_k=10, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
+        for sampling, seed in ((Sampling(temperature=0), None), (sampled, 5)):
             eager = _run(model, idx, n, next_token_probs, sampling, seed)
             assert torch.equal(_run(model, idx, n, step, sampling, seed), eager)
             assert step.works  # compiled for real, no silent fallback
@@ -345,7 +347,8 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02), dict(temperature=1.0)):
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02),
+                   dict(temperature=1.0), dict(temperature=0.8, repetition_penalty=1.3)):
             run(graphed_step, **kw), run(next_token_probs, **kw)  # warm-up: CUDA context, cuBLAS, allocator
             (graphed, graphed_rate), (eager, eager_rate) = run(graphed_step, **kw), run(next_token_probs, **kw)
             assert graphed == eager, kw
@@ -374,6 +377,7 @@ def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95, min_p=0.02)):
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95, min_p=0.02,
+                                             repetition_penalty=1.3)):
             assert torch.equal(run(graphed_step, **kw), run(next_token_probs, **kw)), kw
     assert graphed_step.works

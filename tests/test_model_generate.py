@@ -72,8 +72,8 @@ def test_vocab_limit_samples_what_the_old_lm_head_hook_did(tiny_gpt_config, use_
 
 # ---- generation -----------------------------------------------------------------------------
 
-def reference_generate(model, idx, max_new_tokens, pick=lambda logits, seq: logits.argmax(-1, keepdim=True),
-                       keep=None):
+def reference_generate(model, idx, max_new_tokens,
+                       pick=lambda logits, seq: logits.argmax(-1, keepdim=True), keep=None):
     """The documented overflow strategy, written out: crop the prompt to block_size; when the window
     would exceed block_size, restart it at the last `keep` (default block_size // 2) tokens. `pick`
     gets the last logits and the tokens so far (the whole sequence)."""
@@ -129,8 +129,9 @@ def test_sampling_with_same_generator_is_identical_cached_and_uncached(decoder_c
 
     def ref(keep):
         g = torch.Generator().manual_seed(5)
-        return reference_generate(model, idx, n, lambda logits, seq: sample(logits, seq, s, generator=g),
-                                  keep=keep)
+        def pick(logits, seq):
+            return sample(logits, seq, s, generator=g)
+        return reference_generate(model, idx, n, pick, keep=keep)
     assert torch.equal(a, ref(keep=None))  # exactly the documented windows...
     assert not torch.equal(a, ref(keep=decoder_config.block_size))  # ...which do matter (sensitivity)
 

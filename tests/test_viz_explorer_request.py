@@ -92,9 +92,11 @@ def test_next_lists_only_tokens_that_can_be_drawn():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
     ids = [3]  # the text's tokens, which a rule may read
     assert [i for i, _ in next_tokens(logits, ids, Sampling(1.0, top_k=3))] == [0, 1, 2]
-    assert [i for i, _ in next_tokens(logits, ids, Sampling(1.0, min_p=0.3))] == [0, 1]  # e^-1 = 0.37, e^-1.5 = 0.22
+    # e^-1 = 0.37, e^-1.5 = 0.22
+    assert [i for i, _ in next_tokens(logits, ids, Sampling(1.0, min_p=0.3))] == [0, 1]
     assert next_tokens(logits, ids, Sampling(0)) == [(0, 1.0)]
-    assert len(next_tokens(logits, ids, Sampling())) == 6 and len(next_tokens(logits, ids, Sampling(), n=4)) == 4
+    assert len(next_tokens(logits, ids, Sampling())) == 6
+    assert len(next_tokens(logits, ids, Sampling(), n=4)) == 4
 
 
 @pytest.mark.parametrize("logits,temperature", [

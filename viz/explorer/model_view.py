@@ -81,8 +81,8 @@ def token_text(tokenizer, token_id: int) -> str:
 
 def next_tokens(logits: torch.Tensor, ids: list[int], sampling: Sampling,
                 n: int = TOP_N) -> list[tuple[int, float]]:
-    """The n likeliest tokens after `ids` as (id, probability) under `sampling` (whose rules may read
-    the ids), as sampled: only those that can be drawn (probability > 0), never a non-finite
+    """The n likeliest tokens after `ids` as (id, probability) under `sampling` (whose rules may
+    read the ids), as sampled: only those that can be drawn (probability > 0), never a non-finite
     probability, whatever the division by the temperature made of the logits."""
     probs = logits_to_probs(logits, torch.tensor(ids, dtype=torch.long), sampling)
     probs = torch.where(torch.isfinite(probs), probs, 0.0)
