@@ -72,7 +72,8 @@ class Sampling:
         return self.temperature < GREEDY_BELOW
 
 
-SETTINGS = {f.name: f for f in fields(Sampling) if f.metadata}  # sample.py's flags, API fields
+# what a user sets: sample.py's flags, the explorer's API fields
+SETTINGS = {f.name: f for f in fields(Sampling) if f.metadata}
 
 
 # The rules. Each takes the logits (..., V) in float32, the tokens so far (..., L): the prompt and
@@ -80,18 +81,18 @@ SETTINGS = {f.name: f for f in fields(Sampling) if f.metadata}  # sample.py's fl
 # and its setting's value; it returns the logits (..., V), -inf for a token it rules out.
 
 def vocab_limit(logits, tokens, limit: int):
-    """Padded ids (>= limit) at -inf: never drawn."""
+    """Padded ids (>= limit) at -inf: never drawn (on a copy: the caller's logits stay)."""
     if limit >= logits.size(-1):
         return logits
-    logits = logits.clone()  # (not the caller's)
+    logits = logits.clone()
     logits[..., limit:] = NEG_INF
     return logits
 
 
 def repetition_penalty(logits, tokens, r: float):
     """CTRL's (HF's RepetitionPenaltyLogitsProcessor): the logits of the tokens so far divided by r
-    where positive, multiplied by r where negative."""
-    drawn = (tokens >= 0).float()  # (-1: a slot not drawn yet)
+    where positive, multiplied by r where negative (a -1, a slot not drawn yet, is no token)."""
+    drawn = (tokens >= 0).float()
     seen = logits.new_zeros(logits.shape).scatter_add_(-1, tokens.clamp_min(0), drawn)
     return logits.where(seen == 0, (logits / r).where(logits > 0, logits * r))
 
@@ -111,13 +112,15 @@ def temperature(logits, tokens, t: float):
 
 
 def top_p(logits, tokens, p: float):
-    """The smallest set of the likeliest tokens whose probability reaches p (the top one stays)."""
+    """The smallest set of the likeliest tokens whose probability reaches p: a token goes when the
+    probability of the strictly likelier ones (exactly 0 for the top one, which always stays)
+    reaches p without it."""
     if p >= 1.0:
         return logits
     sorted_probs, order = logits.softmax(dim=-1).sort(dim=-1, descending=True)
-    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # probability of strictly better ones
-    mass_before[..., 0] = 0.0  # exact zero: the top token is always kept
-    drop = mass_before >= p  # the kept tokens already reach p without this one
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    mass_before[..., 0] = 0.0
+    drop = mass_before >= p
     return logits.masked_fill(drop.scatter(-1, order, drop), NEG_INF)
 
 
