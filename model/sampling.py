@@ -140,6 +140,7 @@ RULES = {
     "top_p": top_p,
     "min_p": min_p,
 }
+assert set(RULES) == {f.name for f in fields(Sampling)}, "each Sampling field is read by its rule"
 
 
 def logits_to_probs(logits, tokens, sampling: Sampling):
