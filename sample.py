@@ -1,7 +1,9 @@
-r"""Sample text from a trained tinygpt model: `python sample.py --prompt "ROMEO:"` (see --help; docs/sampling.md).
+r"""Sample text from a trained tinygpt model: `python sample.py --prompt "ROMEO:"` (see --help;
+docs/sampling.md).
 
-Load (checkpoint or HF directory), encode, generate, stream. Arguments are checked before torch is imported, so a
-typo costs milliseconds; a user mistake is one `error: ...` line on stderr and exit code 2.
+Load (checkpoint or HF directory), encode, generate, stream. Arguments are checked before torch is
+imported, so a typo costs milliseconds; a user mistake is one `error: ...` line on stderr and exit
+code 2. The sampling flags (--temperature, --top-k, ...) are model/sampling.py's settings.
 """
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below e
 
 from common import startup
 
-startup.mark("python start-up")  # TINYGPT_TRACE=startup: each start-up phase's seconds (common/startup.py)
+# TINYGPT_TRACE=startup: each start-up phase's seconds (common/startup.py)
+startup.mark("python start-up")
 import dataclasses
 import io
 import re
@@ -23,14 +26,15 @@ from checkpoint.file import load_model
 from checkpoint.locate import add_checkpoint_options, check_hf_dir, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from, read_text_file
 from model.sampling import SETTINGS, WINDOWS, Sampling
-from model.hub import download_command
 from common.platform import command_line, configure_threads
 
-configure_threads()  # before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
+# before torch is imported (run() imports it): 3x on busy cores, docs/sampling.md
+configure_threads()
 startup.mark("imports")
 
 SEPARATOR = "\n---------------\n"
-FLAGS = {name: "--" + name.replace("_", "-") for name in SETTINGS}  # --top-k for top_k: model/sampling.py's settings
+# --top-k for top_k: model/sampling.py's settings
+FLAGS = {name: "--" + name.replace("_", "-") for name in SETTINGS}
 
 
 def nanogpt_start(value: str | None) -> str:
@@ -40,47 +44,60 @@ def nanogpt_start(value: str | None) -> str:
     return command_line(["--prompt", value]) if value is not None else "--prompt TEXT"
 
 
-# nanoGPT's sample.py flags that are not ours with - for _ (--num_samples, --max_new_tokens: common.cli says those),
-# and eval.py's name for a Hugging Face directory
-NANOGPT = {"out_dir": "--run", "start": nanogpt_start, "init_from": nanogpt_init_from("--init"), "hf": "--init",
-           "dtype": lambda _: "no dtype option (it decodes in bfloat16 on CUDA GPUs that have it, else float32)"}
+# nanoGPT's sample.py flags that are not ours with - for _ (--num_samples, --max_new_tokens:
+# common.cli says those), and eval.py's name for a Hugging Face directory
+NANOGPT = {"out_dir": "--run", "start": nanogpt_start, "init_from": nanogpt_init_from("--init"),
+           "hf": "--init",
+           "dtype": lambda _: "no dtype option (it decodes in bfloat16 on CUDA GPUs that have it, "
+                              "else float32)"}
 
 
 def parse_args(argv: list[str] | None = None):
-    p = ArgumentParser(prog="sample.py", description="Generate text from a trained tinygpt model (or a local HF "
-                       "GPT-2). Without --run/--checkpoint/--init it uses the newest run under ./outputs or "
-                       "./multirun.", spellings=NANOGPT)
+    p = ArgumentParser(prog="sample.py", description="Generate text from a trained tinygpt model "
+                       "(or a local HF GPT-2). Without --run/--checkpoint/--init it uses the "
+                       "newest run under ./outputs or ./multirun.", spellings=NANOGPT)
     src = add_checkpoint_options(p)
-    src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory "
-                     "(config.json + weights; GPT-2 BPE, its tokenizer.json, or a char model exported by export.py); "
-                     f"GPT-2's: {download_command('gpt2')}")
+    src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 "
+                     "directory (config.json + weights; GPT-2 BPE, its tokenizer.json, or a char "
+                     "model exported by export.py); --init gpt2 before the download prints the "
+                     "command that gets it")
     pr = p.add_mutually_exclusive_group()
-    pr.add_argument("--prompt", type=unescape, metavar="TEXT", help='text to continue (default: "\\n"; \\n, \\t '
-                    'understood)')
-    pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file (- = stdin)")
-    p.add_argument("--max-new-tokens", type=int, default=500, metavar="N", help="tokens per sample (default 500)")
+    pr.add_argument("--prompt", type=unescape, metavar="TEXT", help='text to continue (default: '
+                    '"\\n"; \\n, \\t understood)')
+    pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file "
+                    "(- = stdin)")
+    p.add_argument("--max-new-tokens", type=int, default=500, metavar="N",
+                   help="tokens per sample (default 500)")
     for name, setting in SETTINGS.items():  # --temperature, --top-k, --top-p, ...
         p.add_argument(FLAGS[name], default=setting.default, **setting.metadata)
     p.set_defaults(temperature=0.8)  # nanoGPT's sample.py's
-    p.add_argument("--num-samples", type=int, default=1, metavar="N", help="number of samples (default 1)")
+    p.add_argument("--num-samples", type=int, default=1, metavar="N",
+                   help="number of samples (default 1)")
     p.add_argument("--seed", type=int, help="random seed, for reproducible samples")
-    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
-    p.add_argument("--stop", type=unescape, metavar="STRING", help="stop a sample when STRING appears (\\n, \\t "
-                   "understood)")
-    p.add_argument("--no-kv-cache", dest="kv_cache", action="store_false", help="recompute the whole window per token")
-    p.add_argument("--window", choices=WINDOWS, default="half", help="the context once a sample outgrows the model's "
-                   "(block_size): half keeps its last half, re-read once per half (fast; the default); sliding keeps "
-                   "the last block_size tokens, re-read for every token (nanoGPT's sample.py; slower)")
-    p.add_argument("--no-stream", dest="stream", action="store_false", help="print each sample whole when done")
-    p.add_argument("--compile", action="store_true", help="CUDA: decode with a torch.compile'd step (longest runs)")
+    p.add_argument("--device", default="auto",
+                   help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
+    p.add_argument("--stop", type=unescape, metavar="STRING", help="stop a sample when STRING "
+                   "appears (\\n, \\t understood)")
+    p.add_argument("--no-kv-cache", dest="kv_cache", action="store_false",
+                   help="recompute the whole window per token")
+    p.add_argument("--window", choices=WINDOWS, default="half", help="the context once a sample "
+                   "outgrows the model's (block_size): half keeps its last half, re-read once per "
+                   "half (fast; the default); sliding keeps the last block_size tokens, re-read "
+                   "for every token (nanoGPT's sample.py; slower)")
+    p.add_argument("--no-stream", dest="stream", action="store_false",
+                   help="print each sample whole when done")
+    p.add_argument("--compile", action="store_true",
+                   help="CUDA: decode with a torch.compile'd step (longest runs)")
     p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_false",
                    help="CUDA: decode without CUDA graphs")
-    p.add_argument("--attention-map", metavar="FILE.png", help="draw the prompt's attention weights to a PNG")
+    p.add_argument("--attention-map", metavar="FILE.png",
+                   help="draw the prompt's attention weights to a PNG")
     return check_args(p.parse_args(argv))
 
 
 def unescape(text: str) -> str:
-    r"""Turn the two-character sequences \n, \t and \\ typed on a command line into the characters."""
+    r"""Turn the two-character sequences \n, \t and \\ typed on a command line into the
+    characters."""
     return re.sub(r"\\([nt\\])", lambda m: {"n": "\n", "t": "\t", "\\": "\\"}[m.group(1)], text)
 
 
@@ -88,11 +105,14 @@ def check_args(a):
     """Cheap checks (no torch) so that mistakes are reported before anything heavy is loaded."""
     with in_keys(FLAGS):
         a.sampling = Sampling(**{name: getattr(a, name) for name in SETTINGS})
-    mistakes = [(a.max_new_tokens < 0, f"--max-new-tokens {a.max_new_tokens} is negative: use 0 or more (default 500)"),
+    mistakes = [(a.max_new_tokens < 0, f"--max-new-tokens {a.max_new_tokens} is negative: use 0 "
+                                       "or more (default 500)"),
                 (a.num_samples < 1, f"--num-samples {a.num_samples} is invalid: use 1 or more"),
-                (a.seed is not None and not 0 <= a.seed < 2**64,  # torch.Generator.manual_seed's range
+                # torch.Generator.manual_seed's range
+                (a.seed is not None and not 0 <= a.seed < 2**64,
                  f"--seed {a.seed} is out of range: use a whole number from 0 to {2**64 - 1}"),
-                (a.stop == "", "--stop is empty: give the text that should end a sample, e.g. --stop '\\n\\n'")]
+                (a.stop == "", "--stop is empty: give the text that should end a sample, e.g. "
+                               "--stop '\\n\\n'")]
     for wrong, message in mistakes:
         if wrong:
             raise ValueError(message)
@@ -101,42 +121,50 @@ def check_args(a):
     if a.checkpoint is not None:
         ckpt = Path(a.checkpoint)
         if ckpt.is_dir():
-            raise IsADirectoryError(f"--checkpoint {ckpt} is a directory: give a .pt file in it, or pass a run "
-                                    "directory with --run DIR")
+            raise IsADirectoryError(f"--checkpoint {ckpt} is a directory: give a .pt file in it, "
+                                    "or pass a run directory with --run DIR")
         if not ckpt.exists():
-            raise FileNotFoundError(f"checkpoint {ckpt} does not exist: check the path, or use --run DIR")
+            raise FileNotFoundError(f"checkpoint {ckpt} does not exist: check the path, or use "
+                                    "--run DIR")
     if a.init is not None:
         check_hf_dir(a.init, "--init")
     if a.attention_map is not None:
         png = Path(a.attention_map)
         if png.is_dir():
-            raise IsADirectoryError(f"--attention-map {png} is a directory: give a file name, e.g. {png / 'att.png'}")
+            raise IsADirectoryError(f"--attention-map {png} is a directory: give a file name, "
+                                    f"e.g. {png / 'att.png'}")
         if not png.resolve().parent.is_dir():
-            raise FileNotFoundError(f"cannot write --attention-map {png}: its directory does not exist")
+            raise FileNotFoundError(f"cannot write --attention-map {png}: its directory does not "
+                                    "exist")
     if a.prompt_file is not None:
         a.prompt = read_text_file(a.prompt_file, "--prompt-file")
     if a.prompt == "":
         source = "--prompt" if a.prompt_file is None else f"--prompt-file {a.prompt_file}"
-        raise ValueError(f"{source} is empty: give some text, or leave out the prompt to start from a newline")
+        raise ValueError(f"{source} is empty: give some text, or leave out the prompt to start "
+                         "from a newline")
     return a
 
 
 def encode_prompt(tokenizer, text: str | None, block_size: int) -> list[int]:
-    """Token ids of the prompt (default "\\n", else token 0), cut to its last `block_size` with a notice."""
+    """Token ids of the prompt (default "\\n", else token 0), cut to its last `block_size` with a
+    notice."""
     if text is None:  # token 0 if a char vocabulary has no "\n"
-        return [0] if tokenizer.unknown_characters("\n") else tokenizer.encode("\n")[-block_size:] or [0]
+        if tokenizer.unknown_characters("\n"):
+            return [0]
+        return tokenizer.encode("\n")[-block_size:] or [0]
     try:
         ids = tokenizer.encode(text)
     except ValueError as e:
         if not (unknown := tokenizer.unknown_characters(text)):
             raise ValueError(f"cannot encode the prompt: {e}") from None
         more = f" and {len(unknown) - 20} more" if len(unknown) > 20 else ""
-        raise ValueError(f"the prompt has {len(unknown)} character(s) outside the model's vocabulary: "
-                         f"{', '.join(repr(c) for c in unknown[:20])}{more}; a char-level model knows only the "
-                         "characters of its training text: remove or replace them") from None
+        raise ValueError(f"the prompt has {len(unknown)} character(s) outside the model's "
+                         f"vocabulary: {', '.join(repr(c) for c in unknown[:20])}{more}; a "
+                         "char-level model knows only the characters of its training text: "
+                         "remove or replace them") from None
     if len(ids) > block_size:
-        print(f"note: the prompt is {len(ids)} tokens, longer than the model's context of {block_size}: "
-              f"the model sees its last {block_size} tokens", file=sys.stderr)
+        print(f"note: the prompt is {len(ids)} tokens, longer than the model's context of "
+              f"{block_size}: the model sees its last {block_size} tokens", file=sys.stderr)
     return ids[-block_size:]
 
 
@@ -164,11 +192,13 @@ class StopAt:
 
 
 def stream_text(tokens, tokenizer, write, stop: str | None = None) -> int:
-    """`write` the text of `tokens` ((1, 1) tensors or ints) in complete characters, up to `stop`; the count."""
+    """`write` the text of `tokens` ((1, 1) tensors or ints) in complete characters, up to `stop`;
+    the count."""
     from data.tokenizer import StreamDecoder
     decoder, stopper, n = StreamDecoder(tokenizer), StopAt(stop), 0
     for n, tok in enumerate(tokens, 1):
-        write(stopper.push(decoder.push(tok.reshape(-1).tolist() if hasattr(tok, "reshape") else [int(tok)])))
+        ids = tok.reshape(-1).tolist() if hasattr(tok, "reshape") else [int(tok)]
+        write(stopper.push(decoder.push(ids)))
         if stopper.done:
             return n
     write(stopper.push(decoder.flush()) + ("" if stopper.done else stopper.flush()))
@@ -176,7 +206,8 @@ def stream_text(tokens, tokenizer, write, stop: str | None = None) -> int:
 
 
 def decode_step(args, device):
-    """The one-token decode step: on CUDA model/fast_decode.py's (CUDA graphs, or --compile), else the eager one."""
+    """The one-token decode step: on CUDA model/fast_decode.py's (CUDA graphs, or --compile), else
+    the eager one."""
     from model.generate import next_token_probs
     if device.type == "cuda":
         from common.files import keep_tool_caches
@@ -184,12 +215,14 @@ def decode_step(args, device):
         keep_tool_caches()  # --compile's graphs and kernels, kept for the next run
         return pick_decode(device, args.compile, args.cuda_graphs, args.kv_cache)
     if args.compile:
-        print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}", file=sys.stderr)
+        print(f"note: --compile speeds up CUDA decoding only; running uncompiled on {device}",
+              file=sys.stderr)
     return next_token_probs
 
 
 def run(argv: list[str] | None = None) -> int:
-    """The whole CLI; raises ValueError/OSError for user mistakes (main() turns them into one line)."""
+    """The whole CLI; raises ValueError/OSError for user mistakes (main() turns them into one
+    line)."""
     args, out = parse_args(argv), sys.stdout
     source = args.init if args.init is not None else resolve_checkpoint(args.run, args.checkpoint)
     startup.mark("arguments checked")
@@ -200,16 +233,19 @@ def run(argv: list[str] | None = None) -> int:
     startup.mark("torch import")
     with in_keys({"device": "--device"}):
         device = resolve_device(args.device)
-    generator = torch.Generator(device=device).manual_seed(args.seed) if args.seed is not None else None
-    model, tokenizer = load_model(source, args.init, device)  # in eval mode, from the checkpoint alone (weights_only)
+    generator = None if args.seed is None else torch.Generator(device).manual_seed(args.seed)
+    # in eval mode, from the checkpoint alone (weights_only)
+    model, tokenizer = load_model(source, args.init, device)
     if device.type == "cuda" and cuda_bf16_native():
         model = model.bfloat16()  # decoding is memory-bound: half the bytes per token
     startup.mark("model loaded")
     ids = encode_prompt(tokenizer, args.prompt, model.config.block_size)
-    head = args.prompt if args.prompt is not None else tokenizer.decode(ids)  # the prompt is printed in full
+    # the prompt is printed in full
+    head = args.prompt if args.prompt is not None else tokenizer.decode(ids)
     decode = decode_step(args, device)
     startup.mark("decode step")
-    sampling = dataclasses.replace(args.sampling, vocab_limit=tokenizer.vocab_size)  # padded ids: never sampled
+    # padded ids: never sampled
+    sampling = dataclasses.replace(args.sampling, vocab_limit=tokenizer.vocab_size)
     if args.attention_map:
         from viz.attention_map import draw_attention_map
         draw_attention_map(model, tokenizer, ids, args.attention_map, title=str(source))
@@ -221,23 +257,29 @@ def run(argv: list[str] | None = None) -> int:
         print(text, end="", file=sink, flush=True)
         tail = text[-1:] or tail
     for i in range(args.num_samples):
-        sink = out if args.stream else io.StringIO()  # --no-stream: each sample is printed whole once done
+        # --no-stream: each sample is printed whole once done
+        sink = out if args.stream else io.StringIO()
         write((SEPARATOR if i else "") + head)
         t0 = time.perf_counter()
-        tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens, sampling,
-                                 use_kv_cache=args.kv_cache, generator=generator, decode=decode, window=args.window)
-        n_tokens += stream_text(startup.first(tokens, "first token"), tokenizer, write, args.stop)  # (printed)
-        seconds += time.perf_counter() - t0  # no sync needed: every token has been read back to print it
+        tokens = generate_tokens(model, torch.tensor([ids], device=device), args.max_new_tokens,
+                                 sampling, use_kv_cache=args.kv_cache, generator=generator,
+                                 decode=decode, window=args.window)
+        # (each token printed, so read back: no sync needed for the time)
+        n_tokens += stream_text(startup.first(tokens, "first token"), tokenizer, write, args.stop)
+        seconds += time.perf_counter() - t0
         out.write("" if sink is out else sink.getvalue())
-    print(end="" if tail == "\n" else "\n", file=out, flush=True)  # end the last line, never add one (--stop '\n')
-    mode = f"kv cache {'on' if args.kv_cache else 'off'}" + ("" if decode is next_token_probs else f", {decode.kind}")
-    print(f"generated {n_tokens} tokens in {seconds:.2f} s ({n_tokens / max(seconds, 1e-9):.1f} tokens/s, {mode})",
-          file=sys.stderr)
+    # end the last line, never add one (--stop '\n')
+    print(end="" if tail == "\n" else "\n", file=out, flush=True)
+    fast = "" if decode is next_token_probs else f", {decode.kind}"
+    print(f"generated {n_tokens} tokens in {seconds:.2f} s "
+          f"({n_tokens / max(seconds, 1e-9):.1f} tokens/s, kv cache "
+          f"{'on' if args.kv_cache else 'off'}{fast})", file=sys.stderr)
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    return cli_main(run, argv, "while generating: use a smaller --max-new-tokens or --num-samples, or another --device")
+    return cli_main(run, argv, "while generating: use a smaller --max-new-tokens or "
+                    "--num-samples, or another --device")
 
 
 if __name__ == "__main__":

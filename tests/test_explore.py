@@ -106,11 +106,12 @@ def test_contract(one):
     from model.generate import Sampling, logits_to_probs
     logits = views[0].last.logits
     assert logits.numel() == views[0].tokenizer.vocab_size  # the padded rows are no tokens
-    expect = logits_to_probs(logits, Sampling(0.7, 5))
+    ids = views[0].last.ids  # the tokens so far, which a rule may read
+    expect = logits_to_probs(logits, torch.tensor(ids), Sampling(0.7, 5))
     assert all(abs(expect[n["id"]] - n["prob"]) < 1e-6 and n["token"] == views[0].tokenizer.decode([n["id"]])
                for n in nxt)
     near_top = post(url, {"text": PROMPT, "min_p": 0.5})[1]["next"]  # as sample.py --min-p 0.5
-    expect = logits_to_probs(logits, Sampling(min_p=0.5))
+    expect = logits_to_probs(logits, torch.tensor(ids), Sampling(min_p=0.5))
     assert len(near_top) == min(20, int((expect > 0).sum())) < 20 and all(
         abs(expect[n["id"]] - n["prob"]) < 1e-6 and n["prob"] >= 0.5 * near_top[0]["prob"] for n in near_top)
     greedy = post(url, {"text": PROMPT, "temperature": 0})[1]["next"]

@@ -14,7 +14,10 @@ from model.sampling import Sampling
 from tests.test_model_generate import decoder_config, spiky_model  # noqa: F401 (fixture)
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
-SAMPLINGS = [Sampling(temperature=0), Sampling(temperature=1.5, top_k=20, top_p=0.95, min_p=0.01)]
+# greedy, and every rule at once (the rules one by one on every path: tests/test_model_sampling.py)
+SAMPLINGS = [Sampling(temperature=0),
+             Sampling(temperature=1.5, top_k=20, top_p=0.95, min_p=0.01, repetition_penalty=1.3)]
+IDS = ["greedy", "sampled"]
 
 
 def _run(model, idx, n, decode, sampling, seed=None):
@@ -52,35 +55,21 @@ def test_a_fast_step_needs_the_kv_cache(tiny_gpt_config):
 
 # ---- CUDA graphs: the captured step, checked where it can be without a GPU -------------------------
 
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
-def test_graphed_step_on_fixed_buffers_gives_eager_tokens(decoder_config, monkeypatch, sampling):
-    """The function a CUDA graph captures, run uncaptured: called with the same input tensors and the same
-    static cache every token (as a replay is), it gives eager decoding's tokens, the window sliding twice."""
-    from model import fast_decode
-
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
+def test_graphed_step_on_fixed_buffers_gives_eager_tokens(decoder_config, sampling):
+    """The function a CUDA graph captures, run uncaptured on the graph's own input buffers (as a
+    replay is): eager decoding's tokens, the window sliding twice; a second generation, on new
+    buffers, gets its own eager tokens (a step still bound to the first one's would not)."""
     model = spiky_model(decoder_config)
-    idx = torch.tensor([[1, 2, 3], [4, 5, 6]])
     n = 3 * decoder_config.block_size
-    seen, graphs = [], []
-
-    def spy(model, tok, pos, cache, sampling):
-        seen.append((tok, pos, tok.data_ptr(), pos.data_ptr(), cache, cache.k[0].data_ptr(), pos.item()))
-        return next_token_probs(model, tok, pos, cache, sampling)
-    monkeypatch.setattr(fast_decode, "next_token_probs", spy)
     step = FastDecode(capture=False)
-    graphed = _run(model, idx, n, step, sampling, seed=7)
-    assert torch.equal(graphed, _run(model, idx, n, next_token_probs, sampling, seed=7))
-    first = seen[0]
-    assert all(s[0] is first[0] and s[1] is first[1] and s[2:4] == first[2:4] for s in seen)  # same buffers
-    assert all(s[4] is first[4] and s[5] == first[5] and s[4].static for s in seen)  # one static cache
-    positions = [s[6] for s in seen]  # decode steps only: the first token and each slide's come from a prefill
-    assert max(positions) == decoder_config.block_size - 1 and n - 1 - len(seen) >= 2  # the window slid
-    graphs.append(step.graph)
-    assert torch.equal(_run(model, idx, n, step, sampling, seed=7), graphed)  # a second generation: a new graph
-    assert step.graph is not graphs[0] and step.works
+    for idx in (torch.tensor([[1, 2, 3], [4, 5, 6]]), torch.tensor([[7, 8], [9, 7]])):
+        eager = _run(model, idx, n, next_token_probs, sampling, seed=7)
+        assert torch.equal(_run(model, idx, n, step, sampling, seed=7), eager)
+    assert step.works
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
 def test_capture_and_replay_protocol_on_a_stand_in_gpu(decoder_config, monkeypatch, sampling):
     """GraphedStep's CUDA calls, with CPU stand-ins: warm-up on a side stream, one capture, then per token
     copy in + replay, which rewrites the one output tensor (as a real graph does). Tokens still equal eager
@@ -138,7 +127,7 @@ def _host_reads(fn) -> list[str]:
     return reads
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
 def test_graphed_decoding_never_waits_on_the_device(decoder_config, sampling):
     """No host read anywhere in a generation over the static cache (prefills, window slides, decode steps, draws):
     a CUDA graph replays back to back, and the only sync is the caller's, to print a token."""
@@ -150,7 +139,7 @@ def test_graphed_decoding_never_waits_on_the_device(decoder_config, sampling):
     assert {"item", "_local_scalar_dense"} & set(_host_reads(lambda: _run(model, idx, n, next_token_probs, sampling)))
 
 
-@pytest.mark.parametrize("sampling", SAMPLINGS, ids=["greedy", "sampled"])
+@pytest.mark.parametrize("sampling", SAMPLINGS, ids=IDS)
 def test_failed_capture_warns_once_with_the_reason_and_decodes_eagerly(tiny_gpt_config, monkeypatch, sampling):
     """The capture fails after its warm-up wrote the cache slot: one warning, that token and the rest are eager
     decoding's (the generator drawing as eagerly: the step never sees it), and later generations skip the capture."""
@@ -194,7 +183,7 @@ def test_every_decode_path_gives_the_greedy_tokens_at_a_tiny_temperature(decoder
 def _failing_compiled(calls, exc):
     """Stands in for a compiled step that fails after writing its cache slot (as a half-run graph could): the
     eager retry must rewrite it."""
-    def step(model, tok, pos, cache, sampling):
+    def step(model, tok, pos, cache, *rest):
         calls.append(pos.item())
         for t in (*cache.k, *cache.v):
             t.index_fill_(2, pos, 123.0)
@@ -256,7 +245,8 @@ def test_compiled_static_cache_decode_traces_once_and_matches_eager(tiny_gpt_con
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     try:
-        for sampling, seed in ((Sampling(temperature=0), None), (Sampling(0.8, top_k=10, top_p=0.9, min_p=0.05), 5)):
+        sampled = Sampling(0.8, top_k=10, top_p=0.9, min_p=0.05, repetition_penalty=1.3)
+        for sampling, seed in ((Sampling(temperature=0), None), (sampled, 5)):
             eager = _run(model, idx, n, next_token_probs, sampling, seed)
             assert torch.equal(_run(model, idx, n, step, sampling, seed), eager)
             assert step.works  # compiled for real, no silent fallback
@@ -357,7 +347,8 @@ def test_cuda_graph_decoding_gives_eager_tokens_faster_in_bf16():
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02), dict(temperature=1.0)):
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=50, top_p=0.95, min_p=0.02),
+                   dict(temperature=1.0), dict(temperature=0.8, repetition_penalty=1.3)):
             run(graphed_step, **kw), run(next_token_probs, **kw)  # warm-up: CUDA context, cuBLAS, allocator
             (graphed, graphed_rate), (eager, eager_rate) = run(graphed_step, **kw), run(next_token_probs, **kw)
             assert graphed == eager, kw
@@ -386,6 +377,7 @@ def test_cuda_graph_decoding_of_the_modern_preset_gives_eager_tokens():
 
     with warnings.catch_warnings():
         warnings.filterwarnings("error", message="CUDA graph capture failed")  # no silent fallback
-        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95, min_p=0.02)):
+        for kw in (dict(temperature=0), dict(temperature=0.8, top_k=20, top_p=0.95, min_p=0.02,
+                                             repetition_penalty=1.3)):
             assert torch.equal(run(graphed_step, **kw), run(next_token_probs, **kw)), kw
     assert graphed_step.works

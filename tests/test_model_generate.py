@@ -5,9 +5,8 @@ import dataclasses
 import pytest
 import torch
 
-from common.cli import in_keys
 from model.gpt import GPT
-from model.generate import generate, generate_tokens, logits_to_probs, sample
+from model.generate import generate, generate_tokens, sample
 from model.sampling import Sampling
 
 GREEDY = Sampling(temperature=0)
@@ -35,158 +34,6 @@ DECODERS = {  # GPT-2's decoder and modern ones: the cache must hold n_kv_head h
 @pytest.fixture(params=list(DECODERS), ids=list(DECODERS))
 def decoder_config(request, tiny_gpt_config):
     return dataclasses.replace(tiny_gpt_config, **DECODERS[request.param])
-
-
-# ---- logits_to_probs ------------------------------------------------------------------------
-
-def test_temperature_zero_is_one_hot_argmax():
-    probs = logits_to_probs(torch.tensor([[0.1, 2.0, -1.0], [5.0, 0.0, 4.9]]), Sampling(temperature=0))
-    assert probs.tolist() == [[0, 1, 0], [1, 0, 0]]
-
-
-def test_temperature_scales_logits():
-    logits = torch.tensor([1.0, 2.0, 3.0])
-    assert torch.allclose(logits_to_probs(logits, Sampling(1.0)), torch.softmax(logits, -1))
-    assert torch.allclose(logits_to_probs(logits, Sampling(0.5)), torch.softmax(logits / 0.5, -1))
-    hot, cold = logits_to_probs(logits, Sampling(10.0)), logits_to_probs(logits, Sampling(0.1))
-    assert hot.max() < 0.4 and cold.max() > 0.99
-
-
-def test_top_k_keeps_k_tokens_and_is_clamped():
-    logits = torch.tensor([[1.0, 4.0, 3.0, 2.0]])
-    probs = logits_to_probs(logits, Sampling(top_k=2))
-    assert (probs > 0).tolist() == [[False, True, True, False]]
-    assert torch.allclose(probs.sum(), torch.tensor(1.0))
-    assert torch.allclose(logits_to_probs(logits, Sampling(top_k=100)), torch.softmax(logits, -1))  # clamped to V
-
-
-def test_top_p_keeps_smallest_set_reaching_p():
-    logits = torch.tensor([0.6, 0.25, 0.1, 0.05]).log()[[2, 0, 3, 1]]  # shuffled: [0.1, 0.6, 0.05, 0.25]
-    assert (logits_to_probs(logits, Sampling(top_p=0.7)) > 0).tolist() == [False, True, False, True]  # 0.6 + 0.25
-    assert (logits_to_probs(logits, Sampling(top_p=0.9)) > 0).tolist() == [True, True, False, True]  # + 0.1
-    assert (logits_to_probs(logits, Sampling(top_p=0.5)) > 0).tolist() == [False, True, False, False]
-    assert (logits_to_probs(logits, Sampling(top_p=1e-9)) > 0).tolist() == [False, True, False, False]  # top kept
-    assert torch.allclose(logits_to_probs(logits, Sampling(top_p=1.0)), torch.softmax(logits, -1))
-    kept = logits_to_probs(logits, Sampling(top_p=0.7))
-    assert torch.allclose(kept[[1, 3]], torch.tensor([0.6, 0.25]) / 0.85)  # renormalised
-
-
-def test_top_p_boundary_is_inclusive():
-    logits = torch.tensor([0.125, 0.5, 0.125, 0.25]).log()  # powers of two: exact in float32
-    assert (logits_to_probs(logits, Sampling(top_p=0.75)) > 0).tolist() == [False, True, False, True]  # 0.5 + 0.25
-    assert (logits_to_probs(logits, Sampling(top_p=0.5)) > 0).tolist() == [False, True, False, False]
-
-
-def test_top_k_then_top_p_compose():
-    logits = torch.tensor([[0.6, 0.25, 0.1, 0.05]]).log()
-    probs = logits_to_probs(logits, Sampling(top_k=3, top_p=0.95))  # top-k renormalises to 0.6/0.95, ...
-    assert (probs > 0).tolist() == [[True, True, True, False]]
-
-
-def test_min_p_keeps_tokens_at_least_min_p_times_the_top_one():
-    """min_p: the tokens with probability >= min_p x the top token's (boundary included), renormalised; 0 and None
-    keep every token. By hand, with powers of two (exact in float32)."""
-    probs = torch.tensor([0.125, 0.5, 0.03125, 0.25, 0.09375])
-    logits = probs.log()
-    kept = logits_to_probs(logits, Sampling(min_p=0.25))  # 0.25 x 0.5 = 0.125: 0.125 stays, 0.09375 goes
-    assert torch.equal(kept, torch.tensor([0.125, 0.5, 0, 0.25, 0]) / 0.875)
-    assert (logits_to_probs(logits, Sampling(min_p=0.5)) > 0).tolist() == [False, True, False, True, False]
-    assert (logits_to_probs(logits, Sampling(min_p=1.0)) > 0).tolist() == [False, True, False, False, False]
-    plain = logits_to_probs(logits)
-    assert torch.equal(logits_to_probs(logits, Sampling(min_p=0)), plain)
-    assert torch.equal(logits_to_probs(logits, Sampling(min_p=0.01)), plain)  # 0.03125 >= 0.005: all stay
-
-
-def test_min_p_comes_after_the_temperature_and_top_p():
-    """HF's order (MinPLogitsWarper after TemperatureLogitsWarper and TopPLogitsWarper): at temperature T a token
-    stays if (p / p_top) ** (1 / T) >= min_p; top-p first, on the whole distribution."""
-    logits = torch.tensor([0.5, 0.25, 0.125, 0.125]).log()
-    assert (logits_to_probs(logits, Sampling(min_p=0.4)) > 0).tolist() == [True, True, False, False]  # 0.25 < 0.4
-    hot = logits_to_probs(logits, Sampling(2.0, min_p=0.4))  # (1/4) ** (1/2) = 0.5 >= 0.4: the 0.125s stay
-    assert torch.allclose(hot, torch.tensor([2 ** 0.5, 1, 0.5 ** 0.5, 0.5 ** 0.5]) / (2 ** 0.5 + 1 + 2 * 0.5 ** 0.5))
-    logits = torch.tensor([0.4, 0.3, 0.2, 0.1]).log()
-    both = logits_to_probs(logits, Sampling(top_p=0.75, min_p=0.4))  # top-p keeps 3 (0.4 + 0.3 < 0.75), min-p 3
-    assert torch.allclose(both, torch.tensor([0.4, 0.3, 0.2, 0]) / 0.9)  # (min-p first: top-p would keep only 2)
-
-
-TINY_TEMPERATURES = [1e-45, 5e-324, 1e-39, 1e-38, 1e-30, 1e-10]  # below float32's smallest normal number, and above
-FILTERS = [dict(), dict(top_k=3), dict(top_p=0.5), dict(top_k=3, top_p=0.9), dict(vocab_limit=5),
-           dict(top_k=2, top_p=0.99, vocab_limit=5), dict(min_p=0.1),
-           dict(top_k=4, top_p=0.95, min_p=0.5, vocab_limit=5)]
-
-
-@pytest.mark.parametrize("kw", FILTERS, ids=lambda kw: ",".join(kw) or "plain")
-def test_a_tiny_positive_temperature_samples_as_greedy(kw):
-    """Was NaN probabilities (logits / 1e-45 overflow, inf - inf in the softmax) and garbage tokens: the argmax's
-    one-hot now, with no random draw below float32's smallest normal number (the generator is left as it was)."""
-    logits = torch.tensor([[1.0, 3.0, 2.0, -1.0, 0.5, 9.0], [-2.0, 0.0, 2.5, 2.0, 1.0, 9.0]])
-    greedy = logits_to_probs(logits, Sampling(0, **kw))
-    for t in TINY_TEMPERATURES:
-        assert torch.equal(logits_to_probs(logits, Sampling(t, **kw)), greedy), t
-        g = torch.Generator().manual_seed(0)
-        state = g.get_state()
-        assert torch.equal(sample(logits, Sampling(t, **kw), generator=g), sample(logits, Sampling(0, **kw))), t
-        assert torch.equal(g.get_state(), state) == (t < torch.finfo(torch.float32).tiny), t
-
-
-@pytest.mark.parametrize("kw", FILTERS, ids=lambda kw: ",".join(kw) or "plain")
-def test_no_temperature_gives_nan_even_with_huge_logits(kw):
-    """Any accepted temperature, with logits far apart and a huge one (a diverging model), gives probabilities:
-    finite, summing to 1, zero where the filters and the vocabulary limit say so."""
-    logits = torch.tensor([[3e38, -3e38, 1.0, 2.0, 0.0, 5.0], [1e30, 1e30, -1e30, 0.0, 1.0, 2.0]])
-    for t in [*TINY_TEMPERATURES, 1e-5, 0.8, 1.0, 1e30, 3.4e38, 1e39, 1e300, 10**400]:
-        probs = logits_to_probs(logits, Sampling(t, **kw))
-        assert probs.isfinite().all() and (probs >= 0).all(), (t, probs)
-        assert torch.allclose(probs.sum(-1), torch.ones(2)), (t, probs)
-        if "vocab_limit" in kw:
-            assert (probs[:, 5:] == 0).all(), t
-    assert logits_to_probs(logits[1:], Sampling(1e-30))[0].tolist() == [0.5, 0.5, 0, 0, 0, 0]  # ties share the mass
-    hot = logits_to_probs(torch.tensor([1.0, 2.0, 3.0, float("-inf")]), Sampling(1e300))  # the -inf 0, the rest even
-    assert torch.allclose(hot, torch.tensor([1 / 3, 1 / 3, 1 / 3, 0.0]))
-
-
-@pytest.mark.parametrize("kwargs, field", [
-    (dict(temperature=-0.5), "temperature"),
-    (dict(temperature=float("nan")), "temperature"),
-    (dict(temperature=float("inf")), "temperature"),
-    (dict(top_k=0), "top_k"),
-    (dict(top_k=2.5), "top_k"),
-    (dict(top_p=0.0), "top_p"),
-    (dict(top_p=1.5), "top_p"),
-    (dict(min_p=-0.1), "min_p"),
-    (dict(min_p=1.5), "min_p"),
-    (dict(min_p="0.1"), "min_p"),
-    (dict(min_p=True), "min_p"),
-])
-def test_bad_sampling_parameters_raise(kwargs, field):
-    """Checked once, where the settings are made (model/sampling.py): one line naming the setting as the caller
-    spells it (sample.py's flags, the explorer's fields: in_keys); every function downstream takes them checked."""
-    with pytest.raises(ValueError, match=f"^{field}=") as e:
-        Sampling(**kwargs)
-    assert "\n" not in str(e.value)
-    flag = "--" + field.replace("_", "-")
-    with pytest.raises(ValueError, match=f"^{flag} "), in_keys({field: flag}):
-        Sampling(**kwargs)
-
-
-# ---- vocab_limit (a padded vocabulary: ids no tokenizer knows) -------------------------------
-
-def test_vocab_limit_gives_padded_ids_zero_probability():
-    logits = torch.tensor([[1.0, 2.0, 9.0, 8.0], [3.0, 1.0, 0.0, 7.0]])
-    probs = logits_to_probs(logits, Sampling(vocab_limit=2))
-    assert (probs[:, 2:] == 0).all() and torch.allclose(probs[:, :2], torch.softmax(logits[:, :2], -1))
-    assert logits_to_probs(logits, Sampling(temperature=0, vocab_limit=2)).tolist() == [[0, 1, 0, 0], [1, 0, 0, 0]]
-    assert sample(logits, Sampling(temperature=0, vocab_limit=2)).tolist() == [[1], [0]]
-    g = torch.Generator().manual_seed(0)
-    assert (sample(logits.repeat(1000, 1), Sampling(top_k=3, top_p=0.99, vocab_limit=2), generator=g) < 2).all()
-    assert torch.equal(logits_to_probs(logits, Sampling(vocab_limit=4)), logits_to_probs(logits))  # no padding: no-op
-    assert logits[0, 2] == 9.0  # the caller's logits are not modified
-
-
-@pytest.mark.parametrize("vocab_limit", [0, -1, 2.5, True])
-def test_bad_vocab_limit_raises(vocab_limit):
-    with pytest.raises(ValueError, match="vocab_limit"):
-        Sampling(vocab_limit=vocab_limit)
 
 
 def _mask_hook(model, vocab_limit):
@@ -223,25 +70,13 @@ def test_vocab_limit_samples_what_the_old_lm_head_hook_did(tiny_gpt_config, use_
         assert torch.equal(torch.cat([idx, *stream], dim=1), new)
 
 
-# ---- sample ---------------------------------------------------------------------------------
-
-def test_sample_is_reproducible_and_follows_probs():
-    logits = torch.tensor([0.5, 0.3, 0.2, 0.0]).log().expand(40_000, 4)
-    a = sample(logits, generator=torch.Generator().manual_seed(7))
-    b = sample(logits, generator=torch.Generator().manual_seed(7))
-    assert a.shape == (40_000, 1) and a.dtype == torch.long and torch.equal(a, b)
-    freq = torch.bincount(a.flatten(), minlength=4).float() / 40_000
-    assert torch.allclose(freq, torch.tensor([0.5, 0.3, 0.2, 0.0]), atol=0.015)
-    assert not torch.equal(a, sample(logits, generator=torch.Generator().manual_seed(8)))
-    assert torch.equal(sample(logits[:3], GREEDY), torch.zeros(3, 1, dtype=torch.long))
-
-
 # ---- generation -----------------------------------------------------------------------------
 
-def reference_generate(model, idx, max_new_tokens, pick=lambda logits: logits.argmax(-1, keepdim=True),
-                       keep=None):
+def reference_generate(model, idx, max_new_tokens,
+                       pick=lambda logits, seq: logits.argmax(-1, keepdim=True), keep=None):
     """The documented overflow strategy, written out: crop the prompt to block_size; when the window
-    would exceed block_size, restart it at the last `keep` (default block_size // 2) tokens."""
+    would exceed block_size, restart it at the last `keep` (default block_size // 2) tokens. `pick`
+    gets the last logits and the tokens so far (the whole sequence)."""
     block = model.config.block_size
     keep = keep or block // 2
     seq, start = idx, max(0, idx.size(1) - block)
@@ -250,7 +85,7 @@ def reference_generate(model, idx, max_new_tokens, pick=lambda logits: logits.ar
             if seq.size(1) - start > block:
                 start = seq.size(1) - keep
             logits, _ = model(seq[:, start:])
-            seq = torch.cat([seq, pick(logits[:, -1])], dim=1)
+            seq = torch.cat([seq, pick(logits[:, -1], seq)], dim=1)
     return seq
 
 
@@ -295,7 +130,9 @@ def test_sampling_with_same_generator_is_identical_cached_and_uncached(decoder_c
 
     def ref(keep):
         g = torch.Generator().manual_seed(5)
-        return reference_generate(model, idx, n, lambda logits: sample(logits, s, generator=g), keep=keep)
+        def pick(logits, seq):
+            return sample(logits, seq, s, generator=g)
+        return reference_generate(model, idx, n, pick, keep=keep)
     assert torch.equal(a, ref(keep=None))  # exactly the documented windows...
     assert not torch.equal(a, ref(keep=decoder_config.block_size))  # ...which do matter (sensitivity)
 

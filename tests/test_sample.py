@@ -162,6 +162,17 @@ def test_min_p_keeps_the_tokens_near_the_top_one(trained, capsys):
     assert a == b != greedy
 
 
+def test_repetition_penalty_changes_the_greedy_text(trained, capsys):
+    """--repetition-penalty applies at --temperature 0 too (before the argmax): 1 is the greedy
+    text, a penalty another one."""
+    args = ["--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 20,
+            "--temperature", 0]
+    greedy = sample_main(capsys, *args)[1]
+    assert sample_main(capsys, *args, "--repetition-penalty", 1)[1] == greedy
+    code, out, err = sample_main(capsys, *args, "--repetition-penalty", 1.5)
+    assert code == 0 and out.startswith(PROMPT) and out != greedy, err
+
+
 def test_stop_string_ends_the_sample(trained, capsys):
     code, out, err = sample_main(capsys, "--checkpoint", trained[1], "--prompt", PROMPT, "--max-new-tokens", 200,
                                  "--seed", 3, "--stop", r"\n")  # typed as backslash-n, as in a shell
@@ -379,6 +390,7 @@ ARG_MISTAKES = [  # rejected before torch is imported: cheap even as subprocesse
     (["--top-k", "0"], "--top-k"),
     (["--min-p", "1.5"], "--min-p 1.5 is outside [0, 1]: use e.g. --min-p 0.05"),
     (["--min-p", "few"], "invalid float"),
+    (["--repetition-penalty", "0"], "--repetition-penalty 0.0 is invalid: use a positive number"),
     (["--max-new-tokens", "-1"], "--max-new-tokens"),
     (["--num-samples", "0"], "--num-samples"),
     (["--prompt", "a", "--prompt-file", "p.txt"], "not allowed with"),

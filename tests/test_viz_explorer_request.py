@@ -90,10 +90,13 @@ def test_the_sampling_settings_are_the_api_fields(views):
 
 def test_next_lists_only_tokens_that_can_be_drawn():
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
-    assert [i for i, _ in next_tokens(logits, Sampling(1.0, top_k=3))] == [0, 1, 2]
-    assert [i for i, _ in next_tokens(logits, Sampling(1.0, min_p=0.3))] == [0, 1]  # e^-1 = 0.37, e^-1.5 = 0.22
-    assert next_tokens(logits, Sampling(0)) == [(0, 1.0)]
-    assert len(next_tokens(logits)) == 6 and len(next_tokens(logits, n=4)) == 4
+    ids = [3]  # the text's tokens, which a rule may read
+    assert [i for i, _ in next_tokens(logits, ids, Sampling(1.0, top_k=3))] == [0, 1, 2]
+    # e^-1 = 0.37, e^-1.5 = 0.22
+    assert [i for i, _ in next_tokens(logits, ids, Sampling(1.0, min_p=0.3))] == [0, 1]
+    assert next_tokens(logits, ids, Sampling(0)) == [(0, 1.0)]
+    assert len(next_tokens(logits, ids, Sampling())) == 6
+    assert len(next_tokens(logits, ids, Sampling(), n=4)) == 4
 
 
 @pytest.mark.parametrize("logits,temperature", [
@@ -102,6 +105,6 @@ def test_next_lists_only_tokens_that_can_be_drawn():
 ], ids=["tiny", "denormal", "negative", "overflow", "overflow_ties"])
 def test_next_never_holds_a_non_finite_probability(logits, temperature):
     for top_k in (None, 2):
-        out = next_tokens(torch.tensor(logits), Sampling(temperature, top_k))
+        out = next_tokens(torch.tensor(logits), [0], Sampling(temperature, top_k))
         assert all(0 < p <= 1 for _, p in out) and sum(p for _, p in out) <= 1 + 1e-6, out
         json.dumps(out, allow_nan=False)

@@ -79,10 +79,12 @@ def token_text(tokenizer, token_id: int) -> str:
     return tokenizer.decode_bytes([token_id]).decode("utf-8", errors="backslashreplace")
 
 
-def next_tokens(logits: torch.Tensor, sampling: Sampling = Sampling(), n: int = TOP_N) -> list[tuple[int, float]]:
-    """The n likeliest next tokens as (id, probability) under `sampling`, as sampled: only those that can be drawn
-    (probability > 0), never a non-finite probability, whatever the division by the temperature made of the logits."""
-    probs = logits_to_probs(logits, sampling)
+def next_tokens(logits: torch.Tensor, ids: list[int], sampling: Sampling,
+                n: int = TOP_N) -> list[tuple[int, float]]:
+    """The n likeliest tokens after `ids` as (id, probability) under `sampling` (whose rules may
+    read the ids), as sampled: only those that can be drawn (probability > 0), never a non-finite
+    probability, whatever the division by the temperature made of the logits."""
+    probs = logits_to_probs(logits, torch.tensor(ids, dtype=torch.long), sampling)
     probs = torch.where(torch.isfinite(probs), probs, 0.0)
     top = torch.topk(probs, min(n, int((probs > 0).sum())))
     return [(int(i), float(p)) for p, i in zip(top.values, top.indices)]

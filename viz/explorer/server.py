@@ -47,7 +47,7 @@ def answer(req: dict):
     tok = view.tokenizer
     head = {"tokens": [token_text(tok, i) for i in result.ids], "ids": result.ids, "text": view.text_of(result.ids),
             "next": [{"token": token_text(tok, i), "id": i, "prob": p}
-                     for i, p in next_tokens(result.logits, req["sampling"])]}
+                     for i, p in next_tokens(result.logits, result.ids, req["sampling"])]}
     return result, head
 
 
