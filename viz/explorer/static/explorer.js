@@ -75,13 +75,24 @@ function store(i, head) {
   }
 }
 
-async function ensureLayer() { // a layer not loaded yet for these tokens (large models load what is shown)
-  const {ids, models} = S; // the tokens asked for: their maps are stored only while they are still shown
-  for (let i = 0; i < models.length && !S.snapshot; i++) {
-    if (S.layer >= S.info.models[i].n_layer || models[i].layers.has(S.layer)) continue;
-    const h = await fetchLayers(i, {ids, layers: [S.layer], scores: true});
-    if (S.models !== models) return;
-    store(i, h);
+// A layer not loaded yet for these tokens (large models load the one shown), drawn blank and
+// captioned while it loads, and so if it fails; its maps are stored only while their tokens are
+// still shown.
+async function ensureLayer() {
+  const {ids, models, layer} = S;
+  const lacks = i => layer < S.info.models[i].n_layer && !models[i].layers.has(layer);
+  const wanted = [...models.keys()].filter(lacks);
+  if (S.snapshot || !wanted.length) return;
+  render();
+  try {
+    for (const i of wanted) {
+      const h = await fetchLayers(i, {ids, layers: [layer], scores: true});
+      if (S.models !== models) return;
+      store(i, h);
+    }
+  } catch (err) {
+    S.unloaded = {models, layer};
+    throw err;
   }
 }
 
@@ -90,41 +101,65 @@ function layerData(i) { return S.models[i] && S.models[i].layers.get(S.layer); }
 
 function headOf(arr, h, T) { return arr.subarray(h * T * T, (h + 1) * T * T); }
 
+// Why model i has no map for the selected layer and head ("": it has). A panel shows the selection
+// its caption names, or is blank with this in its caption: never a picture left from an earlier
+// selection.
+function missing(i) {
+  const m = S.info.models[i], who = "AB"[i], failed = S.unloaded || {};
+  if (S.layer >= m.n_layer) return `${who} has no layer ${S.layer} (it has ${m.n_layer})`;
+  if (S.head >= m.n_head) return `${who} has no head ${S.head} (it has ${m.n_head})`;
+  if (layerData(i)) return "";
+  if (S.snapshot) return `layer ${S.layer} of ${who} was not loaded when the page was saved`;
+  if (failed.models === S.models && failed.layer === S.layer) {
+    return `layer ${S.layer} of ${who} could not be loaded (the error above)`;
+  }
+  return `loading layer ${S.layer} of ${who}…`;
+}
+
+// A canvas and its caption: the selection drawn by draw(canvas), or, given a `why`, blank with
+// `why` as its caption.
+function figure(id, caption, why, draw) {
+  const canvas = $(id);
+  $(id + "-caption").textContent = why || caption;
+  if (why) return Draw.blank(canvas);
+  draw(canvas);
+  Object.assign(canvas.dataset, {layer: S.layer, head: S.head});
+}
+
 function render(ms) {
   const T = S.ids.length, t0 = performance.now();
   renderTimeline();
+  // no tokens yet: nothing has been drawn
   if (!T) return;
   renderChips();
-  const a = layerData(0), sqrt = $("sqrt").checked;
+  const a = layerData(0), whyA = missing(0), sqrt = $("sqrt").checked, labels = S.tokens;
   const compare = S.models.length > 1, side = compare ? Math.max(360, Math.min(12 * T, 520))
                                                : Math.max(512, Math.min(12 * T, 800)); // labels up to ~64 tokens
+  const also = (label, why) => why && `${label}: ${why}`;
+  const headA = () => headOf(a.att, S.head, T), scoresA = () => headOf(a.scores, S.head, T);
   $("layer-shown").textContent = S.layer;
   $("head-shown").textContent = S.head;
-  if (a) {
-    Draw.heatmap($("map"), headOf(a.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens, side});
-    Draw.heatmap($("scores"), headOf(a.scores, S.head, T), T, {kind: "scores", labels: S.tokens, side: 300});
-    const future = j => j % T > Math.floor(j / T); // key after query
-    const masked = Float32Array.from(headOf(a.scores, S.head, T), (v, j) => (future(j) ? -Infinity : v));
-    Draw.heatmap($("masked"), masked, T, {kind: "masked", labels: S.tokens, side: 300});
-    Draw.heatmap($("softmax"), headOf(a.att, S.head, T), T, {kind: "weights", labels: S.tokens, side: 300});
-    for (const id of ["map", "scores", "masked", "softmax"]) {
-      Object.assign($(id).dataset, {layer: S.layer, head: S.head});
-    }
-    renderHeads($("heads"), a.att, T, sqrt, "map");
-  } else {
-    $("heads").textContent = S.snapshot ? "this layer was not loaded when the page was saved" : "loading…";
-  }
+  figure("map", "A: weights", whyA,
+         c => Draw.heatmap(c, headA(), T, {kind: "weights", sqrt, labels, side}));
+  figure("scores", "1. scores q·k/√d", also("1. scores", whyA),
+         c => Draw.heatmap(c, scoresA(), T, {kind: "scores", labels, side: 300}));
+  const future = j => j % T > Math.floor(j / T); // key after query
+  const maskedA = () => scoresA().map((v, j) => (future(j) ? -Infinity : v));
+  figure("masked", "2. future set to −∞", also("2. masked", whyA),
+         c => Draw.heatmap(c, maskedA(), T, {kind: "masked", labels, side: 300}));
+  figure("softmax", "3. softmax: rows sum to 1", also("3. softmax", whyA),
+         c => Draw.heatmap(c, headA(), T, {kind: "weights", labels, side: 300}));
+  if (whyA) $("heads").textContent = whyA;
+  else renderHeads($("heads"), a.att, S.info.models[0].n_head, T, sqrt, "map");
   $("compare").hidden = !compare;
   if (compare) {
-    const b = layerData(1), mb = S.info.models[1];
-    const has = b && S.head < mb.n_head;
-    $("map-b-caption").textContent = has ? `B: ${mb.name}` : `B has no layer ${S.layer} head ${S.head}`;
-    if (has) {
-      Draw.heatmap($("map-b"), headOf(b.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens, side});
-      const A = headOf(a.att, S.head, T), B = headOf(b.att, S.head, T);
-      Draw.heatmap($("diff"), A.map((v, j) => v - B[j]), T, {kind: "diff", labels: S.tokens, side});
-      for (const id of ["map-b", "diff"]) Object.assign($(id).dataset, {layer: S.layer, head: S.head});
-    }
+    const whyB = missing(1), headB = () => headOf(layerData(1).att, S.head, T);
+    figure("map-b", `B: ${S.info.models[1].name}`, whyB,
+           c => Draw.heatmap(c, headB(), T, {kind: "weights", sqrt, labels, side}));
+    figure("diff", "A − B (red: A attends more)", also("A − B", whyB || whyA), c => {
+      const B = headB();
+      Draw.heatmap(c, headA().map((v, j) => v - B[j]), T, {kind: "diff", labels, side});
+    });
   }
   renderNext();
   const model = ms === undefined ? "" : ` · model ${ms.toFixed(0)} ms`;
@@ -144,8 +179,8 @@ function renderChips() {
   });
 }
 
-function renderHeads(grid, att, T, sqrt, map) { // thumbnails of a layer's heads; a click enlarges one in `map`
-  const n = S.info.models[0].n_head;
+// Thumbnails of a layer's n heads; a click enlarges one in `map`.
+function renderHeads(grid, att, n, T, sqrt, map) {
   grid.textContent = "";
   for (let h = 0; h < n; h++) {
     const fig = document.createElement("figure");
@@ -181,13 +216,15 @@ async function step() {
   if (S.stepping) { S.stepping = false; return; }
   S.stepping = true;
   $("step").textContent = "stop";
+  enableButtons();
   try {
-    for (let n = +$("steps").value || 1; n > 0 && S.stepping; n--) {
+    for (let n = +$("steps").value || 1; n > 0 && S.stepping && S.probs; n--) {
       if (!(await append(sampleId()))) break;
     }
   } finally {
     S.stepping = false;
     $("step").textContent = "generate";
+    enableButtons();
   }
 }
 
@@ -236,19 +273,18 @@ async function start() {
   $("layer").onchange = async () => {
     S.layer = +$("layer").value;
     await ensureLayer().catch(e => showError(e.message));
-    render();
+    // (a later choice, made while this one loaded, draws its own)
+    if (S.layer === +$("layer").value) render();
   };
   $("head").onchange = () => { S.head = +$("head").value; render(); };
   $("sqrt").onchange = () => render();
-  $("temperature").oninput = renderNext;
-  $("topk").oninput = renderNext;
-  $("minp").oninput = renderNext;
+  for (const id of SETTING_BOXES) $(id).oninput = renderNext;
   $("bars").onclick = e => {
     const i = Math.floor((e.offsetY - 2) / +$("bars").dataset.row);
     if (i >= 0 && i < NEXT.length) { S.chosen = i; Draw.bars($("bars"), NEXT, i); }
   };
-  $("append").onclick = () => append(NEXT[S.chosen].id).catch(() => {});
-  $("sample").onclick = () => append(sampleId()).catch(() => {});
+  $("append").onclick = () => NEXT.length && append(NEXT[S.chosen].id).catch(() => {});
+  $("sample").onclick = () => S.probs && append(sampleId()).catch(() => {});
   $("step").onclick = () => step().catch(() => {});
   $("save-html").onclick = () => saveHTML().catch(e => showError(e.message));
   for (const b of document.querySelectorAll("button.png")) {
@@ -258,8 +294,10 @@ async function start() {
     c.addEventListener("mousemove", tooltip);
     c.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
   }
+  // the training timeline: the server's, or the one a saved page holds (a run without one: none)
+  const saved = S.snapshot ? window.SNAPSHOT.timeline : undefined;
+  if (saved !== null) TL.ready = startTimeline(saved).catch(e => showError(e.message));
   if (S.snapshot) { render(); Lens.grid($("lens"), S.lens, S.tokens); return; }
-  startTimeline().catch(e => showError(e.message));
   if (S.info.prompt) { $("prompt").value = S.info.prompt; runTokens({text: S.info.prompt}).catch(() => {}); }
 }
 
