@@ -47,29 +47,33 @@ function distribution(logits, {temperature, topk, topp, minp}) {
   for (let i = 0; i < V; i++) {
     p[i] = logits[i] >= kth ? Math.exp((logits[i] - max) / temperature) : 0;
   }
-  normalize(p);
+  cut(p, 0);
   if (topp !== null && topp < 1) {
-    // a token goes once the likelier ones (`before`) reach top-p
-    const order = [...p.keys()].sort((x, y) => p[y] - p[x]);
-    let before = 0;
-    for (const i of order) {
-      const q = p[i];
-      if (before >= topp) p[i] = 0;
-      before += q;
-    }
-    normalize(p);
+    // a token goes once the likelier ones reach top-p: those below the last one kept (sorting the
+    // values, not their ids, is fast; a tie at the cut keeps every token of it)
+    const sorted = Float64Array.from(p).sort().reverse();
+    let before = 0, m = 0;
+    while (m < V && before < topp) before += sorted[m++];
+    cut(p, sorted[m - 1]);
   }
-  if (minp) {
-    const top = p.reduce((x, q) => Math.max(x, q), 0);
-    for (let i = 0; i < V; i++) if (p[i] < minp * top) p[i] = 0;
-    normalize(p);
-  }
+  if (minp) cut(p, minp * maxOf(p));
   return p;
 }
 
-function normalize(p) {
-  const sum = p.reduce((s, q) => s + q, 0);
+// Drops the probabilities below `least` and normalizes the rest.
+function cut(p, least) {
+  let sum = 0;
+  for (let i = 0; i < p.length; i++) {
+    if (p[i] < least) p[i] = 0;
+    sum += p[i];
+  }
   for (let i = 0; i < p.length; i++) p[i] /= sum;
+}
+
+function maxOf(p) {
+  let top = 0;
+  for (let i = 0; i < p.length; i++) top = Math.max(top, p[i]);
+  return top;
 }
 
 function topN(p, n) {
@@ -103,7 +107,8 @@ function renderNext() {
     $("bars-caption").textContent = set.error;
     return Draw.blank($("bars"));
   }
-  const drawable = p.reduce((n, q) => n + (q > 0), 0);
+  let drawable = 0;
+  for (let i = 0; i < p.length; i++) drawable += p[i] > 0;
   $("bars-caption").textContent =
     `the ${NEXT.length} likeliest of the ${drawable} tokens that can be drawn`;
   Draw.bars($("bars"), NEXT, S.chosen);
