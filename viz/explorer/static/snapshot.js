@@ -39,7 +39,8 @@ async function saveHTML() {
                 labels: [...S.labels], prompt: $("prompt").value, lens: S.lens, settings, timeline,
                 models: S.models.map(m => ({logits: b64(m.logits), layers: [...m.layers].map(
                   ([l, d]) => [l, b64(d.att), b64(d.scores)])}))};
-  const scripts = ["draw.js", "snapshot.js", "next.js", "lens.js", "timeline.js", "explorer.js"];
+  const scripts = ["draw.js", "snapshot.js", "next.js", "lens.js", "panels.js", "timeline.js",
+                   "explorer.js"];
   const [css, ...code] = await Promise.all(["explorer.css", ...scripts].map(source));
   const html = `<!doctype html>\n<html lang="en"><head><meta charset="utf-8">
 <title>attention explorer: saved view</title>
