@@ -593,8 +593,19 @@ def test_the_timeline_shows_its_step_layer_and_head_or_is_blank(tmp_path, char_t
         first = probes.read_snapshot(run, 60)["lens_ids"][2].tolist()
         cells = [c.text for c in driver.find_elements("css selector", "#tl-lens td")]
         assert cells[-10:] == [cell_text(char_tok.decode([ids[0]])) for ids in first]
-        # the step gone (a 404), nothing else
+        html = saved_html(driver)
+        # the step gone (a 404, and again as the page is saved), nothing else
         assert all("status of 404" in e for e in console_errors(driver))
+    # a saved page holds the steps it could load, and says which it could not
+    saved = tmp_path / "view.html"
+    saved.write_text(html, encoding="utf-8")
+    driver.get(saved.as_uri())
+    wait_for_step(driver, 60)
+    slide_to(driver, 0)
+    assert blank(driver, "tl-map") and "step 30 was not saved" in caption(driver, "tl-map")
+    slide_to(driver, 2)
+    assert driver.find_element("id", "tl-map").get_attribute("data-step") == "90"
+    assert console_errors(driver) == []
 
 
 # the boxes' texts, each sent to the API as the JSON field's value ("": the field left out)
@@ -704,8 +715,10 @@ def test_the_saved_html_keeps_the_timeline_and_the_settings(tmp_path, char_tok, 
     assert shown(driver, "map") == [0, 0]
     assert driver.find_element("id", "tl-map").get_attribute("data-head") == "0"
     assert f"{weight_in(hover(driver, 'map', 6, 2)):.6f}" == f"{api['attention'][0][0][6][2]:.6f}"
-    # the boxes as saved, and they still act
+    # the boxes as saved, and they still act (a saved page appends nothing)
     assert driver.execute_script("return [$('topk').value, NEXT.length]") == ["4", 4]
+    assert driver.execute_script("return ['append', 'sample', 'step'].map(id => $(id).disabled)") \
+        == [True] * 3
     set_boxes(driver, DEFAULTS)
     assert [n["id"] for n in api["next"]] == [i for i, _ in bars(driver)]
     assert console_errors(driver) == []

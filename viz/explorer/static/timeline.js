@@ -105,13 +105,18 @@ function renderTimeline() {
   Object.assign($("tl-map").dataset, {step, layer: S.layer, head: S.head});
 }
 
-// The timeline for a saved page: every step's snapshot (those not loaded yet are loaded now), the
-// step shown; null when the run has no snapshots.
+// The timeline for a saved page: every step's snapshot (those not loaded yet are loaded now; one
+// that cannot be is left out, and the saved page says so), the step shown; null when the run has no
+// snapshots.
 async function savedTimeline() {
   await TL.ready;
   if (!TL.info || !TL.info.steps.length) return null;
-  for (const step of TL.info.steps) {
-    if (!TL.snaps.has(step)) TL.snaps.set(step, await loadStep(step));
+  for (const step of TL.info.steps.filter(s => !TL.snaps.has(s))) {
+    try {
+      TL.snaps.set(step, await loadStep(step));
+    } catch (err) {
+      TL.errors.set(step, err.message);
+    }
   }
   const snaps = [...TL.snaps].map(([step, snap]) => ({...snap, step, att: b64(snap.att)}));
   return {info: TL.info, i: TL.i, snaps};
