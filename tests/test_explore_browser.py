@@ -471,7 +471,8 @@ def test_the_compare_panels_show_their_selection_or_are_blank(tmp_path, char_tok
             select(driver, "layer", layer)
             WebDriverWait(driver, 30).until(lambda d: shown(d, "map")[0] == layer)
             select(driver, "head", head)
-            assert shown(driver, "map") == [layer, head]  # A has it
+            # A has it, B not
+            assert shown(driver, "map") == [layer, head]
             assert blank(driver, "map-b") and blank(driver, "diff")
             assert why in caption(driver, "map-b") and why in caption(driver, "diff")
             ActionChains(driver).move_to_element(driver.find_element("id", "map-b")).perform()

@@ -1,6 +1,7 @@
 // The attention explorer's attention panels: the token chips, A's map, the three steps and the
-// heads, B's map and A − B, and their tooltip. Each panel draws the selection (layer, head) its caption names, or is
-// blank with its caption saying why (missing): never a picture of an earlier selection.
+// heads, B's map and A − B, and their tooltip. Each panel draws the selection (layer, head) its
+// caption names, or is blank with its caption saying why (missing): never a picture of an earlier
+// selection.
 "use strict";
 
 function layerData(i) { return S.models[i] && S.models[i].layers.get(S.layer); }
@@ -41,7 +42,7 @@ function render(ms) {
   const a = layerData(0), whyA = missing(0), sqrt = $("sqrt").checked, labels = S.tokens;
   // a map's side: labels up to ~64 tokens
   const compare = S.models.length > 1;
-  const side = compare ? Math.max(360, Math.min(12 * T, 520)) : Math.max(512, Math.min(12 * T, 800));
+  const side = Math.max(compare ? 360 : 512, Math.min(12 * T, compare ? 520 : 800));
   const also = (label, why) => why && `${label}: ${why}`;
   const headA = () => headOf(a.att, S.head, T), scoresA = () => headOf(a.scores, S.head, T);
   $("layer-shown").textContent = S.layer;
@@ -50,7 +51,8 @@ function render(ms) {
          c => Draw.heatmap(c, headA(), T, {kind: "weights", sqrt, labels, side}));
   figure("scores", "1. scores q·k/√d", also("1. scores", whyA),
          c => Draw.heatmap(c, scoresA(), T, {kind: "scores", labels, side: 300}));
-  const future = j => j % T > Math.floor(j / T); // key after query
+  // the future: a key after its query
+  const future = j => j % T > Math.floor(j / T);
   const maskedA = () => scoresA().map((v, j) => (future(j) ? -Infinity : v));
   figure("masked", "2. future set to −∞", also("2. masked", whyA),
          c => Draw.heatmap(c, maskedA(), T, {kind: "masked", labels, side: 300}));
