@@ -104,7 +104,7 @@ def eval_note(c: Config, device: torch.device) -> str | None:
 
 def finetune_note(c: Config, given: set[str]) -> str | None:
     """A fine-tune (model.init_from) at a preset's from-scratch learning rate (one the command line
-    did not set): its first steps make the pretrained model worse (measured: docs/training.md); the
+    did not set): its first steps usually make the pretrained model worse (docs/training.md); the
     same rates 10x lower as the override to add, min_lr too where the lower rate would fall below it
     (which training.config.check refuses)."""
     o = c.optim
@@ -121,8 +121,8 @@ def finetune_note(c: Config, given: set[str]) -> str | None:
     warmup = " and no warm-up" if o.warmup_iters == 0 else ""
     rates = " ".join(f"{k}={v:g}" for k, v in high.items())
     return (f"model.init_from fine-tunes pretrained weights at a from-scratch learning rate "
-            f"({rates}){warmup}: its first steps make the model worse before it recovers; a "
-            f"fine-tune wants a rate about 10x lower: add "
+            f"({rates}){warmup}: its first steps usually make the model worse before it recovers; "
+            f"a fine-tune wants a rate about 10x lower: add "
             f"{' '.join(f'{k}={v:.3g}' for k, v in fix.items())}")
 
 
