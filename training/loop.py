@@ -222,7 +222,9 @@ class Trainer:
         stop = lambda: self.stop.signum is not None and not self.ranks.distributed  # noqa: E731
         return {split: eval_stats(self.step_model, partial(self.loader.eval_batch, split), plan, stop=stop,
                                   autocast=self.precision.autocast, reduce_sum=self.ranks.all_reduce_sum,
-                                  token_bytes=self.token_bytes) for split in ("train", "val")}
+                                  token_bytes=self.token_bytes,
+                                  progress=self.report.eval_progress(split))
+                for split in ("train", "val")}
 
     def _probe(self, loss: Optional[torch.Tensor] = None) -> None:
         """A probe snapshot between evaluations, with this step's train loss (`loss`: every rank, a collective)."""
