@@ -19,7 +19,7 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-from benchmarks import PRESETS, REPO, load_avg
+from benchmarks import PRESETS, REPO, describe_overhead, load_avg
 from common.cli import exit_quietly_on_broken_pipe
 from common.files import write_text_atomic
 from common.platform import configure_threads, cpu_flags, cpu_model, usable_cores
@@ -111,7 +111,7 @@ def print_table(result: dict, out=None) -> None:  # noqa: C901 - one short block
         u = s["startup"]
         w(f"\n== start-up: process start -> end of the first training step, median of {u['runs']} ==",
           f"  start-up: train.py {u['train_py_s']:.2f} s, torch floor {u['torch_floor_s']:.2f} s, "
-          f"tinygpt overhead {u['overhead_s']:.2f} s")
+          f"tinygpt overhead {describe_overhead(u)}")
     if "sample" in s:
         m = s["sample"]
         w(f"\n== sample.py: {m['model']} shape, {m['new_tokens']} new tokens ==", f"  {m['tokens_per_s']:,.1f} "

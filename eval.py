@@ -170,16 +170,23 @@ def run(argv: list[str] | None = None) -> int:
     losses = token_losses(model, ids, stride=args.stride, batch_size=args.batch_size,
                           vocab_limit=tokenizer.vocab_size, progress=sys.stderr.isatty())  # no \r into a log
     total, n_bytes = losses.sum().item(), int(token_bytes(tokenizer)[torch.as_tensor(ids[1:])].sum())  # scored
+    # the softmax runs over the tokenizer's ids: a padded vocabulary's extra rows are left out, as
+    # sampling and the export (which drops them) do; train.py's val loss and nanoGPT's include them
+    # (docs/export_eval.md)
+    padded = model.config.vocab_size - tokenizer.vocab_size
     r = {"loss": total / len(losses), "perplexity": math.exp(total / len(losses)),
          "bits_per_byte": total / math.log(2) / n_bytes if n_bytes else None, "tokens": len(losses), "bytes": n_bytes,
-         "windows": "rolling" if args.stride is None else f"stride {args.stride}"}
+         "windows": "rolling" if args.stride is None else f"stride {args.stride}",
+         "softmax_ids": tokenizer.vocab_size, "padded_rows_left_out": padded}
     bpb = "n/a (no bytes)" if r["bits_per_byte"] is None else f"{r['bits_per_byte']:.4f}"
     first = "the first after <|endoftext|>" if tokenizer.eot_id is not None else "the first token has no context " \
         "and is not scored"
     how = "lm-eval's rolling windows" if args.stride is None else f"windows {args.stride} apart"
+    left_out = (f"\nsoftmax over the {tokenizer.vocab_size:,} real ids: the {padded:,} padded rows "
+                f"left out (train.py's val loss and nanoGPT's include them)")
     print(json.dumps(r) if args.json else f"loss {r['loss']:.4f} nats/token | perplexity {r['perplexity']:.3f} | "
           f"bits per byte {bpb}\nscored {r['tokens']:,} tokens ({r['bytes']:,} bytes; {first}) with context {T}, "
-          f"{how}, on {device}")
+          f"{how}, on {device}" + (left_out if padded else ""))
     return 0
 
 

@@ -24,6 +24,30 @@ def load_avg():
     return None
 
 
+def overhead(runs: list[float], floor: list[float]) -> dict:
+    """What `runs` add to `floor` (seconds of repeated runs of each), as far as their noise can
+    tell: the medians' `difference_s` (signed), `noise_s` (half of each series' range, added: how
+    far a median can move), and `overhead_s`, the difference where it is above the noise, else 0
+    (never negative: a command that comes out below its floor has no overhead to show); `verdict`:
+    "above noise", "within noise" or "below the floor"."""
+    import statistics
+    diff = statistics.median(runs) - statistics.median(floor)
+    noise = (max(runs) - min(runs) + max(floor) - min(floor)) / 2
+    verdict = ("above noise" if diff > noise else "within noise" if diff >= -noise
+               else "below the floor")
+    return {"overhead_s": round(diff if diff > noise else 0.0, 3), "difference_s": round(diff, 3),
+            "noise_s": round(noise, 3), "verdict": verdict}
+
+
+def describe_overhead(o: dict) -> str:
+    """`overhead`'s result in words: never a negative overhead."""
+    if o["verdict"] == "above noise":
+        return f"{o['overhead_s']:.2f} s (noise ±{o['noise_s']:.2f} s)"
+    if o["verdict"] == "within noise":
+        return f"within noise (difference {o['difference_s']:+.2f} s, noise ±{o['noise_s']:.2f} s)"
+    return f"none: {-o['difference_s']:.2f} s below the floor (noise ±{o['noise_s']:.2f} s)"
+
+
 def say(section: str, msg: str) -> None:
     print(f"[{section}] {msg} ...", file=sys.stderr, flush=True)
 

@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks import REPO, SHAKESPEARE_CHARS, gpt_config, load_avg, run_child, say
+from benchmarks import REPO, SHAKESPEARE_CHARS, gpt_config, load_avg, overhead, run_child, say
 from common.interrupt import on_stop
 from training.metrics import read_metrics as read_evals  # a torn last line (a killed run) is skipped
 
@@ -124,7 +124,7 @@ def section_startup(args, precision) -> dict:
             res["train_s"].append(round(w["hit_s"], 3))
     train, floor = statistics.median(res["train_s"]), statistics.median(res["floor_s"])
     return {**res, "train_py_s": round(train, 3), "torch_floor_s": round(floor, 3),
-            "overhead_s": round(train - floor, 3), "load_avg_after": load_avg()}
+            **overhead(res["train_s"], res["floor_s"]), "load_avg_after": load_avg()}
 
 
 def section_sample(args, precision) -> dict:

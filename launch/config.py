@@ -23,7 +23,7 @@ from hydra.errors import HydraException, OverrideParseException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
-from common.platform import script
+from common.platform import command_line, script
 from training.config import SCHEMA_KEYS, Config, check, normalize, train_keys
 
 ERRORS = (ValueError, HydraException, OmegaConfBaseException)  # a user's mistake, told in one line
@@ -92,6 +92,21 @@ def register_configs(sweep: bool = False) -> None:
     # a sweep's (-m) report (launch/sweep.py), registered in code so that no YAML preset names code for Hydra to run
     callbacks = {"sweep": {"_target_": "launch.sweep.SweepReport"}} if sweep else {}
     cs.store(name="train_checks", node={"hydra": {"callbacks": callbacks}})
+    # --help's header names the preset a plain run trains here (conf/config.yaml's hydra.help)
+    OmegaConf.register_new_resolver("tinygpt_plain_run", plain_run_help, replace=True)
+
+
+def plain_run_help() -> str:
+    """The preset a plain `python train.py` trains on this machine (train.as_composed adds it) and
+    the command that shows its config: --help shows conf/config.yaml's own (experiment=null), which
+    a plain run never trains."""
+    import torch
+    name, machine = ("gpu", "a CUDA GPU") if torch.cuda.is_available() else ("cpu", "no CUDA GPU")
+    # train.py by a path that runs from here
+    train = ["python", script("train.py")]
+    return (f"On this machine ({machine}) a plain `{command_line(train)}` trains "
+            f"experiment={name};\n"
+            f"its settings: {command_line([*train, f'experiment={name}', '--cfg', 'job'])}")
 
 
 def compose(args: list[str], return_hydra_config: bool = False) -> DictConfig:

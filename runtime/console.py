@@ -14,7 +14,9 @@ import select
 import stat
 import sys
 import threading
+import time
 from logging.handlers import MemoryHandler
+from typing import Callable, Optional
 
 from tqdm import tqdm
 
@@ -89,6 +91,35 @@ def progress_bar(total: int, initial: int, show: bool) -> tqdm:
     """A tqdm bar on stderr (drawn only when `show`), to use as a context manager; the console writes above it."""
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, disable=not show, file=sys.stderr,
                 smoothing=0.05, leave=True)
+
+
+class Progress:
+    """`progress(done, total)` through a wait between steps (an evaluation's batches), for a run
+    never to sit silent: on a drawn bar, `what done/total` as its postfix (redrawn at most every
+    REDRAW_S; the bar's own postfix, the train line, put back when done); with no bar (not a
+    terminal), a plain line through `say` once the wait has lasted PLAIN_AFTER_S and every EVERY_S
+    after, so that a wait of seconds adds no line and one of minutes a few."""
+    REDRAW_S, PLAIN_AFTER_S, EVERY_S = 0.5, 10.0, 30.0
+
+    def __init__(self, what: str, bar: Optional[tqdm], say: Callable[[str], None],
+                 clock: Callable[[], float] = time.perf_counter):
+        self.what, self.say, self.clock = what, say, clock
+        self.bar = bar if bar is not None and not bar.disable else None
+        self.kept = self.bar.postfix if self.bar is not None else None
+        self.start = self.drawn = clock()
+        # the first plain line comes PLAIN_AFTER_S in
+        self.said = self.start + self.PLAIN_AFTER_S - self.EVERY_S
+
+    def __call__(self, done: int, total: int) -> None:
+        now = self.clock()
+        if self.bar is not None and done >= total:
+            self.bar.set_postfix_str(self.kept or "")
+        elif self.bar is not None and now - self.drawn >= self.REDRAW_S:
+            self.drawn = now
+            self.bar.set_postfix_str(f"{self.what} {done}/{total}")
+        elif self.bar is None and done < total and now - self.said >= self.EVERY_S:
+            self.said = now
+            self.say(f"{self.what}: {done}/{total} batches in {now - self.start:.0f} s")
 
 
 def to_files(message: str, level: int = logging.ERROR) -> None:

@@ -209,6 +209,20 @@ def test_the_model_runs_only_for_new_tokens_or_layers(one):
     assert post(url, {"ids": ids, "layers": [0]})[1]["tokens"][-1] == "!" and view.runs == 3  # ids: the same
 
 
+def test_zero_turns_top_k_and_min_p_off(one):
+    """As sample.py's --top-k 0 and --min-p 0 (Hugging Face's and llama.cpp's meaning) and the
+    page's boxes: 0 is no filter, the same answer as leaving the field out; top_p 1 keeps every
+    token too."""
+    url, _ = one
+    everything = post(url, {"text": PROMPT, "layers": [0]})[1]["next"]
+    assert len(everything) == 20
+    offs = ({"top_k": 0}, {"min_p": 0}, {"min_p": 0.0}, {"top_p": 1},
+            {"top_k": 0, "min_p": 0, "top_p": 1.0})
+    for off in offs:
+        status, out = post(url, {"text": PROMPT, "layers": [0], **off})
+        assert status == 200 and out["next"] == everything, (off, out)
+
+
 def test_two_models_and_their_tokenizers(tmp_path, char_tok, tiny_corpus):
     a, b = tiny_run(tmp_path / "a", char_tok, seed=1), tiny_run(tmp_path / "b", char_tok, seed=2, n_layer=2)
     views = load_views([("run", str(a)), ("checkpoint", str(b / "best.pt"))], torch.device("cpu"))
@@ -248,7 +262,11 @@ BAD = [({"text": ""}, 400, "the text is empty"),
        ({"text": "ROMEO", "layers": "0"}, 400, "layers must be a list"),
        ({"text": "ROMEO", "temperature": -1}, 400, "temperature=-1 is invalid"),
        ({"text": "ROMEO", "temperature": "hot"}, 400, "temperature='hot' is invalid"),
-       ({"text": "ROMEO", "top_k": 0}, 400, "top_k=0 is invalid"),
+       ({"text": "ROMEO", "top_k": -1}, 400, "top_k=-1"),
+       ({"text": "ROMEO", "top_k": 2.0}, 400, "top_k=2.0"),
+       ({"text": "ROMEO", "top_p": 0}, 400, "top_p=0"),
+       ({"text": "ROMEO", "min_p": 1.5}, 400, "min_p=1.5"),
+       ({"text": "ROMEO", "min_p": -0.1}, 400, "min_p=-0.1"),
        ({"text": "ROMEO", "model": 1}, 400, "model 1 does not exist: use 0 (start explore.py with two models"),
        ({"ids": [0, 99999]}, 400, "token id 99999 is outside the vocabulary"),
        ({"ids": []}, 400, "the text is empty"),

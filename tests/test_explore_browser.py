@@ -288,8 +288,10 @@ def test_lens_grid_and_the_training_timeline(tmp_path, char_tok, driver):
         assert lens_hover(driver, cells[-1]).startswith("layer 2 (output) at 9 “e”: next")
         assert len(driver.find_elements("css selector", "#tl-heads canvas")) == 2
 
+        # the steps drawn (a step not loaded yet is drawn blank first)
         driver.execute_script("window.seen = []; const draw = renderTimeline;"
-                              "renderTimeline = () => { draw(); seen.push(TL.info.steps[TL.i]); };"
+                              "renderTimeline = () => { draw(); const s = $('tl-map').dataset.step;"
+                              "  if (s !== undefined) seen.push(+s); };"
                               "$('tl-slider').value = 2; showStep(2).then(() => $('play').click());")
         WebDriverWait(driver, 30).until(lambda d: d.execute_script("return !TL.playing && seen.length > 1"))
         seen = driver.execute_script("return seen")
@@ -304,15 +306,17 @@ def cell_text(token: str) -> str:
     return v if len(v) <= 6 else v[:5] + "…"
 
 
-def probed_run(path, tok):
-    """A tiny run with probe snapshots, as training records them: at steps 30 and 60 with the step's train loss,
-    at 90 (an evaluation) with the val loss."""
+def probed_run(path, tok, n_layer: int = 3):
+    """A tiny run with probe snapshots, as training records them: at steps 30 and 60 with the step's
+    train loss, at 90 (an evaluation) with the val loss; of models of n_layer layers (the run's own
+    model has 3)."""
     from tests.helpers import tiny_model
     from training.probe import ProbeRecorder
     run = tiny_run(path, tok)
     recorder = ProbeRecorder(run, "ROMEO:\nThe", tok.encode("ROMEO:\nThe"), tok.vocab_size, writes=True)
     for step, loss in ((30, {"train_loss": 3.5}), (60, {"train_loss": 2.75}), (90, {"val_loss": 2.0})):
-        recorder.record(tiny_model(tok.vocab_size + 3, step, n_layer=3, block_size=32), step, **loss)
+        model = tiny_model(tok.vocab_size + 3, step, n_layer=n_layer, block_size=32)
+        recorder.record(model, step, **loss)
     return run
 
 
@@ -406,3 +410,316 @@ def test_the_loss_chart_spans_the_snapshots_and_says_which_loss(tmp_path, char_t
         WebDriverWait(driver, 30).until(lambda d: d.find_element("id", "tl-map").get_attribute("data-step") == "30")
         assert "step 30 · train loss 3.5000 (the step's batch) · head 0" in timeline.text
         assert console_errors(driver) == []
+
+
+
+# ---------------------------------------------------------------- every panel shows its selection
+def blank(driver, canvas_id: str) -> bool:
+    """Whether a canvas is blank: every pixel cleared, and nothing on it to hover."""
+    return driver.execute_script(
+        "const c = $(arguments[0]);"
+        "const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;"
+        "for (let i = 0; i < d.length; i++) if (d[i] !== 0) return false;"
+        "return 'blank' in c.dataset && c.dataset.t === undefined;", canvas_id)
+
+
+def caption(driver, canvas_id: str) -> str:
+    return driver.execute_script("return $(arguments[0] + '-caption').textContent", canvas_id)
+
+
+def shown(driver, canvas_id: str) -> list | None:
+    """[layer, head] a drawn map says it shows (None: blank)."""
+    return driver.execute_script("const d = $(arguments[0]).dataset;"
+                                 "return 'blank' in d ? null : [+d.layer, +d.head]", canvas_id)
+
+
+def select(driver, name: str, value: int) -> None:
+    from selenium.webdriver.support.ui import Select
+    Select(driver.find_element("id", name)).select_by_value(str(value))
+
+
+def slide_to(driver, i: int) -> None:
+    """Move the timeline's step slider to its i-th step."""
+    driver.execute_script("$('tl-slider').value = arguments[0];"
+                          "$('tl-slider').dispatchEvent(new Event('input'))", i)
+
+
+def wait_for_step(driver, step: int) -> None:
+    from selenium.webdriver.support.ui import WebDriverWait
+    WebDriverWait(driver, 30).until(
+        lambda d: d.find_element("id", "tl-map").get_attribute("data-step") == str(step))
+
+
+def test_the_compare_panels_show_their_selection_or_are_blank(tmp_path, char_tok, driver):
+    """A has 4 layers of 4 heads, B 2 of 2: a layer or head B lacks leaves B's map and A − B
+    blank, captioned why (not the last selection's pictures, nothing to hover); a selection both
+    have draws B's own weights and the difference."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.support.ui import WebDriverWait
+    a = tiny_run(tmp_path / "a", char_tok, seed=1, n_layer=4, n_head=4)
+    b = tiny_run(tmp_path / "b", char_tok, seed=2, n_layer=2, n_head=2)
+    views = load_views([("run", str(a)), ("run", str(b))], torch.device("cpu"))
+    with serve(views) as url:
+        driver.get(url + "/")
+        show(driver, PROMPT)
+        wait_for_map(driver)
+        select(driver, "layer", 1)
+        select(driver, "head", 1)
+        assert [shown(driver, c) for c in ("map", "map-b", "diff")] == [[1, 1]] * 3
+        lacks = ((3, 1, "B has no layer 3"), (3, 3, "B has no layer 3"), (1, 3, "B has no head 3"))
+        for layer, head, why in lacks:
+            select(driver, "layer", layer)
+            WebDriverWait(driver, 30).until(lambda d: shown(d, "map")[0] == layer)
+            select(driver, "head", head)
+            # A has it, B not
+            assert shown(driver, "map") == [layer, head]
+            assert blank(driver, "map-b") and blank(driver, "diff")
+            assert why in caption(driver, "map-b") and why in caption(driver, "diff")
+            ActionChains(driver).move_to_element(driver.find_element("id", "map-b")).perform()
+            assert not driver.find_element("id", "tooltip").is_displayed()
+        # layer 1 head 0: B's own map again, and the difference
+        select(driver, "head", 0)
+        assert [shown(driver, c) for c in ("map", "map-b", "diff")] == [[1, 0]] * 3
+        assert caption(driver, "map-b") == f"B: {views[1].name}"
+        assert caption(driver, "diff").startswith("A − B (")
+        b_att = post(url, {"text": PROMPT, "model": 1})[1]["attention"]
+        a_att = post(url, {"text": PROMPT})[1]["attention"]
+        assert f"{weight_in(hover(driver, 'map-b', 7, 2)):.6f}" == f"{b_att[1][0][7][2]:.6f}"
+        diff = float(re.search(r"A − B (-?[0-9.]+)", hover(driver, "diff", 7, 2)).group(1))
+        assert diff == pytest.approx(a_att[1][0][7][2] - b_att[1][0][7][2], abs=2e-6)
+        assert console_errors(driver) == []
+
+
+A_PANELS = ("map", "scores", "masked", "softmax")
+
+# The page loads one layer at a time (as for a large model); a layer's own request waits for
+# release(false), or fails with release(true).
+HOLD_LAYERS = """
+layersToLoad = (i, T) => (S.layer < S.info.models[i].n_layer ? [S.layer] : []);
+const orig = fetchLayers;
+window.held = [];
+fetchLayers = (i, body) => body.logits ? orig(i, body) : new Promise((ok, fail) => held.push(
+  bad => (bad ? fail(new Error('the server went away')) : ok(orig(i, body)))));
+window.release = bad => { held.splice(0).forEach(go => go(bad)); };
+"""
+
+
+def test_a_layer_loading_or_not_saved_leaves_every_map_blank(tmp_path, char_tok, driver):
+    """As for a model too large to load every layer at once (the page loads the one shown): while
+    the layer chosen loads, when it fails, and in a saved page that never loaded it, the map, the
+    three steps and the heads are blank and say so, never the previous layer's; once loaded they
+    show it."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    views = load_views([("run", str(tiny_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
+    with serve(views) as url:
+        driver.get(url + "/")
+        WebDriverWait(driver, 30).until(lambda d: d.execute_script("return S.info !== null"))
+        driver.execute_script(HOLD_LAYERS)
+        show(driver, PROMPT)
+        wait_for_map(driver)
+        assert driver.execute_script("return [...S.models[0].layers.keys()]") == [0]
+        select(driver, "layer", 2)
+        assert all(blank(driver, c) for c in A_PANELS), [shown(driver, c) for c in A_PANELS]
+        assert all("loading layer 2" in caption(driver, c) for c in A_PANELS)
+        assert "loading layer 2" in driver.find_element("id", "heads").text
+        assert driver.find_element("id", "layer-shown").text == "2"
+        driver.execute_script("release(false)")
+        WebDriverWait(driver, 30).until(lambda d: shown(d, "map") == [2, 0])
+        assert [shown(driver, c) for c in A_PANELS] == [[2, 0]] * 4
+        assert caption(driver, "map") == "A: weights"
+        api = post(url, {"text": PROMPT})[1]["attention"]
+        assert f"{weight_in(hover(driver, 'map', 9, 4)):.6f}" == f"{api[2][0][9][4]:.6f}"
+        assert len(driver.find_elements("css selector", "#heads canvas")) == 2
+
+        # a request that fails: blank, and the error line says why
+        select(driver, "layer", 1)
+        driver.execute_script("release(true)")
+        WebDriverWait(driver, 30).until(lambda d: "could not be loaded" in caption(d, "map"))
+        assert all(blank(driver, c) for c in A_PANELS)
+        assert "the server went away" in driver.find_element("id", "error").text
+        select(driver, "layer", 2)
+        assert [shown(driver, c) for c in A_PANELS] == [[2, 0]] * 4
+        # saved with layers 0 and 2 loaded, not 1
+        html = saved_html(driver)
+    saved = tmp_path / "view.html"
+    saved.write_text(html, encoding="utf-8")
+    driver.get(saved.as_uri())
+    wait_for_map(driver)
+    select(driver, "layer", 1)
+    assert all(blank(driver, c) for c in A_PANELS)
+    assert all("not loaded when the page was saved" in caption(driver, c) for c in A_PANELS)
+    select(driver, "layer", 0)
+    assert [shown(driver, c) for c in A_PANELS] == [[0, 0]] * 4
+    assert console_errors(driver) == []
+
+
+def test_the_timeline_shows_its_step_layer_and_head_or_is_blank(tmp_path, char_tok, driver):
+    """Snapshots of 2 layers beside a model of 3 (a layer they lack), and a step whose file went
+    away after the page listed it (a step it cannot load): the step's map and heads are blank and
+    say why, never an earlier step's or layer's; the lens goes with the step; a step and layer it
+    has are drawn."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    from viz import probes
+    run = probed_run(tmp_path / "run", char_tok, n_layer=2)
+    views = load_views([("run", str(run))], torch.device("cpu"))
+    with serve(views) as url:
+        first_load(driver, url, PROMPT)
+        assert caption(driver, "tl-map") == "step 90: layer 0, head 0"
+        select(driver, "layer", 2)
+        # the model has layer 2, its snapshots do not; the step's lens stays
+        assert shown(driver, "map") == [2, 0]
+        assert blank(driver, "tl-map") and "no layer 2" in caption(driver, "tl-map")
+        assert driver.find_elements("css selector", "#tl-heads canvas") == []
+        assert len(driver.find_elements("css selector", "#tl-lens td")) == 3 * 10
+        select(driver, "layer", 1)
+        select(driver, "head", 1)
+        assert driver.execute_script("const d = $('tl-map').dataset;"
+                                     "return [d.step, d.layer, d.head]") == ["90", "1", "1"]
+        assert caption(driver, "tl-map") == "step 90: layer 1, head 1"
+        assert len(driver.find_elements("css selector", "#tl-heads canvas")) == 2
+
+        # listed, then gone: the step cannot be loaded
+        probes._path(run, 30).unlink()
+        slide_to(driver, 0)
+        WebDriverWait(driver, 30).until(lambda d: "could not be loaded" in caption(d, "tl-map"))
+        assert blank(driver, "tl-map") and "step 30" in caption(driver, "tl-map")
+        assert "step 30" in driver.find_element("id", "tl-lens").text
+        assert driver.find_elements("css selector", "#tl-heads canvas, #tl-lens td") == []
+        assert "step 30 · train loss 3.5000" in driver.find_element("id", "tl-status").text
+        assert driver.find_element("id", "tl-curve").get_attribute("data-x0") == "30"
+        slide_to(driver, 1)
+        wait_for_step(driver, 60)
+        assert caption(driver, "tl-map") == "step 60: layer 1, head 1"
+        # the last layer's top ids at step 60
+        first = probes.read_snapshot(run, 60)["lens_ids"][2].tolist()
+        cells = [c.text for c in driver.find_elements("css selector", "#tl-lens td")]
+        assert cells[-10:] == [cell_text(char_tok.decode([ids[0]])) for ids in first]
+        html = saved_html(driver)
+        # the step gone (a 404, and again as the page is saved), nothing else
+        assert all("status of 404" in e for e in console_errors(driver))
+    # a saved page holds the steps it could load, and says which it could not
+    saved = tmp_path / "view.html"
+    saved.write_text(html, encoding="utf-8")
+    driver.get(saved.as_uri())
+    wait_for_step(driver, 60)
+    slide_to(driver, 0)
+    assert blank(driver, "tl-map") and "step 30 was not saved" in caption(driver, "tl-map")
+    slide_to(driver, 2)
+    assert driver.find_element("id", "tl-map").get_attribute("data-step") == "90"
+    assert console_errors(driver) == []
+
+
+# the boxes' texts, each sent to the API as the JSON field's value ("": the field left out)
+SETTINGS = [("topk", "top_k", t) for t in ("0", "3", "", "-1", "2.5", "2.0", "1e2")] + \
+    [("topp", "top_p", t) for t in ("1", "0.5", "", "0", "1.5", "-0.1")] + \
+    [("minp", "min_p", t) for t in ("0", "0.3", "1", "", "1.5", "-0.1")] + \
+    [("temperature", "temperature", "0.7")]
+DEFAULTS = {"topk": "0", "topp": "1", "minp": "0", "temperature": "1"}
+BOX_NAMES = {"topk": "top-k", "topp": "top-p", "minp": "min-p"}
+
+
+def set_boxes(driver, values: dict) -> None:
+    driver.execute_script("for (const [id, v] of Object.entries(arguments[0])) $(id).value = v;"
+                          "$('topk').dispatchEvent(new Event('input'));", values)
+
+
+def bars(driver) -> list:
+    return driver.execute_script("return NEXT.map(n => [n.id, n.prob])")
+
+
+def same_bars(shown: list, api: list) -> bool:
+    return [i for i, _ in shown] == [n["id"] for n in api] and \
+        all(abs(p - n["prob"]) < 1e-6 for (_, p), n in zip(shown, api))
+
+
+def test_next_token_settings_are_the_apis_and_a_refused_one_blanks_the_bars(
+        tmp_path, char_tok, driver):
+    """The top-k, top-p and min-p boxes take exactly the values the API takes (0 turns top-k and
+    min-p off, as sample.py's flags, Hugging Face and llama.cpp; 1 top-p) and show the API's bars;
+    a value the API refuses (a 400 line) leaves the bars blank, the caption naming the box, nothing
+    to append or sample."""
+    views = load_views([("run", str(tiny_run(tmp_path / "run", char_tok)))], torch.device("cpu"))
+    state = ("return [$('bars-caption').textContent, $('append').disabled, $('sample').disabled,"
+             "$(arguments[0]).classList.contains('invalid')]")
+    with serve(views) as url:
+        driver.get(url + "/")
+        show(driver, PROMPT)
+        wait_for_map(driver)
+        for box, field, text in SETTINGS:
+            set_boxes(driver, {**DEFAULTS, box: text})
+            # the box's text as the field's JSON value, as it stands
+            body = '{"text": %s, "layers": [0]%s}' % (json.dumps(PROMPT),
+                                                       f', "{field}": {text}' if text else "")
+            status, out = post(url, body.encode())
+            words, append_off, sample_off, marked = driver.execute_script(state, box)
+            if status == 200:
+                assert same_bars(bars(driver), out["next"]), (box, text)
+                assert not (append_off or sample_off or marked) and "likeliest" in words
+            else:
+                assert status == 400 and "\n" not in out["error"] and field in out["error"]
+                assert blank(driver, "bars") and bars(driver) == [], (box, text)
+                assert append_off and sample_off and marked
+                assert words.startswith(f"{BOX_NAMES[box]} "), words
+        # all at once
+        set_boxes(driver, {"topk": "5", "topp": "0.9", "minp": "0.05", "temperature": "0.7"})
+        out = post(url, {"text": PROMPT, "layers": [0], "top_k": 5, "top_p": 0.9, "min_p": 0.05,
+                         "temperature": 0.7})[1]["next"]
+        assert same_bars(bars(driver), out) and len(out) <= 5
+        # greedy: the argmax alone
+        set_boxes(driver, {**DEFAULTS, "temperature": "0"})
+        greedy = post(url, {"text": PROMPT, "temperature": 0})[1]["next"]
+        assert bars(driver) == [[greedy[0]["id"], 1]]
+        assert console_errors(driver) == []
+
+
+def test_the_saved_html_keeps_the_timeline_and_the_settings(tmp_path, char_tok, driver):
+    """docs/explore.md: the saved file is the whole view, opens offline, still hovers, switches
+    heads and moves the sliders: the training timeline's among them (every step, the one shown
+    first), and the settings' boxes."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    from viz import probes
+    run = probed_run(tmp_path / "run", char_tok)
+    views = load_views([("run", str(run))], torch.device("cpu"))
+    with serve(views) as url:
+        first_load(driver, url, PROMPT)
+        slide_to(driver, 1)
+        wait_for_step(driver, 60)
+        select(driver, "head", 1)
+        set_boxes(driver, {"topk": "4"})
+        api = post(url, {"text": PROMPT})[1]
+        # step 30 was never shown: loaded for the file
+        html = saved_html(driver)
+    saved = tmp_path / "view.html"
+    saved.write_text(html, encoding="utf-8")
+    assert "http://" not in html and "https://" not in html
+    # the server is gone
+    driver.get(saved.as_uri())
+    wait_for_map(driver)
+    timeline = driver.find_element("id", "timeline")
+    assert timeline.is_displayed()
+    assert driver.find_element("id", "tl-slider").get_attribute("value") == "1"
+    assert driver.execute_script("const d = $('tl-map').dataset; return [d.step, d.head]") == \
+        ["60", "1"]
+    assert "step 60 · train loss 2.7500 (the step's batch) · head 1" in timeline.text
+    slide_to(driver, 0)
+    wait_for_step(driver, 30)
+    first = probes.read_snapshot(run, 30)["lens_ids"][3].tolist()
+    cells = [c.text for c in driver.find_elements("css selector", "#tl-lens td")]
+    assert cells[-10:] == [cell_text(char_tok.decode([ids[0]])) for ids in first]
+    driver.execute_script("window.seen = []; const draw = renderTimeline; renderTimeline = () => {"
+                          "  draw(); seen.push(+$('tl-map').dataset.step); }; $('play').click();")
+    WebDriverWait(driver, 30).until(
+        lambda d: d.execute_script("return !TL.playing && seen.length > 2"))
+    assert driver.execute_script("return seen") == [30, 60, 90]
+    # switches heads: the map and the timeline's
+    select(driver, "head", 0)
+    assert shown(driver, "map") == [0, 0]
+    assert driver.find_element("id", "tl-map").get_attribute("data-head") == "0"
+    assert f"{weight_in(hover(driver, 'map', 6, 2)):.6f}" == f"{api['attention'][0][0][6][2]:.6f}"
+    # the boxes as saved, and they still act (a saved page appends nothing)
+    assert driver.execute_script("return [$('topk').value, NEXT.length]") == ["4", 4]
+    assert driver.execute_script("return ['append', 'sample', 'step'].map(id => $(id).disabled)") \
+        == [True] * 3
+    set_boxes(driver, DEFAULTS)
+    assert [n["id"] for n in api["next"]] == [i for i, _ in bars(driver)]
+    assert console_errors(driver) == []

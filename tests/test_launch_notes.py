@@ -91,6 +91,100 @@ def test_the_run_gives_each_warning_once_as_it_starts(tmp_path, monkeypatch, cap
     run.execute(setup, on_start=lambda: said.append("on_start"))
     assert said[0] == "" and said[1] == "on_start"
     warnings = said[-1].splitlines()
-    assert len(warnings) == 2 and "optim.muon_lr=0.05 does nothing" in warnings[1]
-    assert warnings[0].startswith("warning: optim.warmup_iters=100 is not shorter than train.max_iters=5")
-    assert said[2:4] == [(w, logging.WARNING) for w in warnings]  # train.log: the same lines
+    assert len(warnings) == 3 and "optim.muon_lr=0.05 does nothing" in warnings[1]
+    # the baby GPT's 40 batches per split
+    assert warnings[2].startswith("warning: each evaluation is long for a CPU")
+    assert warnings[0].startswith("warning: optim.warmup_iters=100 is not shorter than "
+                                  "train.max_iters=5")
+    assert said[2:5] == [(w, logging.WARNING) for w in warnings]  # train.log: the same lines
+
+
+def test_a_long_evaluation_on_a_cpu_is_told_at_the_start(monkeypatch):
+    """Issue 50: `experiment=null train.max_iters=5` on a CPU sat silent for minutes in its one
+    evaluation (2 splits x 40 batches of 64 x 256 tokens of the baby GPT): the start says so, with a
+    train.eval_iters that is quick."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    baby = _config(train__max_iters=5)  # experiment=null's evaluation
+    line = notes.eval_note(baby, CPU)
+    assert line.startswith("each evaluation is long for a CPU: about ")
+    assert "train.eval_iters=40 batches of 64 x 256 tokens" in line
+    fewer = int(line.rsplit("train.eval_iters=", 1)[1])
+    assert 1 <= fewer < 40
+    baby.train.eval_iters = fewer  # the suggestion followed: about half a minute, no note
+    assert notes.cpu_seconds(baby, 2, evaluation_only=True) <= notes.EVAL_QUICK_S
+    assert notes.eval_note(baby, CPU) is None
+    assert notes.eval_note(_config(train__max_iters=5), torch.device("cuda")) is None
+    cpu_sized = _config(model__n_layer=4, model__n_head=4, model__n_embd=128, model__block_size=64,
+                        train__batch_size=24, train__eval_iters=20)  # experiment=cpu's: a second
+    assert notes.eval_note(cpu_sized, CPU) is None
+
+
+def _composed(*args):
+    from launch.config import compose, register_configs, to_dataclass
+    register_configs()
+    return to_dataclass(compose(list(args)))
+
+
+def _fix(line: str) -> list[str]:
+    """The overrides a note says to add."""
+    return line.rsplit(": add ", 1)[1].split()
+
+
+@pytest.mark.parametrize("preset", ["experiment=cpu", "experiment=gpu", "~experiment"])
+def test_a_fine_tune_at_a_from_scratch_rate_is_told_a_rate_that_works(preset, tmp_path):
+    """Issue 50: a fine-tune of a nanoGPT run at the CPU preset's rates (no warm-up) made it worse
+    first (val 1.9956 -> 2.3737 in 5 steps), with no hint. The note names the rates and an override
+    that passes the config's checks and silences it when added to the command line."""
+    args = [preset, f"model.init_from={tmp_path}"]
+    c = _composed(*args)
+    line = notes.finetune_note(c, notes.given_keys(args))
+    assert line.startswith("model.init_from fine-tunes pretrained weights at a from-scratch")
+    fix = _fix(line)
+    assert f"optim.lr={c.optim.lr / 10:.3g}" in fix
+    assert (f"optim.muon_lr={c.optim.muon_lr / 10:.3g}" in fix) == (c.optim.name == "muon")
+    followed = _composed(*args, *fix)  # passes training.config.check (min_lr <= lr)
+    assert followed.optim.lr == pytest.approx(c.optim.lr / 10)
+    given = notes.given_keys([*args, *fix])
+    assert notes.finetune_note(followed, given) is None
+    # and no new warning
+    assert notes.notes(followed, given) == notes.notes(c, notes.given_keys(args))
+
+
+@pytest.mark.slow  # over ~1 s: five configs composed
+def test_the_fine_tune_note_lowers_min_lr_where_the_rate_would_fall_below_it(tmp_path):
+    source = f"model.init_from={tmp_path}"
+    args = ["~experiment", source, "optim.min_lr=5e-4"]
+    fix = _fix(notes.finetune_note(_composed(*args), notes.given_keys(args[:2])))
+    assert fix == ["optim.lr=0.0002", "optim.min_lr=5e-05"]
+    _composed(*args[:2], *fix)  # passes the checks
+    # nanoGPT's fine-tune rate, 3e-5; a run from scratch; the user's own rates: nothing to say
+    assert notes.finetune_note(_composed("experiment=finetune_shakespeare", source), set()) is None
+    assert notes.finetune_note(_composed("experiment=cpu"), set()) is None
+    assert notes.finetune_note(_composed("experiment=cpu", source, "optim.lr=1e-2"),
+                               {"optim.lr", "optim.muon_lr"}) is None
+
+
+@pytest.mark.slow  # two 5-step fine-tunes of the nanoGPT fixture
+def test_following_the_fine_tune_note_does_not_make_the_model_worse(tmp_path,
+                                                                    cache_with_shakespeare):
+    """The note's override, measured: 5 steps at the CPU preset's rates raise the nanoGPT run's val
+    loss, 5 steps at the note's rates do not."""
+    import json
+    import shutil
+    from tests.helpers import REPO, run_cli
+    fixture = REPO / "tests" / "fixtures" / "nanogpt"
+    shutil.copytree(fixture / "out-bias", tmp_path / "out-bias")
+    shutil.copytree(fixture / "data", tmp_path / "data")  # its meta.pkl, where nanoGPT finds it
+    args = ["experiment=cpu", "model.init_from=out-bias", "train.max_iters=5",
+            "train.eval_at_start=true", "train.eval_interval=5", "train.device=cpu"]
+    fix = _fix(notes.finetune_note(_composed(*args), notes.given_keys(args)))
+    vals = {}
+    for name, extra in (("preset", []), ("note", fix)):
+        run_dir = tmp_path / name
+        proc = run_cli(["train.py", *args, *extra, f"hydra.run.dir={run_dir}"], cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert ("from-scratch learning rate" in proc.stderr) == (name == "preset")
+        records = [json.loads(r) for r in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        vals[name] = [r["val_loss"] for r in records if r["type"] == "eval"]
+    assert vals["preset"][1] > vals["preset"][0]  # the preset's rates: worse first
+    assert vals["note"][1] <= vals["note"][0]  # the note's: not worse

@@ -139,3 +139,33 @@ def test_head_in_a_terminal_stops_at_once_with_a_checkpoint(tmp_path, tiny_corpu
     assert ck.load_checkpoint(tmp_path / "r" / "last.pt")["step"] >= 2
     assert "stopped by a closed output pipe (the output's reader went away) after step" in \
         (tmp_path / "r" / "train.log").read_text()
+
+
+def test_progress_is_a_postfix_on_a_bar_and_a_plain_line_now_and_then_without_one():
+    """Issue 50: a long wait between steps (an evaluation) shows how far it is: the bar's postfix,
+    redrawn at most every REDRAW_S and given back to the train line when done; with no bar, a plain
+    line once it has lasted PLAIN_AFTER_S and every EVERY_S after (nothing for a short wait)."""
+    now, said = [0.0], []
+    plain = console.Progress("evaluating the val split", None, said.append, clock=lambda: now[0])
+    for done, at in [(1, 1.0), (2, 9.9), (3, 10.0), (4, 20.0), (5, 40.0), (6, 41.0), (8, 90.0)]:
+        now[0] = at
+        plain(done, 8)  # the last call (8/8) adds nothing: the evaluation's own line follows
+    assert said == ["evaluating the val split: 3/8 batches in 10 s",
+                    "evaluating the val split: 5/8 batches in 40 s"]
+    stream = io.StringIO()
+    bar = console.tqdm(total=10, file=stream, disable=False)
+    bar.set_postfix_str("loss 2.5000", refresh=False)
+    now[0] = 0.0
+    drawn = console.Progress("evaluating the val split", bar, said.append, clock=lambda: now[0])
+    now[0] = 1.0
+    drawn(1, 4)
+    assert bar.postfix == "evaluating the val split 1/4"
+    now[0] = 1.2
+    drawn(2, 4)  # within REDRAW_S: not redrawn
+    assert bar.postfix == "evaluating the val split 1/4"
+    drawn(4, 4)
+    # the train line is back, and no plain line came with a bar
+    assert bar.postfix == "loss 2.5000" and len(said) == 2
+    bar.close()
+    hidden = console.progress_bar(4, 0, show=False)  # not drawn: plain lines
+    assert console.Progress("x", hidden, said.append).bar is None

@@ -516,3 +516,34 @@ def test_a_run_that_does_not_compile_imports_no_compiler_and_no_fsdp(tmp_path, t
     assert "torch" in imported and not {"torch._dynamo", "sympy", "torch.distributed.fsdp"} & imported
     assert ck.load_checkpoint(tmp_path / "outputs" / "r" / "last.pt")["step"] == 4
     assert ck.load_checkpoint(tmp_path / "outputs" / "a" / "last.pt")["step"] == 4
+
+
+def test_help_names_the_preset_a_plain_run_trains_here(monkeypatch):
+    """Issue 50: --help showed conf/config.yaml's defaults (6 layers, 384 wide) while a plain run
+    trains experiment=cpu on a CPU, and never said so: its header names this machine's preset and
+    the command that shows it."""
+    import torch
+    from launch.config import plain_run_help
+    for cuda, name in ((False, "cpu"), (True, "gpu")):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+        line = plain_run_help()
+        assert f"trains experiment={name};" in line
+        assert line.endswith(f"experiment={name} --cfg job")
+
+
+@pytest.mark.slow
+def test_help_says_which_preset_a_plain_run_trains_and_its_command_shows_it(tmp_path):
+    import shlex
+    import torch
+    name = "gpu" if torch.cuda.is_available() else "cpu"
+    proc = run_cli(["train.py", "--help"], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    said = next(line for line in proc.stdout.splitlines() if line.startswith("its settings: "))
+    assert f"trains experiment={name};" in proc.stdout
+    assert said.endswith(f"experiment={name} --cfg job")
+    command = shlex.split(said.removeprefix("its settings: "))  # followed as printed, from tmp_path
+    assert command[:2] == ["python", str(REPO / "train.py")]
+    proc = run_cli(command[1:], cwd=tmp_path, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    # the preset's settings, not config.yaml's
+    assert "position: rope" in proc.stdout and "name: muon" in proc.stdout

@@ -469,8 +469,8 @@ def _scripted_val_losses(monkeypatch, losses):
     it = iter(losses)
     real = loop_mod.evaluate
 
-    def scripted(run, stop=None):
-        stats = real(run, stop)
+    def scripted(run, hooks):
+        stats = real(run, hooks)
         stats["val"] = {"loss": next(it), "bpb": None}
         return {**stats, "train": {"loss": 9.0, "bpb": None}}
     monkeypatch.setattr(loop_mod, "evaluate", scripted)
@@ -592,3 +592,20 @@ def test_resuming_a_muon_run_with_adamw_names_optim_muon(tmp_path, tiny_corpus):
     assert str(e.value) == (f"the optimizer state in {run / 'last.pt'} does not fit this model (trained with "
                             f"optim=muon, this run has optim=adamw): resume with the settings it was trained with: "
                             f"optim=muon")
+
+
+def test_a_long_evaluation_shows_its_progress_without_a_terminal(tmp_path, tiny_corpus, monkeypatch,
+                                                                  caplog):
+    """Issue 50: `experiment=null train.max_iters=5` on a CPU sat silent through a 5-minute
+    evaluation. Without a terminal (no bar) a long evaluation says how far it is in plain lines
+    (here: after every batch, the waits made 0)."""
+    from runtime.console import Progress
+    monkeypatch.setattr(Progress, "PLAIN_AFTER_S", 0.0)
+    monkeypatch.setattr(Progress, "EVERY_S", 0.0)
+    cfg = make_cfg(tiny_corpus, "train.max_iters=2", "train.eval_interval=2", "train.eval_iters=3")
+    with caplog.at_level("INFO"):
+        train(cfg, tmp_path / "run")
+    said = [r.message.split(" batches")[0] for r in caplog.records
+            if r.message.startswith("evaluating the ")]
+    # (3/3: the evaluation's own line follows)
+    assert said == [f"evaluating the {s} split: {i}/3" for s in ("train", "val") for i in (1, 2)]

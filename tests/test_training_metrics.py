@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import types
 
 import pytest
@@ -133,3 +134,24 @@ def test_mfu_only_for_a_gpu_in_the_table_in_16_bit(monkeypatch):
     assert mt.mfu_peak(Precision(gpu, torch.float32)) is None  # float32: no datasheet figure, no MFU
     for device in ("cpu", "mps"):
         assert mt.mfu_peak(Precision(torch.device(device), torch.bfloat16)) is None
+
+
+def test_a_resume_past_max_iters_prints_no_negative_counts(tmp_path, caplog):
+    """Issue 50: resuming a step-400 checkpoint with train.max_iters=5 printed "-395 steps to go =
+    -606.72K tokens" before "nothing to train". No count or duration a run prints is negative."""
+    c = Config()
+    c.train.max_iters = 5
+    st = TrainState(batch_tokens=1536, step=400)
+    tokenizer = types.SimpleNamespace(describe=lambda: "char")
+    data = types.SimpleNamespace(tokenizer=tokenizer, dir=tmp_path,
+                                 token_files=lambda: ([0] * 90, [0] * 9))
+    model = types.SimpleNamespace(num_params=lambda: 1000, config=c.model.with_vocab(65))
+    with caplog.at_level("INFO"):
+        mt.RunLog(5).start(c, tmp_path / "run", st, data=data, model=model, ranks=Ranks(),
+                           precision=setup_precision(torch.device("cpu"), "float32"),
+                           compiled=False, source=None, resumed_from=None, config_diff=[])
+    batch = next(m for m in caplog.messages if m.startswith("global batch: "))
+    assert "no steps to go (step 400 of train.max_iters=5)" in batch
+    assert re.search(r"-\d", batch) is None  # no negative number anywhere in it
+    durations = [mt.format_duration(s) for s in (-5.0, 0.4, 61, 3723)]
+    assert durations == ["0s", "0s", "1m01s", "1h02m03s"]

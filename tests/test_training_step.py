@@ -145,3 +145,14 @@ def test_compile_guard_warns_with_the_reason_not_a_header(caplog):
     assert [r.message for r in caplog.records] == ["torch.compile failed (InductorError: C++ compiler not found): "
                                                    "continuing without compilation (train.compile=false skips the "
                                                    "attempt)"]
+
+
+def test_eval_stats_reports_its_progress_after_each_batch():
+    """Issue 50: an evaluation that takes minutes must be able to show how far it is
+    (runtime.console.Progress)."""
+    m, _ = _model_and_opt()
+    _, data = _batches(3)
+    seen = []
+    plan = [(0, True), (1, False), (2, True)]
+    eval_stats(m, data.__getitem__, plan, progress=lambda *a: seen.append(a))
+    assert seen == [(1, 3), (2, 3), (3, 3)]

@@ -105,6 +105,9 @@ class Edge(Hooks):
         # (under torchrun a rank cannot leave an evaluation alone: the collectives wait for it)
         return self.stop_request.signum is not None and not self.ranks.distributed
 
+    def eval_progress(self, split):
+        return self.report.eval_progress(split)
+
     def stepped(self, run: Run, metrics) -> None:
         state, train = run.state, self.config.train
         # device tensors: read with one host sync at the log interval
@@ -249,7 +252,7 @@ class Edge(Hooks):
             progress_bar(train.max_iters, state.step, show=show))
         # pending: a stop cut it short, redone as the straight run did it
         if state.eval_pending or (train.eval_at_start and not self.resumed):
-            self.evaluated(run, self.guard("eval", evaluate, run, self.eval_stop),
+            self.evaluated(run, self.guard("eval", evaluate, run, self),
                            save=state.eval_pending and state.step > 0)
         elif self.probe and not self.resumed and 0 in self.probe.steps:
             # the model before training (or the one fine-tuning starts from)

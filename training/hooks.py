@@ -56,6 +56,10 @@ class Hooks:
         """Stop an evaluation between its batches?"""
         return False
 
+    def eval_progress(self, split: str) -> Optional[Callable[[int, int], None]]:
+        """What an evaluation of `split` calls after each batch (done, total), or None."""
+        return None
+
     def stepped(self, run: Run, metrics: dict[str, torch.Tensor]) -> None:
         """A step is done (`metrics`: its device tensors): log it now and then."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from functools import partial
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -82,14 +82,15 @@ def train(config, hooks: Optional[Hooks] = None, device="cpu", source=None) -> A
 
         # evaluate both splits every eval_interval steps and at the end; the hooks save checkpoints
         if state.step % train.eval_interval == 0 or state.step == train.max_iters:
-            hooks.evaluated(run, hooks.guard("eval", evaluate, run, hooks.eval_stop))
+            hooks.evaluated(run, hooks.guard("eval", evaluate, run, hooks))
     return hooks.end(run)
 
 
-def evaluate(run: Run, stop: Optional[Callable[[], bool]] = None) -> dict[str, dict]:
+def evaluate(run: Run, hooks: Hooks) -> dict[str, dict]:
     """Mean loss and bits per byte of each split over train.eval_iters batches (shared by ranks)."""
     plan = run.ranks.eval_plan(run.config.train.eval_iters)
     return {split: eval_stats(run.step_model, partial(run.loader.eval_batch, split), plan,
-                              stop=stop, autocast=run.precision.autocast,
+                              stop=hooks.eval_stop, progress=hooks.eval_progress(split),
+                              autocast=run.precision.autocast,
                               reduce_sum=run.ranks.all_reduce_sum, token_bytes=run.token_bytes)
             for split in ("train", "val")}

@@ -11,12 +11,13 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from common.cli import count
 from common.files import atomic_write
 from common.platform import command_line, script
 from model.device import device_name
+from runtime.console import Progress
 
 if TYPE_CHECKING:
     from data.cache import Prepared
@@ -110,7 +111,8 @@ def format_count(n: float) -> str:
 
 
 def format_duration(s: float) -> str:
-    h, rem = divmod(int(round(s)), 3600)
+    """Seconds as '1h02m03s', '2m03s', '3s'; never negative (a clock stepped back reads as 0s)."""
+    h, rem = divmod(max(0, int(round(s))), 3600)
     m, sec = divmod(rem, 60)
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
@@ -152,9 +154,14 @@ class RunLog:
                  + ("torch.compile on" if compiled else "eager (no torch.compile)"))
         if ranks.distributed:
             log.info(f"parallel: {ranks.describe()}")
+        # a resume at or past train.max_iters has no steps to go, never a negative count
+        # (nothing_to_train then says why)
+        left = (f"{togo} step{'s' if togo != 1 else ''} to go = {format_count(togo * n)} tokens"
+                if togo > 0 else
+                f"no steps to go (step {st.step} of train.max_iters={c.train.max_iters})")
         log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x {m.block_size} tokens x "
                  f"{c.train.grad_accum_steps} accumulation x {ranks.world_size} process"
-                 f"{'es' if ranks.world_size > 1 else ''}); {togo} steps to go = {format_count(togo * n)} tokens")
+                 f"{'es' if ranks.world_size > 1 else ''}); {left}")
         if resumed_from is not None:
             best = st.best_val_loss
             log.info(f"resumed from {resumed_from} at step {st.step} "
@@ -191,6 +198,13 @@ class RunLog:
         if on_bar:
             self.bar.set_postfix_str(line, refresh=False)
         log.info(f"step {step}/{self.max_iters}: {line}", extra={"on_bar": on_bar})  # on the bar: train.log only
+
+    def eval_progress(self, split: str) -> Optional[Callable[[int, int], None]]:
+        """eval_stats's `progress` for one split's batches (runtime.console.Progress); None off
+        rank 0."""
+        if self.file is None:
+            return None
+        return Progress(f"evaluating the {split} split", self.bar, log.info)
 
     def first_step(self, step: int, seconds: float, log_interval: int) -> None:
         """A session's first step, when the first train line is half a minute or more away (a CPU given a GPU-sized

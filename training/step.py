@@ -75,8 +75,12 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, opt
 def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iterable[tuple[int, bool]], *,
                autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                reduce_sum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
-               stop: Optional[Callable[[], bool]] = None, token_bytes: Optional[torch.Tensor] = None) -> dict:
-    """{"loss", "bpb" (given each id's UTF-8 length `token_bytes`)} over the counted `batch(i)` of `plan`."""
+               stop: Optional[Callable[[], bool]] = None,
+               token_bytes: Optional[torch.Tensor] = None,
+               progress: Optional[Callable[[int, int], None]] = None) -> dict:
+    """{"loss", "bpb" (given each id's UTF-8 length `token_bytes`)} over the counted `batch(i)` of
+    `plan`; `progress(done, total)` after each batch (runtime.console.Progress: a long evaluation
+    shows how far it is)."""
     model.eval()
     try:
         plan = list(plan)
@@ -93,6 +97,8 @@ def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iter
                     real = y >= 0  # (the loss ignores -1 targets)
                     sums[j, 1] = loss.float() * real.sum()
                     sums[j, 2] = (token_bytes[y.clamp(min=0)] * real).sum()
+            if progress is not None:
+                progress(j + 1, len(plan))
         n = torch.tensor(float(sum(c for _, c in plan)), device=sums.device)
         stats = torch.cat([sums.sum(0), n[None]])
         s, nats, n_bytes, n = (reduce_sum(stats) if reduce_sum is not None else stats).tolist()

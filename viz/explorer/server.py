@@ -35,6 +35,7 @@ STATIC = {"/": ("index.html", "text/html; charset=utf-8"),
           "/snapshot.js": ("snapshot.js", "text/javascript; charset=utf-8"),
           "/next.js": ("next.js", "text/javascript; charset=utf-8"),
           "/lens.js": ("lens.js", "text/javascript; charset=utf-8"),
+          "/panels.js": ("panels.js", "text/javascript; charset=utf-8"),
           "/timeline.js": ("timeline.js", "text/javascript; charset=utf-8"),
           "/explorer.css": ("explorer.css", "text/css; charset=utf-8")}
 

@@ -41,6 +41,7 @@ const Draw = (() => {
     const fit = (opts.side || 512) / T; // whole pixels per cell, or a fraction when T exceeds the side
     const cell = Math.min(fit >= 1 ? Math.floor(fit) : fit, opts.maxCell || 28);
     const labels = opts.labels && cell >= 10 ? opts.labels : null;
+    delete canvas.dataset.blank;
     const margin = labels ? 56 : 2, side = Math.round(cell * T), keyHeight = Math.max(side, 90);
     canvas.width = margin + side + 2 + (key ? KEY_WIDTH : 0);
     canvas.height = margin + (key ? keyHeight : side) + 2;
@@ -160,6 +161,7 @@ const Draw = (() => {
     const row = 20, width = 460, labelW = 120;
     canvas.width = width;
     canvas.height = Math.max(1, items.length) * row + 4;
+    delete canvas.dataset.blank;
     const ctx = canvas.getContext("2d");
     ctx.fillStyle = "#fff";
     ctx.fillRect(0, 0, canvas.width, canvas.height);
@@ -220,9 +222,19 @@ const Draw = (() => {
     Object.assign(canvas.dataset, {x0, x1, y0, y1});
   }
 
-  // All canvases of a panel side by side (captions under them) as one PNG download.
+  // A canvas with nothing to show for the selection (its caption says why): its pixels cleared,
+  // nothing to hover (no cell size), nothing to export; never a picture of another selection.
+  function blank(canvas) {
+    canvas.getContext("2d").clearRect(0, 0, canvas.width, canvas.height);
+    for (const name of Object.keys(canvas.dataset)) delete canvas.dataset[name];
+    canvas.dataset.blank = "";
+  }
+
+  // All canvases of a panel side by side (captions under them) as one PNG download; blank ones
+  // left out.
   function exportPanel(panel, name) {
-    const canvases = [...panel.querySelectorAll("canvas")].filter(c => c.offsetParent !== null && c.width > 1);
+    const canvases = [...panel.querySelectorAll("canvas")]
+      .filter(c => c.offsetParent !== null && c.width > 1 && !("blank" in c.dataset));
     if (!canvases.length) return;
     const gap = 12, caption = 18;
     const w = canvases.reduce((s, c) => s + c.width + gap, gap), h = Math.max(...canvases.map(c => c.height));
@@ -253,5 +265,5 @@ const Draw = (() => {
     setTimeout(() => URL.revokeObjectURL(a.href), 1000);
   }
 
-  return {heatmap, cellAt, bars, curve, exportPanel, download, visible};
+  return {heatmap, blank, cellAt, bars, curve, exportPanel, download, visible};
 })();

@@ -1,6 +1,7 @@
-// The attention explorer page: state, the server's compact binary answers, the panels and the actions. Drawing is
-// draw.js's, the next-token panel next.js's, the logit lens lens.js's, the training timeline timeline.js's, saving
-// the view as standalone HTML (window.SNAPSHOT set: no server, the data embedded) snapshot.js's.
+// The attention explorer page: state, the server's compact binary answers and the actions. The
+// attention panels are panels.js's, drawing draw.js's, the next-token panel next.js's, the logit
+// lens lens.js's, the training timeline timeline.js's, saving the view as standalone HTML
+// (window.SNAPSHOT set: no server, the data embedded) snapshot.js's.
 "use strict";
 
 const $ = id => document.getElementById(id);
@@ -75,90 +76,24 @@ function store(i, head) {
   }
 }
 
-async function ensureLayer() { // a layer not loaded yet for these tokens (large models load what is shown)
-  const {ids, models} = S; // the tokens asked for: their maps are stored only while they are still shown
-  for (let i = 0; i < models.length && !S.snapshot; i++) {
-    if (S.layer >= S.info.models[i].n_layer || models[i].layers.has(S.layer)) continue;
-    const h = await fetchLayers(i, {ids, layers: [S.layer], scores: true});
-    if (S.models !== models) return;
-    store(i, h);
-  }
-}
-
-// ------------------------------------------------------------------------------------------------ panels
-function layerData(i) { return S.models[i] && S.models[i].layers.get(S.layer); }
-
-function headOf(arr, h, T) { return arr.subarray(h * T * T, (h + 1) * T * T); }
-
-function render(ms) {
-  const T = S.ids.length, t0 = performance.now();
-  renderTimeline();
-  if (!T) return;
-  renderChips();
-  const a = layerData(0), sqrt = $("sqrt").checked;
-  const compare = S.models.length > 1, side = compare ? Math.max(360, Math.min(12 * T, 520))
-                                               : Math.max(512, Math.min(12 * T, 800)); // labels up to ~64 tokens
-  $("layer-shown").textContent = S.layer;
-  $("head-shown").textContent = S.head;
-  if (a) {
-    Draw.heatmap($("map"), headOf(a.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens, side});
-    Draw.heatmap($("scores"), headOf(a.scores, S.head, T), T, {kind: "scores", labels: S.tokens, side: 300});
-    const future = j => j % T > Math.floor(j / T); // key after query
-    const masked = Float32Array.from(headOf(a.scores, S.head, T), (v, j) => (future(j) ? -Infinity : v));
-    Draw.heatmap($("masked"), masked, T, {kind: "masked", labels: S.tokens, side: 300});
-    Draw.heatmap($("softmax"), headOf(a.att, S.head, T), T, {kind: "weights", labels: S.tokens, side: 300});
-    for (const id of ["map", "scores", "masked", "softmax"]) {
-      Object.assign($(id).dataset, {layer: S.layer, head: S.head});
+// A layer not loaded yet for these tokens (large models load the one shown), drawn blank and
+// captioned while it loads, and so if it fails; its maps are stored only while their tokens are
+// still shown.
+async function ensureLayer() {
+  const {ids, models, layer} = S;
+  const lacks = i => layer < S.info.models[i].n_layer && !models[i].layers.has(layer);
+  const wanted = [...models.keys()].filter(lacks);
+  if (S.snapshot || !wanted.length) return;
+  render();
+  try {
+    for (const i of wanted) {
+      const h = await fetchLayers(i, {ids, layers: [layer], scores: true});
+      if (S.models !== models) return;
+      store(i, h);
     }
-    renderHeads($("heads"), a.att, T, sqrt, "map");
-  } else {
-    $("heads").textContent = S.snapshot ? "this layer was not loaded when the page was saved" : "loading…";
-  }
-  $("compare").hidden = !compare;
-  if (compare) {
-    const b = layerData(1), mb = S.info.models[1];
-    const has = b && S.head < mb.n_head;
-    $("map-b-caption").textContent = has ? `B: ${mb.name}` : `B has no layer ${S.layer} head ${S.head}`;
-    if (has) {
-      Draw.heatmap($("map-b"), headOf(b.att, S.head, T), T, {kind: "weights", sqrt, labels: S.tokens, side});
-      const A = headOf(a.att, S.head, T), B = headOf(b.att, S.head, T);
-      Draw.heatmap($("diff"), A.map((v, j) => v - B[j]), T, {kind: "diff", labels: S.tokens, side});
-      for (const id of ["map-b", "diff"]) Object.assign($(id).dataset, {layer: S.layer, head: S.head});
-    }
-  }
-  renderNext();
-  const model = ms === undefined ? "" : ` · model ${ms.toFixed(0)} ms`;
-  $("status").textContent = `${T} tokens${model} · drawn ${(performance.now() - t0).toFixed(0)} ms`;
-  $("map").dataset.ready = S.gen;
-}
-
-function renderChips() {
-  const chips = $("chips");
-  chips.textContent = "";
-  S.tokens.forEach((t, i) => {
-    const c = document.createElement("span");
-    c.className = "chip";
-    c.textContent = Draw.visible(t);
-    c.title = `token ${i}: id ${S.ids[i]}`;
-    chips.appendChild(c);
-  });
-}
-
-function renderHeads(grid, att, T, sqrt, map) { // thumbnails of a layer's heads; a click enlarges one in `map`
-  const n = S.info.models[0].n_head;
-  grid.textContent = "";
-  for (let h = 0; h < n; h++) {
-    const fig = document.createElement("figure");
-    fig.className = "thumb" + (h === S.head ? " selected" : "");
-    const c = document.createElement("canvas");
-    c.setAttribute("aria-label", `layer ${S.layer} head ${h}`);
-    Draw.heatmap(c, headOf(att, h, T), T, {kind: "weights", sqrt, side: 96, maxCell: 8, key: false});
-    fig.appendChild(c);
-    const cap = document.createElement("figcaption");
-    cap.textContent = `head ${h}`;
-    fig.appendChild(cap);
-    fig.onclick = () => { S.head = h; $("head").value = h; render(); $(map).scrollIntoView({block: "nearest"}); };
-    grid.appendChild(fig);
+  } catch (err) {
+    S.unloaded = {models, layer};
+    throw err;
   }
 }
 
@@ -181,33 +116,16 @@ async function step() {
   if (S.stepping) { S.stepping = false; return; }
   S.stepping = true;
   $("step").textContent = "stop";
+  enableButtons();
   try {
-    for (let n = +$("steps").value || 1; n > 0 && S.stepping; n--) {
+    for (let n = +$("steps").value || 1; n > 0 && S.stepping && S.probs; n--) {
       if (!(await append(sampleId()))) break;
     }
   } finally {
     S.stepping = false;
     $("step").textContent = "generate";
+    enableButtons();
   }
-}
-
-function tooltip(event) {
-  const c = event.target, tip = $("tooltip"), cell = Draw.cellAt(c, event);
-  if (!cell || !S.ids.length) { tip.hidden = true; return; }
-  const {q, k} = cell, T = S.ids.length, kind = c.dataset.kind;
-  const a = layerData(0), j = S.head * T * T + q * T + k;
-  const name = i => `${i} “${Draw.visible(S.tokens[i])}”`;
-  let value;
-  if (kind === "weights" && c.id === "map-b") value = `weight ${layerData(1).att[j].toFixed(6)}`;
-  else if (kind === "weights") value = k > q ? "masked: weight 0" : `weight ${a.att[j].toFixed(6)}`;
-  else if (kind === "scores") value = `score ${a.scores[j].toFixed(6)}`;
-  else if (kind === "masked") value = k > q ? "masked: −∞" : `score ${a.scores[j].toFixed(6)}`;
-  else value = `A − B ${(a.att[j] - layerData(1).att[j]).toFixed(6)}`;
-  tip.innerHTML = "";
-  tip.append(`query ${name(q)} → key ${name(k)}`, document.createElement("br"), value);
-  tip.hidden = false;
-  tip.style.left = event.pageX + 14 + "px";
-  tip.style.top = event.pageY + 14 + "px";
 }
 
 // ------------------------------------------------------------------------------------------------ start
@@ -236,19 +154,18 @@ async function start() {
   $("layer").onchange = async () => {
     S.layer = +$("layer").value;
     await ensureLayer().catch(e => showError(e.message));
-    render();
+    // (a later choice, made while this one loaded, draws its own)
+    if (S.layer === +$("layer").value) render();
   };
   $("head").onchange = () => { S.head = +$("head").value; render(); };
   $("sqrt").onchange = () => render();
-  $("temperature").oninput = renderNext;
-  $("topk").oninput = renderNext;
-  $("minp").oninput = renderNext;
+  for (const id of SETTING_BOXES) $(id).oninput = renderNext;
   $("bars").onclick = e => {
     const i = Math.floor((e.offsetY - 2) / +$("bars").dataset.row);
     if (i >= 0 && i < NEXT.length) { S.chosen = i; Draw.bars($("bars"), NEXT, i); }
   };
-  $("append").onclick = () => append(NEXT[S.chosen].id).catch(() => {});
-  $("sample").onclick = () => append(sampleId()).catch(() => {});
+  $("append").onclick = () => NEXT.length && append(NEXT[S.chosen].id).catch(() => {});
+  $("sample").onclick = () => S.probs && append(sampleId()).catch(() => {});
   $("step").onclick = () => step().catch(() => {});
   $("save-html").onclick = () => saveHTML().catch(e => showError(e.message));
   for (const b of document.querySelectorAll("button.png")) {
@@ -258,8 +175,10 @@ async function start() {
     c.addEventListener("mousemove", tooltip);
     c.addEventListener("mouseleave", () => { $("tooltip").hidden = true; });
   }
+  // the training timeline: the server's, or the one a saved page holds (a run without one: none)
+  const saved = S.snapshot ? window.SNAPSHOT.timeline : undefined;
+  if (saved !== null) TL.ready = startTimeline(saved).catch(e => showError(e.message));
   if (S.snapshot) { render(); Lens.grid($("lens"), S.lens, S.tokens); return; }
-  startTimeline().catch(e => showError(e.message));
   if (S.info.prompt) { $("prompt").value = S.info.prompt; runTokens({text: S.info.prompt}).catch(() => {}); }
 }
 

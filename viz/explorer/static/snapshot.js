@@ -1,5 +1,6 @@
-// Saving the view as one standalone HTML file: the page's markup, style and code inlined, the data loaded so far
-// embedded as base64 float32 (window.SNAPSHOT), so it opens offline with no server; and reading it back.
+// Saving the view as one standalone HTML file: the page's markup, style and code inlined, the data
+// loaded so far and the training timeline's snapshots embedded as base64 float32 (window.SNAPSHOT),
+// so it opens offline with no server; and reading it back.
 // Inside a <script> element the HTML parser still reads "</script", "<!--" and "<script" (the last two can make it
 // miss the real end tag), so none of them may appear there as they are: the data is JSON with <, >, & and U+2028/9
 // as \u escapes (any text a prompt, a token or a model's name holds stays inside its string), and the page's own
@@ -30,12 +31,16 @@ async function source(name) {
   return (await fetch(name)).text();
 }
 
+// The view as it is (the selection, the settings in the boxes) and all the data it has, with every
+// step of the training timeline.
 async function saveHTML() {
+  const timeline = await savedTimeline(), settings = SETTING_BOXES.map(id => [id, $(id).value]);
   const snap = {info: S.info, ids: S.ids, tokens: S.tokens, layer: S.layer, head: S.head,
-                labels: [...S.labels], prompt: $("prompt").value, lens: S.lens,
+                labels: [...S.labels], prompt: $("prompt").value, lens: S.lens, settings, timeline,
                 models: S.models.map(m => ({logits: b64(m.logits), layers: [...m.layers].map(
                   ([l, d]) => [l, b64(d.att), b64(d.scores)])}))};
-  const scripts = ["draw.js", "snapshot.js", "next.js", "lens.js", "timeline.js", "explorer.js"];
+  const scripts = ["draw.js", "snapshot.js", "next.js", "lens.js", "panels.js", "timeline.js",
+                   "explorer.js"];
   const [css, ...code] = await Promise.all(["explorer.css", ...scripts].map(source));
   const html = `<!doctype html>\n<html lang="en"><head><meta charset="utf-8">
 <title>attention explorer: saved view</title>
@@ -52,5 +57,6 @@ function loadSnapshot(snap) {
   const layers = m => new Map(m.layers.map(([l, a, s]) => [l, {att: unb64(a), scores: unb64(s)}]));
   S.models = snap.models.map(m => ({logits: unb64(m.logits), layers: layers(m)}));
   $("prompt").value = snap.prompt;
-  for (const id of ["prompt", "append", "sample", "step"]) $(id).disabled = true;
+  for (const [id, value] of snap.settings) $(id).value = value;
+  $("prompt").disabled = true;
 }
