@@ -24,7 +24,6 @@ class Tokenizer:
 
     vocab_size: int
     eot_id: int | None = None
-    in_transformers = True  # whether transformers' AutoTokenizer loads its exported files (char-level: no)
 
     def describe(self) -> str:
         return f"{describe_tokenizer(self.to_dict())} ({self.vocab_size:,} tokens)"
@@ -50,8 +49,6 @@ class Tokenizer:
 
 class CharTokenizer(Tokenizer):
     """The sorted set of characters of the corpus; `to_dict()` stores the characters themselves."""
-
-    in_transformers = False
 
     def __init__(self, chars: str | Iterable[str]):
         chars = sorted(set(chars))
