@@ -66,15 +66,19 @@ class CharTokenizer(Tokenizer):
             return [self.stoi[c] for c in text]
         except KeyError:
             bad = self.unknown_characters(text)
-            more = f" and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
-            raise ValueError(f"characters not in the vocabulary: {', '.join(repr(c) for c in bad[:_MAX_LISTED])}"
-                             f"{more} (the model was trained on a {self.vocab_size}-character vocabulary): remove "
-                             f"or replace them") from None
+            raise self.unknown_error(bad, "remove or replace them") from None
 
     encode_ordinary = encode
 
-    def unknown_characters(self, text: str) -> list[str]:
+    def unknown_characters(self, text: str | Iterable[str]) -> list[str]:
         return sorted(set(text) - self.stoi.keys())
+
+    def unknown_error(self, bad: list[str], fix: str, where: str = "") -> ValueError:
+        """The one line for characters `bad` it cannot encode (the first ones named)."""
+        listed = ", ".join(repr(c) for c in bad[:_MAX_LISTED])
+        more = f" and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
+        return ValueError(f"{where}characters not in the vocabulary: {listed}{more} (the model was "
+                          f"trained on a {self.vocab_size}-character vocabulary): {fix}")
 
     def code_table(self) -> np.ndarray:
         """int64 array mapping code point -> id (-1 where unknown), for bulk encoding."""
