@@ -121,11 +121,10 @@ def run(argv: list[str] | None = None) -> int:
           + (f"; {padded} padded vocabulary rows dropped" if padded else "")
           + ("; exact GELU as trained: activation_function gelu" if model.config.mlp == "gelu_exact" else "")
           + ")")
-    tok = ("AutoTokenizer.from_pretrained(d)" if tokenizer.in_transformers
-           else "the characters' ids in vocab.json (docs/export_eval.md)")
     load = "GPT2LMHeadModel.from_pretrained(d)" if kind == "gpt2" else \
         f"AutoModelForCausalLM.from_pretrained(d) (a {ARCHITECTURES[kind]})"
-    print(f"load it with transformers: {load} and {tok}, d = {str(out)!r}")
+    print(f"load it with transformers: {load} and AutoTokenizer.from_pretrained(d), "
+          f"d = {str(out)!r}")
     return 0
 
 

@@ -67,13 +67,14 @@ def parse_args(argv: list[str] | None = None):
     pr.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a UTF-8 text file "
                     "(- = stdin)")
     p.add_argument("--max-new-tokens", type=int, default=500, metavar="N",
-                   help="tokens per sample (default 500)")
+                   help="tokens per sample, N >= 0 (default 500)")
     for name, setting in SETTINGS.items():  # --temperature, --top-k, --top-p, ...
         p.add_argument(FLAGS[name], default=setting.default, **setting.metadata)
     p.set_defaults(temperature=0.8)  # nanoGPT's sample.py's
     p.add_argument("--num-samples", type=int, default=1, metavar="N",
-                   help="number of samples (default 1)")
-    p.add_argument("--seed", type=int, help="random seed, for reproducible samples")
+                   help="number of samples, N >= 1 (default 1)")
+    p.add_argument("--seed", type=int, metavar="S",
+                   help="random seed, for reproducible samples, 0 <= S < 2^64")
     p.add_argument("--device", default="auto",
                    help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
     p.add_argument("--stop", type=unescape, metavar="STRING", help="stop a sample when STRING "

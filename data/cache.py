@@ -27,7 +27,7 @@ from data.config import Corpus, DataConfig
 from data.encode import encode_bpe, encode_char
 from data.loader import Prepared, dtype_for_vocab
 from data.shards import PROGRESS, ShardWriter, saved_head
-from data.tokenizer import CharTokenizer, GPT2Tokenizer, tokenizer_from_dict
+from data.tokenizer import CharTokenizer, GPT2Tokenizer, Tokenizer, tokenizer_from_dict
 
 STALE_PARTIAL_S = 7 * 24 * 3600  # a dead run's closed shards are kept this long for a rerun to continue from
 
@@ -129,10 +129,12 @@ def publish(tmp: Path, final: Path, meta: dict) -> bool:
 
 
 def build(cfg: DataConfig, tok_kind: str, src: Corpus, src_hash: str, head: dict, more: dict, final: Path,
-          note: Callable[[str], None], progress: bool, shard_tokens: int) -> Prepared | None:
+          note: Callable[[str], None], progress: bool, shard_tokens: int,
+          given: Tokenizer | None = None) -> Prepared | None:
     """Prepare `src` into `final` (data/prepare.py made the key and meta.json's `head`); None when another process
     published it first. Reads the text twice: to count characters (and collect the char vocabulary or the own
-    BPE's sample), then to encode it (hashing it again, to catch a file that changed meanwhile)."""
+    BPE's sample), then to encode it (hashing it again, to catch a file that changed meanwhile).
+    `given`: the tokenizer to encode with (a fine-tune's), instead of one made from the text."""
     errors, vf, key = cfg.encoding_errors, float(cfg.val_fraction), head["key"]
 
     def changed_error():
@@ -141,14 +143,16 @@ def build(cfg: DataConfig, tok_kind: str, src: Corpus, src_hash: str, head: dict
     if src.given is None and src_hash != sources.SHAKESPEARE_SHA256:  # the cached download, hashed by prepare
         raise sources.not_shakespeare(src.files[0])
     t0 = time.perf_counter()
-    gpt2 = GPT2Tokenizer() if tok_kind == "gpt2" else None  # fails early if ranks missing
+    # the tokenizer when not made from the text (GPT-2's fails early if its ranks are missing)
+    fixed = given or (GPT2Tokenizer() if tok_kind == "gpt2" else None)
     with staging(final.parent, key) as tmp:
         saved = saved_head(tmp)
         if saved.get("key") == key:  # continuing a killed run: its count and tokenizer stand (same content)
-            n_chars, tok, chars = saved["chars"], gpt2 or tokenizer_from_dict(saved["tokenizer"]), None
-        else:
-            own_bpe = tok_kind == "bpe" and cfg.tokenizer_file is None  # trained here: the scan collects its sample
-            tok, sample_bytes = gpt2, int(float(cfg.tokenizer_sample_mb) * 1e6) if own_bpe else 0
+            tok = fixed or tokenizer_from_dict(saved["tokenizer"])
+            n_chars, chars = saved["chars"], None
+        else:  # an own BPE trained here: the scan collects its sample
+            own_bpe = tok_kind == "bpe" and cfg.tokenizer_file is None and fixed is None
+            tok, sample_bytes = fixed, int(float(cfg.tokenizer_sample_mb) * 1e6) if own_bpe else 0
             n_chars, chars, sample = corpus.scan(src, errors, tok_kind == "char", sample_bytes)
         if n_chars == 0:  # the files have bytes (resolve checked), but no text: null or empty records, or decoding
             how = " or null" if src.keyed else ""
@@ -159,7 +163,10 @@ def build(cfg: DataConfig, tok_kind: str, src: Corpus, src_hash: str, head: dict
         n_train = int(n_chars * (1.0 - vf))
         if tok is None:  # a fresh start: the char vocabulary just scanned, or the own BPE (trained or cached)
             tok = CharTokenizer(chars) if tok_kind == "char" else bpe.tokenizer_for(sample, cfg, n_train, note)
-            chars = sample = None  # not held while encoding
+        elif chars and (bad := tok.unknown_characters(chars)):  # a fine-tune's characters: not all
+            raise tok.unknown_error(bad, "remove or replace them in the text, or train a new model "
+                                    "on it (without model.init_from)", where=f"{src.display} has ")
+        chars = sample = None  # not held while encoding
         sink = ShardWriter(tmp, tok.vocab_size, shard_tokens, {"key": key, "chars": n_chars,
                                                                "tokenizer": tok.to_dict()})
         start = sink.resume()

@@ -23,7 +23,7 @@ from common.interrupt import on_stop, say
 from common.files import cache_dir
 from data.config import DataConfig, resolve
 from data.loader import Prepared
-from data.tokenizer import BPE_EOT, tokenizer_from_dict
+from data.tokenizer import BPE_EOT, data_setting, tokenizer_from_dict
 
 FORMAT = "tinygpt-prepared"
 FORMAT_VERSION = 2  # 2: meta.json lists each split's shards; 1 (one train.bin and one val.bin) is still read
@@ -37,6 +37,7 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     `progress`: a bar on stderr (MB/s, ETA) and one-line notes, printed on stderr or handed to `log` (training passes
     its logger, so they land in train.log). `shard_tokens` does not change the tokens, only how they are filed."""
     tok_kind = cfg.validate()  # checked once: the config edge has validated it already
+    base = base_tokenizer(cfg)
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens!r} must be a positive integer (default {SHARD_TOKENS:,})")
     root = prepared_root()
@@ -52,7 +53,12 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     more = {"text_key": cfg.text_key} if src.keyed else {}
     if tok_kind != "char" and src.documents:  # <|endoftext|> between documents (char-level has no separator)
         more["separator"] = BPE_EOT
-    if tok_kind == "bpe" and cfg.tokenizer_file is not None:  # a given tokenizer.json: its text is the key
+    if base is not None and base["type"] == "char":  # a fine-tune's characters, not the text's own
+        more["chars"] = hashlib.sha256(base["chars"].encode("utf-8", "surrogatepass")).hexdigest()
+    elif base is not None:  # a fine-tune's own BPE: the key of its tokenizer.json given as a file
+        more["tokenizer_json"] = hashlib.sha256(base["json"].encode()).hexdigest()
+        more["vocab_size"] = base["vocab_size"]
+    elif tok_kind == "bpe" and cfg.tokenizer_file is not None:  # a file: its text is the key
         more["tokenizer_json"] = hashlib.sha256(Path(cfg.tokenizer_file).expanduser().read_bytes()).hexdigest()
         if cfg.vocab_size is not None:  # in the key, so a wrong one is always checked (bpe.from_file)
             more["vocab_size"] = int(cfg.vocab_size)
@@ -64,10 +70,32 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     if p is None:
         from data.cache import build  # the miss: only now the encoders, the BPE trainer, the shard writer
         head = {"format": FORMAT, "version": FORMAT_VERSION, "key": key, "name": cfg.name}
-        p = build(cfg, tok_kind, src, src_hash, head, more, final, note, progress, shard_tokens) or \
-            load_prepared(final, expect_key=key)  # another process published first: its identical result
+        given = tokenizer_from_dict(base) if base is not None else None
+        # None: another process published first, its identical result is read
+        p = build(cfg, tok_kind, src, src_hash, head, more, final, note, progress, shard_tokens,
+                  given) or load_prepared(final, expect_key=key)
     p.source = src.abspath
     return p
+
+
+def encode_with(cfg: DataConfig, tokenizer: dict | None) -> None:
+    """Have `prepare(cfg)` encode with `tokenizer` (a char or own BPE `to_dict()`), not one made
+    from the text: a fine-tune's (training/init_from.py), whose model reads only its ids.
+    Char-level, the text may use any of its characters (fewer is fine) and no other; an own BPE
+    encodes any text. Not a setting but the source's, which `model.init_from` names: kept on this
+    config object (each run's set-up sets it again)."""
+    kind = data_setting(tokenizer) if tokenizer is not None else None
+    assert kind in (None, "char", "bpe") and kind in (None, cfg.validate()), kind
+    cfg.__dict__[_BASE] = tokenizer
+
+
+def base_tokenizer(cfg: DataConfig) -> dict | None:
+    """The tokenizer `encode_with` gave `cfg`, if any."""
+    return cfg.__dict__.get(_BASE)
+
+
+# an attribute of the DataConfig object, not a field: in neither the schema nor a checkpoint
+_BASE = "encode_with"
 
 
 def prepared_root() -> Path:

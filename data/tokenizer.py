@@ -24,7 +24,6 @@ class Tokenizer:
 
     vocab_size: int
     eot_id: int | None = None
-    in_transformers = True  # whether transformers' AutoTokenizer loads its exported files (char-level: no)
 
     def describe(self) -> str:
         return f"{describe_tokenizer(self.to_dict())} ({self.vocab_size:,} tokens)"
@@ -51,8 +50,6 @@ class Tokenizer:
 class CharTokenizer(Tokenizer):
     """The sorted set of characters of the corpus; `to_dict()` stores the characters themselves."""
 
-    in_transformers = False
-
     def __init__(self, chars: str | Iterable[str]):
         chars = sorted(set(chars))
         if not chars:
@@ -69,15 +66,19 @@ class CharTokenizer(Tokenizer):
             return [self.stoi[c] for c in text]
         except KeyError:
             bad = self.unknown_characters(text)
-            more = f" and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
-            raise ValueError(f"characters not in the vocabulary: {', '.join(repr(c) for c in bad[:_MAX_LISTED])}"
-                             f"{more} (the model was trained on a {self.vocab_size}-character vocabulary): remove "
-                             f"or replace them") from None
+            raise self.unknown_error(bad, "remove or replace them") from None
 
     encode_ordinary = encode
 
-    def unknown_characters(self, text: str) -> list[str]:
+    def unknown_characters(self, text: str | Iterable[str]) -> list[str]:
         return sorted(set(text) - self.stoi.keys())
+
+    def unknown_error(self, bad: list[str], fix: str, where: str = "") -> ValueError:
+        """The one line for characters `bad` it cannot encode (the first ones named)."""
+        listed = ", ".join(repr(c) for c in bad[:_MAX_LISTED])
+        more = f" and {len(bad) - _MAX_LISTED} more" if len(bad) > _MAX_LISTED else ""
+        return ValueError(f"{where}characters not in the vocabulary: {listed}{more} (the model was "
+                          f"trained on a {self.vocab_size}-character vocabulary): {fix}")
 
     def code_table(self) -> np.ndarray:
         """int64 array mapping code point -> id (-1 where unknown), for bulk encoding."""

@@ -29,16 +29,19 @@ def _number(x, whole: bool = False) -> bool:  # bool is an int, but True is a ty
 
 @dataclass(frozen=True)
 class Sampling:
-    """How each next token is drawn from the logits: each field is read by its rule in RULES
-    (None: off)."""
-    temperature: float = setting(1.0, float, "T", "0 = greedy (default %(default)s)")
-    top_k: int | None = setting(None, int, "K", "sample among the K most likely tokens")
-    top_p: float | None = setting(
-        None, float, "P", "nucleus sampling: smallest set with mass >= P, 0 < P <= 1")
-    min_p: float | None = setting(
-        None, float, "P", "keep tokens at least P times as likely as the top one, 0 < P <= 1")
+    """How each next token is drawn from the logits: each field is read by its rule in RULES. Each
+    filter's "off" is a value too, as in Hugging Face and llama.cpp: top_k 0, top_p 1, min_p 0 and
+    repetition_penalty 1 keep every token and are stored as None (left out), so they compare equal
+    to it. Each help states the range its check accepts (tests/test_sampling_ranges.py probes it)."""
+    temperature: float = setting(1.0, float, "T", "T >= 0; 0 = greedy (default %(default)s)")
+    top_k: int | None = setting(None, int, "K", "sample among the K most likely tokens, K >= 0 "
+                                "(0 = all tokens, as left out; more than the vocabulary: all)")
+    top_p: float | None = setting(None, float, "P", "nucleus sampling: the smallest set with mass "
+                                  ">= P, 0 < P <= 1 (1 = all tokens, as left out)")
+    min_p: float | None = setting(None, float, "P", "keep tokens at least P times as likely as the "
+                                  "top one, 0 <= P <= 1 (0 = all tokens, as left out)")
     repetition_penalty: float | None = setting(None, float, "R", "CTRL's: tokens already in the "
-                                               "text less likely, R > 1 (e.g. 1.2; 1 = off)")
+                                               "text less likely, R > 0 (e.g. 1.2; 1 = off)")
     # ids >= vocab_limit are never drawn (a padded vocabulary): the tokenizer's size
     vocab_limit: int | None = None
 
@@ -46,9 +49,9 @@ class Sampling:
         if not (_number(self.temperature) and 0 <= self.temperature < float("inf")):  # also NaN
             raise setting_error("{temperature=}{0!r} is invalid: use 0 (greedy) or a positive "
                                 "number such as 0.8", self.temperature)
-        if self.top_k is not None and not (_number(self.top_k, whole=True) and self.top_k >= 1):
-            raise setting_error("{top_k=}{0!r} is invalid: use a whole number >= 1 (e.g. "
-                                "{top_k=}50), or leave it out", self.top_k)
+        if self.top_k is not None and not (_number(self.top_k, whole=True) and self.top_k >= 0):
+            raise setting_error("{top_k=}{0!r} is invalid: use a whole number >= 0 (e.g. "
+                                "{top_k=}50; 0 keeps every token)", self.top_k)
         if self.top_p is not None and not (_number(self.top_p) and 0.0 < self.top_p <= 1.0):
             raise setting_error("{top_p=}{0!r} is outside (0, 1]: use e.g. {top_p=}0.9 (1 keeps "
                                 "every token)", self.top_p)
@@ -63,6 +66,10 @@ class Sampling:
                                                  and self.vocab_limit >= 1):
             raise setting_error("{vocab_limit=}{0!r} is invalid: use the tokenizer's vocabulary "
                                 "size, or None", self.vocab_limit)
+        # a filter that keeps every token is no filter: stored as left out
+        for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
+            if getattr(self, name) == off:
+                object.__setattr__(self, name, None)
 
     @property
     def greedy(self) -> bool:

@@ -119,14 +119,23 @@ def test_train_sample_eval_export_and_finetune(tmp_path, tiny_corpus, capsys):
     assert json.loads(capsys.readouterr().out)["bits_per_byte"] == pytest.approx(scored["bits_per_byte"], rel=1e-5)
 
     last = f"model.init_from={tmp_path / 'run' / 'last.pt'}"
-    with pytest.raises(ValueError, match="has its own 300-token BPE but data.vocab_size=320: use data.tokenizer=bpe "
-                                         "data.vocab_size=300 on the text it was trained on"):
-        train(cfg(last, "data.vocab_size=320", "train.max_iters=1"), tmp_path / "ft0")
+    with pytest.raises(ValueError, match="has its own 300-token BPE but data.vocab_size=320: leave "
+                                         "data.vocab_size out"):
+        # (typed on the command line; else the source's size is set)
+        train(cfg(last, "data.vocab_size=320", "train.max_iters=1"), tmp_path / "ft0",
+              cli_overrides=["data.vocab_size=320"])
+    # other text: encoded with the source's BPE (byte-level: any text), not one learnt from it
     other = tmp_path / "other.txt"
-    other.write_text(tiny_corpus.read_text()[::-1], encoding="utf-8")
-    with pytest.raises(ValueError, match="the BPE tokenizer trained on this data differs from the one"):
-        train(cfg(last, f"data.path={other}", "train.max_iters=1"), tmp_path / "ft1")
-    assert train(cfg(last, "train.max_iters=1"), tmp_path / "ft2").status == "completed"  # the same text: fine
+    other.write_text(tiny_corpus.read_text()[::-1] + " naïve 你好 😀", encoding="utf-8")
+    # no data.tokenizer given
+    plain = [*TINY, "data=text", f"data.path={other}", last, "train.max_iters=1"]
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        plain = compose("config", overrides=plain)
+    assert train(plain, tmp_path / "ft1").status == "completed"
+    tokenizer = torch.load(tmp_path / "ft1" / "last.pt", weights_only=True)["tokenizer"]
+    assert tokenizer == ckpt["tokenizer"]
+    # the same text too
+    assert train(cfg(last, "train.max_iters=1"), tmp_path / "ft2").status == "completed"
 
 
 def test_a_given_tokenizer_file_encodes_the_data(tmp_path, tiny_corpus):

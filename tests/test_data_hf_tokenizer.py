@@ -1,12 +1,12 @@
-"""data/hf_tokenizer.py: the exported GPT-2 and own-BPE files encode exactly as tinygpt's tokenizer; the char
-vocab.json."""
+"""data/hf_tokenizer.py: the exported GPT-2, own-BPE and char files encode exactly as tinygpt's
+tokenizer, and decode back to the very text."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from data.hf_tokenizer import write_char_vocab, write_hf_tokenizer
+from data.hf_tokenizer import read_hf_tokenizer, write_char_tokenizer, write_hf_tokenizer
 from data.tokenizer import CharTokenizer, GPT2Tokenizer
 
 transformers = pytest.importorskip("transformers", reason="transformers (test-only dependency) is not installed")
@@ -40,11 +40,24 @@ def test_gpt2_files_encode_like_tinygpt(cache_with_gpt2, shared_data_dir, tmp_pa
     assert len((out / "merges.txt").read_text(encoding="utf-8").splitlines()) == 1 + 50000
 
 
-def test_char_vocab(tmp_path):
-    tok = CharTokenizer("hello wörld 你\n")
-    path = write_char_vocab(tok, tmp_path / "out")
-    vocab = json.loads(path.read_text(encoding="utf-8"))
-    assert path.name == "vocab.json" and vocab == tok.stoi and vocab["ö"] == tok.encode("ö")[0]
+def test_char_files_encode_like_tinygpt(tmp_path):
+    """A char vocabulary's tokenizer.json: one token per character (a newline, a space, "\r", an
+    emoji, a character that looks like a regex's or a special token's part), back to the very text;
+    a character outside it is an error in both. tinygpt reads it back as the same vocabulary."""
+    chars = "".join(sorted({*"".join(TEXTS), "\x00", "\x85", "\u2028", "[", "]", "U", "N", "K"}))
+    tok = CharTokenizer(chars)
+    paths = write_char_tokenizer(tok, tmp_path / "out", model_max_length=64)
+    assert sorted(p.name for p in paths) == ["tokenizer.json", "tokenizer_config.json"]
+    hf = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert isinstance(hf, transformers.PreTrainedTokenizerFast)
+    assert hf.model_max_length == 64 and len(hf) == len(chars)
+    for text in [*TEXTS, chars, chars[::-1] * 3, "[UNK]"]:
+        ids = tok.encode(text)
+        assert hf.encode(text) == ids and hf.decode(ids) == text, text[:40]
+    with pytest.raises(Exception):
+        hf.encode("\x01")  # (not in the vocabulary: tinygpt refuses it too)
+    back = read_hf_tokenizer(tmp_path / "out")
+    assert back.to_dict() == tok.to_dict()
 
 
 def test_own_bpe_files_encode_like_tinygpt(shared_data_dir, tmp_path):

@@ -18,6 +18,9 @@ from tests.helpers import assert_one_error, save_run, tiny_model
 from tests.test_model_hf import load_hf, transformers
 
 
+CHAR_EXPORT = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+
+
 @pytest.fixture
 def char_tok(tiny_corpus):
     from data.tokenizer import CharTokenizer
@@ -44,13 +47,14 @@ def test_export_char_run(tmp_path, capsys, char_tok, kind):
     model = tiny_model(char_tok.vocab_size + 3, **kw)  # 3 padded vocabulary rows (model.pad_vocab_to)
     save_run(tmp_path / "run", model, char_tok, name="last.pt", fsdp=kind == "fsdp")
     out = export_ok(capsys, "--hf", tmp_path / "hf", "--run", tmp_path / "run")
-    assert f"wrote {tmp_path / 'hf'}: config.json, model.safetensors, vocab.json" in out and "3 padded" in out
-    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    wrote = f"wrote {tmp_path / 'hf'}: config.json, model.safetensors, tokenizer.json"
+    assert wrote in out and "3 padded" in out
+    assert sorted(p.name for p in (tmp_path / "hf").iterdir()) == CHAR_EXPORT
     umask = os.umask(0o022)
     os.umask(umask)
     modes = {p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
     assert os.name == "nt" or modes == {0o666 & ~umask}  # model.safetensors was 0600: unreadable when shared
-    assert json.loads((tmp_path / "hf" / "vocab.json").read_text(encoding="utf-8")) == char_tok.stoi
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path / "hf").get_vocab() == char_tok.stoi
     hf = load_hf(tmp_path / "hf")
     assert hf.config.vocab_size == char_tok.vocab_size and hf.config.n_positions == 16
     assert_same_logits(model, hf, char_tok.vocab_size)
@@ -119,16 +123,16 @@ def test_force_replaces_an_earlier_export_and_failures_leave_nothing(tmp_path, c
 
     def broken(*a, **k):
         raise OSError("disk full")
-    monkeypatch.setattr(data.hf_tokenizer, "write_char_vocab", broken)
+    monkeypatch.setattr(data.hf_tokenizer, "write_char_tokenizer", broken)
     for target in (out, tmp_path / "new"):  # a failure half-way: the old directory intact, no new one
         assert export.main(["--hf", str(target), "--run", str(tmp_path / "run"), "--force"]) == 2
         assert capsys.readouterr().err.splitlines()[-1] == "error: disk full"
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before and not (tmp_path / "new").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "hf", "run", "tiny.txt"]
     monkeypatch.undo()
-    (out / "vocab.json").unlink()  # a partial earlier export (or an empty directory) is replaced too
+    (out / "tokenizer.json").unlink()  # a partial earlier export (or an empty one) is replaced too
     export_ok(capsys, "--hf", out, "--run", tmp_path / "run", "--force")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "vocab.json"]
+    assert sorted(p.name for p in out.iterdir()) == CHAR_EXPORT
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "hf", "run", "tiny.txt"]
 
 
@@ -144,7 +148,7 @@ def test_force_refuses_a_directory_that_is_not_an_export(tmp_path, capsys, char_
     elif extra == "notes":
         (out / "notes.txt").write_text("mine")
     elif extra == "subdir":
-        (out / "tokenizer.json").mkdir()  # an export's name, but a directory
+        (out / "vocab.json").mkdir()  # an export's name, but a directory
     else:
         (out / "config.json").unlink()  # tokenizer files alone are not an export
     before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
@@ -153,8 +157,9 @@ def test_force_refuses_a_directory_that_is_not_an_export(tmp_path, capsys, char_
     assert code == 2 and len(err.splitlines()) == 1, err
     assert f"--hf {out} is not an earlier export, and --force would delete its {len(before)} entries (" in err
     assert "--force replaces only a directory export.py wrote" in err
-    first = {"run": "best.pt, last.pt, metrics.jsonl, notes.txt, train.log and 3 more", "notes": "(notes.txt, ",
-             "subdir": "(tokenizer.json/, ", "no_config": "(model.safetensors, vocab.json)"}[extra]
+    first = {"run": "best.pt, last.pt, metrics.jsonl, notes.txt, train.log and 4 more",
+             "notes": "(notes.txt, ", "subdir": "(vocab.json/, ",
+             "no_config": "(model.safetensors, tokenizer.json, tokenizer_config.json)"}[extra]
     assert first in err  # what is not an export's comes first
     assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before  # nothing touched
     assert export.main(["--hf", str(tmp_path / "run"), "--run", str(tmp_path / "run"), "--force"]) == 2

@@ -237,10 +237,12 @@ def test_every_bad_source_is_one_line(tmp_path, tiny_corpus, tiny_hf, cache_with
     other.write_text("completely different characters 0123456789 XYZ\n" * 200)
     with pytest.raises(ValueError) as info:  # a char model meets other characters
         train(make_cfg("data=text", f"data.path={other}", f"model.init_from={src}"), tmp_path / "run2")
-    _one_line(info, "the prepared data's vocabulary (char (", "differs from that of model.init_from=")
+    _one_line(info, "other.txt has characters not in the vocabulary: '0', '1', '2'",
+              "remove or replace")
     with pytest.raises(ValueError) as info:  # a char model meets GPT-2 BPE
         train(make_cfg(*GPT2_DATA, f"data.path={tiny_corpus}", f"model.init_from={src}"), tmp_path / "run3")
-    _one_line(info, "reads char (", "data.tokenizer=gpt2: use data with the char tokenizer it was trained on")
+    _one_line(info, "reads char (", "data.tokenizer=gpt2: use data=shakespeare_char, or data=text "
+              "(char-level: some of its characters)")
 
 
 @pytest.mark.slow
@@ -274,3 +276,66 @@ def test_round_trip_hf_finetune_export_eval(tmp_path, tiny_hf, cache_with_gpt2, 
 
 def test_config_records_nothing_new_for_runs_without_a_source():
     assert Config().model.init_from is None and init_from.apply(Config()) is None
+
+
+FEWER = "the king and the queen speak of love at night\n"  # some of the tiny corpus's characters
+
+
+@pytest.mark.slow  # two short runs
+def test_a_char_model_fine_tunes_on_text_with_fewer_characters(tmp_path, tiny_corpus, capsys):
+    """docs/finetune.md: a char model fine-tunes on text written with characters it knows. The new
+    text's own vocabulary is smaller (other ids): it is encoded with the source's characters, from a
+    run or from its Hugging Face export, and the result samples; a character the source lacks is
+    one line naming it."""
+    import export
+    import sample
+    src = _char_run(tmp_path, tiny_corpus)
+    source_tokenizer = ck.load_checkpoint(src / "best.pt")["tokenizer"]
+    fewer = tmp_path / "fewer.txt"
+    fewer.write_text(FEWER * 200)
+    assert set(FEWER) < set(source_tokenizer["chars"])
+    assert export.main(["--hf", str(tmp_path / "exported"), "--run", str(src)]) == 0
+    for source, run in ((src, tmp_path / "ft"), (tmp_path / "exported", tmp_path / "ft-hf")):
+        res = train(make_cfg("data=text", f"data.path={fewer}", f"model.init_from={source}",
+                             "train.batch_size=4", "train.max_iters=2",
+                             "train.eval_interval=2"), run)
+        assert res.status == "completed"
+        assert ck.load_checkpoint(run / "last.pt")["tokenizer"] == source_tokenizer
+        capsys.readouterr()
+        assert sample.main(["--run", str(run), "--prompt", "the king", "--max-new-tokens", "20",
+                            "--device", "cpu", "--seed", "1"]) == 0
+        out = capsys.readouterr().out
+        assert out.startswith("the king") and len(out) >= len("the king") + 20
+        assert set(out) <= set(source_tokenizer["chars"])
+    other = tmp_path / "other.txt"
+    other.write_text(FEWER * 100 + "0123 Zürich\n")
+    with pytest.raises(ValueError) as info:
+        train(make_cfg("data=text", f"data.path={other}", f"model.init_from={src}"),
+              tmp_path / "refused")
+    _one_line(info, "other.txt has characters not in the vocabulary: '0', '1', '2', '3', 'Z', 'ü'",
+              "remove or replace them in the text, or train a new model on it")
+
+
+def test_a_fine_tune_caches_its_encoding_apart(tmp_path):
+    """The prepared cache key tells the encodings apart: the text's own characters, a fine-tune
+    source's (each source's its own), and a second preparation with the same source is a hit."""
+    from data.config import DataConfig
+    from data.prepare import encode_with, prepare
+    from data.tokenizer import CharTokenizer
+    text = tmp_path / "fewer.txt"
+    text.write_text(FEWER * 50)
+    own = prepare(DataConfig(name="text", path=str(text)), progress=False)
+    bases = [CharTokenizer(FEWER + "XYZ"), CharTokenizer(FEWER + "!?")]
+    prepared = []
+    for base in bases:
+        cfg = DataConfig(name="text", path=str(text))
+        encode_with(cfg, base.to_dict())
+        prepared.append(prepare(cfg, progress=False))
+        assert prepared[-1].tokenizer.to_dict() == base.to_dict() and not prepared[-1].cached
+        again = DataConfig(name="text", path=str(text))
+        encode_with(again, base.to_dict())
+        assert prepare(again, progress=False).cached
+    assert own.tokenizer.to_dict() == CharTokenizer(FEWER).to_dict()
+    assert len({own.dir, *(p.dir for p in prepared)}) == 3
+    first = prepared[0].token_files()[0].windows([0], len(FEWER))[0]
+    assert bases[0].decode(first.tolist()) == FEWER  # the base's ids, not the text's own

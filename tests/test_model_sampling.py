@@ -154,7 +154,7 @@ def test_no_temperature_gives_nan_even_with_huge_logits(kw):
     (dict(temperature=-0.5), "temperature"),
     (dict(temperature=float("nan")), "temperature"),
     (dict(temperature=float("inf")), "temperature"),
-    (dict(top_k=0), "top_k"),
+    (dict(top_k=-1), "top_k"),
     (dict(top_k=2.5), "top_k"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),

@@ -387,7 +387,7 @@ ARG_MISTAKES = [  # rejected before torch is imported: cheap even as subprocesse
     (["--temperature", "hot"], "invalid float"),
     (["--top-p", "0"], "--top-p"),
     (["--top-p", "1.5"], "--top-p"),
-    (["--top-k", "0"], "--top-k"),
+    (["--top-k", "-1"], "--top-k -1 is invalid: use a whole number >= 0"),
     (["--min-p", "1.5"], "--min-p 1.5 is outside [0, 1]: use e.g. --min-p 0.05"),
     (["--min-p", "few"], "invalid float"),
     (["--repetition-penalty", "0"], "--repetition-penalty 0.0 is invalid: use a positive number"),

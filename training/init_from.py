@@ -12,8 +12,9 @@ import torch
 
 from checkpoint.file import CheckpointError, read_checkpoint
 from common.cli import count
-from data.hf_tokenizer import read_hf_tokenizer
-from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer, vocab_size_of
+from data.hf_tokenizer import hf_tokenizer_dict
+from data.prepare import encode_with
+from data.tokenizer import data_setting, describe_tokenizer, vocab_size_of
 from model import hf
 from model.config import GPTConfig, pad_vocab
 from model.gpt import clean_state_dict, model_with_weights
@@ -67,9 +68,8 @@ def open_source(spec: str) -> Source:
         if not any((path / name).is_file() for name in hf.WEIGHT_FILES):
             raise ValueError(f"{key} has a config.json but no weights (model.safetensors or pytorch_model.bin): "
                              f"download the whole model directory")
-        if config.position == "rope":  # Llama/Qwen3: its own tokenizer.json, which the run's data then uses
-            return Source(key, path, config, hf_tokenizer(key, path), hf_dir=True)
-        return Source(key, path, config, GPT2Tokenizer.to_dict(), hf_dir=True)
+        # GPT-2 BPE, or its tokenizer.json (Llama/Qwen3, an export's char or own BPE): the data's
+        return Source(key, path, config, hf_tokenizer(key, path), hf_dir=True)
     try:
         file, ckpt = read_checkpoint(path, model=True, run_dir=True)
     except FileNotFoundError:
@@ -86,22 +86,26 @@ def open_source(spec: str) -> Source:
 
 
 def hf_tokenizer(key: str, path: Path) -> dict:
-    """The to_dict() of a Llama/Qwen3 directory's tokenizer (tokenizer.json; an export's GPT-2 BPE or char too)."""
+    """The to_dict() of a HF directory's tokenizer: GPT-2 BPE, or its tokenizer.json."""
     try:
-        return read_hf_tokenizer(path).to_dict()
+        return hf_tokenizer_dict(path)
     except (ValueError, OSError) as e:
         raise ValueError(f"{key}: {str(e).splitlines()[0]}") from None
 
 
-def use_source_tokenizer(c, src: Source, given: set[str]) -> None:
-    """A Hugging Face model's own BPE (its tokenizer.json) becomes the data's tokenizer: data.tokenizer=bpe,
-    data.tokenizer_file=<dir>/tokenizer.json, unless the command line chose another tokenizer."""
+def use_source_bpe(c, src: Source, given: set[str]) -> None:
+    """A source's own BPE becomes the data's tokenizer, unless the command line chose another:
+    data.tokenizer=bpe of its size, encoding with a HF directory's tokenizer.json
+    (data.tokenizer_file) or a checkpoint's BPE (use_source_tokenizer)."""
     d = c.data
     if d.name == "shakespeare_char" or "data.tokenizer" in given and d.tokenizer != "bpe":
-        raise ValueError(f"{src.key} reads its own BPE (tokenizer.json) but data={d.name} is tokenized with "
-                         f"data.tokenizer={d.tokenizer}: leave data.tokenizer out (data=shakespeare or data=text)")
-    if "data.tokenizer_file" not in given:
-        d.tokenizer, d.tokenizer_file = "bpe", str((src.path / "tokenizer.json").resolve())
+        where = "tokenizer.json" if src.hf_dir else "its checkpoint's"
+        raise ValueError(f"{src.key} reads its own BPE ({where}) but data={d.name} is tokenized "
+                         f"with data.tokenizer={d.tokenizer}: leave data.tokenizer out "
+                         f"(data=shakespeare or data=text)")
+    d.tokenizer = "bpe"
+    if src.hf_dir and "data.tokenizer_file" not in given:
+        d.tokenizer_file = str((src.path / "tokenizer.json").resolve())
     if "data.vocab_size" not in given:
         d.vocab_size = vocab_size_of(src.tokenizer)
 
@@ -130,18 +134,7 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[
     elif m.block_size > s.block_size:
         raise ValueError(f"model.block_size={m.block_size} is larger than the context of {src.key} ({s.block_size} "
                          f"positions): use at most model.block_size={s.block_size} (a smaller one crops it)")
-    if src.hf_dir and data_setting(src.tokenizer) == "bpe":
-        use_source_tokenizer(c, src, given)
-        data_kind = None  # the data settings changed: validate them again
-    kind, data_kind, n = data_setting(src.tokenizer), data_kind or c.data.validate(), vocab_size_of(src.tokenizer)
-    own_bpe = f"use data.tokenizer=bpe data.vocab_size={n} on the text it was trained on (its BPE was learnt there)"
-    if kind != data_kind:
-        fix = {"gpt2": "use data=shakespeare, or data=text data.tokenizer=gpt2", "bpe": own_bpe}.get(
-            kind, "use data with the char tokenizer it was trained on")
-        raise ValueError(f"{src.key} reads {describe_tokenizer(src.tokenizer)} tokens but data={c.data.name} is "
-                         f"tokenized with data.tokenizer={data_kind}: {fix}")
-    if kind == "bpe" and c.data.vocab_size != n:
-        raise ValueError(f"{src.key} has its own {n}-token BPE but data.vocab_size={c.data.vocab_size}: {own_bpe}")
+    n = use_source_tokenizer(c, src, given, data_kind)
     if s.vocab_size < n:
         raise ValueError(f"{src.key} has {s.vocab_size} vocabulary rows, fewer than the {n} ids of its "
                          f"{describe_tokenizer(src.tokenizer)} tokenizer: it cannot read this data")
@@ -154,16 +147,38 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[
     return src
 
 
+def use_source_tokenizer(c, src: Source, given: set[str], data_kind: Optional[str]) -> int:
+    """The data encoded with the source's tokenizer, the only ids its model reads: an own BPE's
+    settings set, the type checked, a char vocabulary or own BPE handed to data preparation (which
+    encodes the new text with it, not with one made from the text); the number of its ids."""
+    kind, n = data_setting(src.tokenizer), vocab_size_of(src.tokenizer)
+    if kind == "bpe":
+        use_source_bpe(c, src, given)
+        data_kind = None  # the data settings changed: validate them again
+    data_kind = data_kind or c.data.validate()
+    if kind != data_kind:
+        fix = "use data=shakespeare, or data=text data.tokenizer=gpt2" if kind == "gpt2" else \
+            "use data=shakespeare_char, or data=text (char-level: some of its characters)"
+        raise ValueError(f"{src.key} reads {describe_tokenizer(src.tokenizer)} tokens but "
+                         f"data={c.data.name} is tokenized with data.tokenizer={data_kind}: {fix}")
+    if kind == "bpe" and c.data.vocab_size != n:
+        raise ValueError(f"{src.key} has its own {n}-token BPE but data.vocab_size="
+                         f"{c.data.vocab_size}: leave data.vocab_size out (its BPE encodes the "
+                         f"data)")
+    if kind != "gpt2" and c.data.tokenizer_file is None:
+        encode_with(c.data, src.tokenizer)
+    return n
+
+
 def check_tokenizer(src: Source, tokenizer: dict) -> None:
-    """The prepared data's tokenizer (`to_dict()`) must be the source's: the same ids for the same text."""
-    if tokenizer != src.tokenizer and data_setting(src.tokenizer) == "bpe":  # (the same size: apply checked it)
-        raise ValueError(f"the BPE tokenizer trained on this data differs from the one {src.key} was trained with: a "
-                         f"model with its own BPE fine-tunes only on the text (and data.tokenizer_sample_mb) that "
-                         f"tokenizer was learnt from; for new text train a new model, or use GPT-2 BPE")
+    """The prepared data's tokenizer (`to_dict()`) must be the source's: the same ids for the same
+    text. `apply` had the data encoded with it; only a data.tokenizer_file given on the command line
+    can name another."""
     if tokenizer != src.tokenizer:
-        raise ValueError(f"the prepared data's vocabulary ({describe_tokenizer(tokenizer)}) differs from that of "
-                         f"{src.key} ({describe_tokenizer(src.tokenizer)}): fine-tune on data with the characters it "
-                         f"was trained on")
+        ours, its = describe_tokenizer(tokenizer), describe_tokenizer(src.tokenizer)
+        raise ValueError(f"the prepared data's tokenizer ({ours}) differs from the one {src.key} "
+                         f"was trained with ({its}): leave data.tokenizer_file out (the source's "
+                         f"tokenizer encodes the data)")
 
 
 def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.nn.Module:
