@@ -1,7 +1,11 @@
-"""A run's console lines read back as fields, so that tests check what each line says (its values), not its
-exact text: `fields("step 4/4: train loss 3.0000 | val loss 3.2500, bpb 2.0000 (best) | 1.00K tokens | 2s")`
-== {"step": 4, "max_iters": 4, "train_loss": 3.0, "val_loss": 3.25, "val_bpb": 2.0, "best": True,
-"tokens": "1.00K", "elapsed": "2s"}; a train line gives "loss", "grad_norm", "lr", "tok/s" (and "mfu")."""
+"""A run's console lines read back as fields, so that tests check what each line says (its values),
+not its exact text:
+
+    fields("step 4/4: train loss 3.0000 | val loss 3.2500, bpb 2.0000 (best) | 1.00K tokens | 2s")
+    == {"step": 4, "max_iters": 4, "train_loss": 3.0, "val_loss": 3.25, "val_bpb": 2.0,
+        "best": True, "tokens": "1.00K", "elapsed": "2s"}
+
+and a train line gives "loss", "grad_norm", "lr", "tok/s" (and "mfu")."""
 from __future__ import annotations
 
 import re
@@ -18,7 +22,7 @@ def _number(text: str):
 
 
 def fields(line: str) -> dict:
-    """The fields of a step line (a train or an evaluation line); ValueError if `line` is not one."""
+    """The fields of a step line (a train or an evaluation line); ValueError if it is not one."""
     head = re.match(r"step (\d+)/(\d+): ", line)
     if head is None:
         raise ValueError(f"not a step line: {line!r}")
@@ -32,9 +36,10 @@ def fields(line: str) -> dict:
         elif words[-1] in ("tokens", "tok/s"):
             out[words[-1]] = words[0]
         else:
-            # an evaluation's split ("val loss 3.2500, bpb 2.0000") or one train metric ("lr 1.00e-03")
+            # an evaluation's split ("val loss 3.2500, bpb 2.0000"), a train metric ("lr 1.00e-03")
             prefix = f"{words.pop(0)}_" if words[0] in SPLITS else ""
-            out.update({prefix + name: _number(value) for name, value in zip(words[::2], words[1::2])})
+            pairs = zip(words[::2], words[1::2])
+            out.update({prefix + name: _number(value) for name, value in pairs})
     return out
 
 
@@ -49,13 +54,15 @@ def eval_lines(messages: list[str]) -> list[dict]:
 
 
 DONE = re.compile(r"done: (?P<steps>\d+) steps, (?P<tokens>\S+) tokens in (?P<time>\S+)"
-                  r"(?: \((?P<session>\S+) this session\))?, (?:best val loss (?P<best_val_loss>\S+) at step "
-                  r"(?P<best_step>\d+)|no evaluation); sample with: (?P<sample>.+)")
+                  r"(?: \((?P<session>\S+) this session\))?, "
+                  r"(?:best val loss (?P<best_val_loss>\S+) at step (?P<best_step>\d+)"
+                  r"|no evaluation); "
+                  r"sample with: (?P<sample>.+)")
 
 
 def done_fields(line: str) -> dict:
-    """The closing line's fields: steps, tokens, time, session (a resumed run's), best_val_loss and best_step
-    (None without an evaluation), sample (the command that samples from the run)."""
+    """The closing line's fields: steps, tokens, time, session (a resumed run's), best_val_loss and
+    best_step (None without an evaluation), sample (the command that samples from the run)."""
     m = DONE.fullmatch(line)
     if m is None:
         raise ValueError(f"not a done line: {line!r}")

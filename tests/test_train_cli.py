@@ -37,11 +37,12 @@ def test_run_with_overrides(tmp_path, tiny_corpus):
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4
     assert "model: " in proc.stdout and "global batch: 64 tokens per step" in proc.stdout
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    shown = eval_lines(proc.stdout.splitlines())  # each evaluation's line says its record's values
-    assert [f["step"] for f in shown] == [r["step"] for r in records if r["type"] == "eval"] == [2, 4]
-    for line, record in zip(shown, [r for r in records if r["type"] == "eval"]):
+    # each evaluation's line says its record's values; train.log holds what the console said
+    evals, shown = [r for r in records if r["type"] == "eval"], eval_lines(proc.stdout.splitlines())
+    assert [f["step"] for f in shown] == [r["step"] for r in evals] == [2, 4]
+    for line, record in zip(shown, evals):
         assert line["val_loss"] == pytest.approx(record["val_loss"], abs=5e-5)
-    assert proc.stdout.splitlines()[-1] in (run / "train.log").read_text()  # train.log holds what it said
+    assert proc.stdout.splitlines()[-1] in (run / "train.log").read_text()
     summary = records[-1]
     assert summary["type"] == "summary" and summary["status"] == "completed"
     if not torch.cuda.is_available():  # the automatic CPU preset said so, in one line, and was applied

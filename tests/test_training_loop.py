@@ -137,7 +137,8 @@ def test_resume_from_path_into_a_new_run_dir(tmp_path, tiny_corpus, caplog):
     done = done_fields(next(m for m in caplog.messages if m.startswith("done: ")))
     assert step["step"] == 6 and re.fullmatch(r"1h00m[0-5][0-9]s", step["elapsed"]), step
     assert (done["steps"], done["tokens"]) == (6, "384"), done
-    assert re.fullmatch(r"1h00m[0-5][0-9]s", done["time"]) and re.fullmatch(r"[0-9]+s", done["session"]), done
+    assert re.fullmatch(r"1h00m[0-5][0-9]s", done["time"]), done
+    assert re.fullmatch(r"[0-9]+s", done["session"]), done
     assert records(tmp_path / "third")[-2]["elapsed_s"] >= 3600
 
 
@@ -518,8 +519,8 @@ def test_a_second_ctrl_c_aborts_with_one_closing_line(tmp_path, tiny_corpus, mon
     assert (res.status, res.exit_code, res.step) == ("interrupted", 130, 4)  # step 5 never finished
     closing = caplog.records[-1].message
     assert closing.startswith("interrupted; last.pt is from step 4: "), closing
-    assert resume_with(closing) == ["python", str(REPO / "train.py"), "train.max_iters=50", f"hydra.run.dir={run}",
-                                    "train.resume=true"]
+    assert resume_with(closing) == ["python", str(REPO / "train.py"), "train.max_iters=50",
+                                    f"hydra.run.dir={run}", "train.resume=true"]
     assert not any(r.message.startswith("stopped by") for r in caplog.records)
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4 and records(run)[-1]["status"] == "interrupted"
     assert signal.getsignal(signal.SIGINT) is before

@@ -66,10 +66,10 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     assert lines[3] == f"device: cpu ({report.device_name}), float32, eager (no torch.compile)"
     assert lines[4].startswith(f"global batch: {st.batch_tokens:,} tokens per step (")
     assert "x 1 process); 4 steps to go" in lines[4]
-    assert fields(lines[5]) == {"step": 2, "max_iters": 4, "loss": 3.5, "grad_norm": 0.75, "lr": 1e-3,
-                                "tok/s": "1.0k"}
-    assert fields(lines[6]) == {"step": 4, "max_iters": 4, "train_loss": 3.0, "val_loss": 3.25, "val_bpb": 2.0,
-                                "best": True, "tokens": "1.00K", "elapsed": "2s"}
+    assert fields(lines[5]) == {"step": 2, "max_iters": 4, "loss": 3.5, "grad_norm": 0.75,
+                                "lr": 1e-3, "tok/s": "1.0k"}
+    assert fields(lines[6]) == {"step": 4, "max_iters": 4, "train_loss": 3.0, "val_loss": 3.25,
+                                "val_bpb": 2.0, "best": True, "tokens": "1.00K", "elapsed": "2s"}
     assert lines[7].startswith("done: 4 steps, ")  # sample.py named by a path that runs from the cwd (a tmp dir)
     assert lines[7].endswith(f"python {REPO / 'sample.py'} --run {run_dir}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -83,8 +83,9 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
 
 
 def test_every_evaluation_statistic_is_reported_by_name(tmp_path, caplog):
-    """A statistic added to a split's stats (here "ppl") reaches metrics.jsonl (val_ppl), wandb (eval/val_ppl) and
-    the line, in the stats' order; None is left out; today's keys stay (val_loss, val_bpb, train_loss)."""
+    """A statistic added to a split's stats (here "ppl") reaches metrics.jsonl (val_ppl), wandb
+    (eval/val_ppl) and the line, in the stats' order; None is left out; today's keys stay
+    (val_loss, val_bpb, train_loss)."""
     report, tracked = mt.RunLog(10), []
     report.file = mt.open_metrics(tmp_path / "metrics.jsonl")
     report.wandb = types.SimpleNamespace(log=lambda data, step: tracked.append((step, data)))

@@ -116,11 +116,14 @@ def format_duration(s: float) -> str:
 
 
 def format_stats(stats: dict[str, dict], improved: bool) -> str:
-    """An evaluation's statistics, split by split, each in its dict's order (None: left out), "(best)" after a
-    val loss that improved: 'train loss 1.6994, bpb 2.4520 | val loss 1.8555, bpb 2.6770 (best)'."""
-    return " | ".join(
-        f"{split} " + ", ".join(f"{name} {v:.4f}" for name, v in named.items() if v is not None)
-        + (" (best)" if split == "val" and improved else "") for split, named in stats.items())
+    """An evaluation's statistics split by split, each in its dict's order (None: left out),
+    "(best)" after a val loss that improved:
+    'train loss 1.6994, bpb 2.4517 | val loss 1.8555, bpb 2.6769 (best)'."""
+    parts = []
+    for split, named in stats.items():
+        shown = ", ".join(f"{name} {v:.4f}" for name, v in named.items() if v is not None)
+        parts.append(f"{split} {shown}" + (" (best)" if split == "val" and improved else ""))
+    return " | ".join(parts)
 
 
 class RunLog:
@@ -216,18 +219,19 @@ class RunLog:
                  f"(raise train.patience to continue)")
 
     def log_eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
-        """`stats`: each split's statistics by name, {"train"|"val": {"loss": nats per token, "bpb": bits per byte
-        or None, ...}}. Each one (None: left out) is `<split>_<name>` in metrics.jsonl, `eval/<split>_<name>` in
-        wandb and on the line, in the dict's order: a new statistic is one line where it is computed."""
+        """`stats`: each split's statistics by name, {"train"|"val": {"loss": nats per token,
+        "bpb": bits per byte or None, ...}}. Each one (None: left out) is `<split>_<name>` in
+        metrics.jsonl, `eval/<split>_<name>` in wandb and on the line, in the dict's order: a new
+        statistic is one line where it is computed."""
         if self.file is None:
             return
-        values = {f"{split}_{name}": v for split, named in stats.items() for name, v in named.items()
-                  if v is not None}
+        values = {f"{split}_{name}": v for split, named in stats.items()
+                  for name, v in named.items() if v is not None}
         self.write({"type": "eval", "step": step, **values, "lr": lr, "tokens": tokens,
                     "elapsed_s": round(elapsed, 3)})
         self.track({f"eval/{k}": v for k, v in values.items()}, step=step)
-        log.info(f"step {step}/{self.max_iters}: {format_stats(stats, improved)} | {format_count(tokens)} tokens"
-                 f" | {format_duration(elapsed)}")
+        log.info(f"step {step}/{self.max_iters}: {format_stats(stats, improved)} | "
+                 f"{format_count(tokens)} tokens | {format_duration(elapsed)}")
 
     def finish(self, status: str, st: "TrainState", *, wall: float, train_s: float, session_tokens: int,
                compiled: bool, early_stopped: bool, stopped_by: str = "") -> None:
