@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import re
 import sys
@@ -43,8 +42,7 @@ def _config(overrides: list[str]):
 
 class Transcript:
     """A run's lines as it prints them, from explicit numbers: `overrides` as on train.py's command
-    line; `processes` > 1 a torchrun job (`parallel` ddp or fsdp, over `backend`). The data is
-    character-level: bits per byte are the loss / ln 2 (one byte per token)."""
+    line; `processes` > 1 a torchrun job (`parallel` ddp or fsdp, over `backend`)."""
 
     def __init__(self, overrides: list[str], run_dir: str, processes: int = 1,
                  parallel: str = "ddp", backend: str = "gloo", device: str = "CPU, 2 threads"):
@@ -137,11 +135,36 @@ class Transcript:
         if improved:
             st.best_val_loss, st.best_step = val, step
         st.step, st.tokens = step, step * st.batch_tokens
-        stats = {split: {"loss": loss, "bpb": loss / math.log(2)}
-                 for split, loss in (("train", train), ("val", val))}
+        stats = self._evaluate(train, val)
         with self._printing():
             self.report.log_eval(step, stats, 0.0, st.tokens, elapsed, improved)
         return self.lines[-1]
+
+    def _evaluate(self, train: float, val: float) -> dict[str, dict]:
+        """The statistics training.loop.evaluate computes for a model whose loss is `train` on
+        the train split and `val` on val: the code's names and formulas (a statistic added there
+        shows here), the example's losses; one byte per token."""
+        import torch
+        from runtime.ranks import Ranks
+        from training.loop import evaluate
+
+        class Fixed(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.weight, self.loss = torch.nn.Parameter(torch.zeros(1)), 0.0
+
+            def forward(self, x, y):
+                return None, torch.tensor(self.loss)
+        model = Fixed()
+
+        def batch(split: str, i: int):
+            model.loss = {"train": train, "val": val}[split]
+            return torch.zeros(1, 1, dtype=torch.long), torch.zeros(1, 1, dtype=torch.long)
+        run = types.SimpleNamespace(
+            config=self.config, ranks=Ranks(), step_model=model, token_bytes=torch.ones(65),
+            loader=types.SimpleNamespace(eval_batch=batch),
+            precision=types.SimpleNamespace(autocast=contextlib.nullcontext))
+        return evaluate(run)
 
     def done(self, wall: float, before: float = 0.0) -> str:
         """A completed run's closing line: `wall` this session's seconds, `before` earlier ones'."""
