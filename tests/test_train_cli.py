@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.helpers import REPO, run_cli
+from tests.log_lines import eval_lines
 from checkpoint import file as ck
 
 TINY = ["train.device=cpu", "model.n_layer=2", "model.n_head=2", "model.n_embd=32", "model.block_size=16", "train.batch_size=4",
@@ -35,8 +36,14 @@ def test_run_with_overrides(tmp_path, tiny_corpus):
     assert {"last.pt", "best.pt", "metrics.jsonl", "loss.png", "train.log", ".hydra"} <= {p.name for p in run.iterdir()}
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4
     assert "model: " in proc.stdout and "global batch: 64 tokens per step" in proc.stdout
-    assert "val loss" in (run / "train.log").read_text()
-    summary = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # each evaluation's line says its record's values; train.log holds what the console said
+    evals, shown = [r for r in records if r["type"] == "eval"], eval_lines(proc.stdout.splitlines())
+    assert [f["step"] for f in shown] == [r["step"] for r in evals] == [2, 4]
+    for line, record in zip(shown, evals):
+        assert line["val_loss"] == pytest.approx(record["val_loss"], abs=5e-5)
+    assert proc.stdout.splitlines()[-1] in (run / "train.log").read_text()
+    summary = records[-1]
     assert summary["type"] == "summary" and summary["status"] == "completed"
     if not torch.cuda.is_available():  # the automatic CPU preset said so, in one line, and was applied
         line = [ln for ln in proc.stderr.splitlines() if "no CUDA GPU found" in ln]

@@ -17,6 +17,7 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.helpers import REPO, find_non_plain
+from tests.log_lines import done_fields, eval_lines, resume_with
 from checkpoint import file as ck
 from checkpoint.file import model_from_checkpoint
 from training import edge as edge_mod
@@ -132,10 +133,12 @@ def test_resume_from_path_into_a_new_run_dir(tmp_path, tiny_corpus, caplog):
     with caplog.at_level("INFO"):
         train(make_cfg(tiny_corpus, "train.max_iters=6", "train.eval_interval=2", "optim.decay_iters=6",
                        f"train.resume={tmp_path / 'hour.pt'}"), tmp_path / "third")
-    step = next(r.message for r in caplog.records if r.message.startswith("step 6/6: train loss"))
-    done = next(r.message for r in caplog.records if r.message.startswith("done: "))
-    assert re.search(r" \| 1h00m[0-5][0-9]s$", step), step
-    assert re.match(r"done: 6 steps, 384 tokens in 1h00m[0-5][0-9]s \([0-9]+s this session\), best", done), done
+    step = eval_lines(caplog.messages)[-1]
+    done = done_fields(next(m for m in caplog.messages if m.startswith("done: ")))
+    assert step["step"] == 6 and re.fullmatch(r"1h00m[0-5][0-9]s", step["elapsed"]), step
+    assert (done["steps"], done["tokens"]) == (6, "384"), done
+    assert re.fullmatch(r"1h00m[0-5][0-9]s", done["time"]), done
+    assert re.fullmatch(r"[0-9]+s", done["session"]), done
     assert records(tmp_path / "third")[-2]["elapsed_s"] >= 3600
 
 
@@ -293,7 +296,7 @@ def test_a_closed_pipe_during_the_run_stops_it_and_at_the_end_leaves_it_complete
         assert caplog.records[-1].message.startswith(f"stopped by {PIPE} after step 3: saved {run / 'last.pt'}; ")
     else:  # (its last lines went to train.log only)
         assert (res.status, res.exit_code, summary["status"]) == ("completed", 0, "completed")
-        assert "stopped_by" not in summary and caplog.records[-1].message.startswith("done: 6 steps")
+        assert "stopped_by" not in summary and done_fields(caplog.records[-1].message)["steps"] == 6
 
 
 def test_a_library_s_write_to_the_closed_pipe_mid_step_is_a_stop_too(tmp_path, tiny_corpus, monkeypatch, caplog):
@@ -460,8 +463,10 @@ def test_eval_records_and_lines_carry_bits_per_byte(tmp_path, tiny_corpus, caplo
     ev = [r for r in records(tmp_path / "run") if r["type"] == "eval"][-1]
     assert ev["val_bpb"] == pytest.approx(ev["val_loss"] / math.log(2), rel=1e-6)
     assert ev["train_bpb"] == pytest.approx(ev["train_loss"] / math.log(2), rel=1e-6)
-    line = next(r.message for r in caplog.records if r.message.startswith("step 2/2: train loss"))
-    assert f"val loss {ev['val_loss']:.4f} ({ev['val_bpb']:.3f} bpb) (best) | " in line
+    line = eval_lines(caplog.messages)[-1]
+    assert line["step"] == 2 and line["best"]
+    for name in ("train_loss", "train_bpb", "val_loss", "val_bpb"):
+        assert line[name] == pytest.approx(ev[name], abs=5e-5), name
 
 
 def _scripted_val_losses(monkeypatch, losses):
@@ -487,9 +492,9 @@ def test_patience_stops_early_and_ends_normally(tmp_path, tiny_corpus, monkeypat
     assert (res.status, res.exit_code, res.step, res.early_stopped, res.best_val_loss) == ("completed", 0, 8, True, 2.0)
     assert ck.load_checkpoint(run / "last.pt")["step"] == 8 and ck.load_checkpoint(run / "best.pt")["step"] == 4
     logged = [r.message for r in caplog.records]
-    assert "early stop at step 8: val loss has not improved for train.patience=2 evaluations (best 2.0000 at step 4)" \
-        in logged
-    assert logged[-1].startswith("done: 8 steps")
+    early = next(m for m in logged if m.startswith("early stop at step 8: "))
+    assert "train.patience=2" in early and "2.0000 at step 4" in early, early
+    assert (done_fields(logged[-1])["steps"], done_fields(logged[-1])["best_step"]) == (8, 4)
     summary = records(run)[-1]
     assert (summary["status"], summary["early_stopped"], summary["best_step"]) == ("completed", True, 4)
     caplog.clear()
@@ -512,8 +517,10 @@ def test_a_second_ctrl_c_aborts_with_one_closing_line(tmp_path, tiny_corpus, mon
         res = train(make_cfg(tiny_corpus, "train.max_iters=50", "train.eval_interval=2"), run,
                     cli_overrides=["train.max_iters=50"])
     assert (res.status, res.exit_code, res.step) == ("interrupted", 130, 4)  # step 5 never finished
-    assert caplog.records[-1].message == (f"interrupted; last.pt is from step 4: resume with: python {TRAIN_PY} "
-                                          f"train.max_iters=50 hydra.run.dir={run} train.resume=true")
+    closing = caplog.records[-1].message
+    assert closing.startswith("interrupted; last.pt is from step 4: "), closing
+    assert resume_with(closing) == ["python", str(REPO / "train.py"), "train.max_iters=50",
+                                    f"hydra.run.dir={run}", "train.resume=true"]
     assert not any(r.message.startswith("stopped by") for r in caplog.records)
     assert ck.load_checkpoint(run / "last.pt")["step"] == 4 and records(run)[-1]["status"] == "interrupted"
     assert signal.getsignal(signal.SIGINT) is before

@@ -15,6 +15,7 @@ from runtime.ranks import Ranks
 from training.precision import Precision, setup_precision
 from training.state import TrainState
 from tests.helpers import REPO
+from tests.log_lines import fields
 
 
 def test_metrics_records_and_plot(tmp_path):
@@ -66,8 +67,10 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
     assert lines[3] == f"device: cpu ({report.device_name}), float32, eager (no torch.compile)"
     assert lines[4].startswith(f"global batch: {st.batch_tokens:,} tokens per step (")
     assert "x 1 process); 4 steps to go" in lines[4]
-    assert lines[5:7] == ["step 2/4: loss 3.5000 | grad_norm 0.7500 | lr 1.00e-03 | 1.0k tok/s",
-                          "step 4/4: train loss 3.0000, val loss 3.2500 (2.000 bpb) (best) | 1.00K tokens | 2s"]
+    assert fields(lines[5]) == {"step": 2, "max_iters": 4, "loss": 3.5, "grad_norm": 0.75,
+                                "lr": 1e-3, "tok/s": "1.0k"}
+    assert fields(lines[6]) == {"step": 4, "max_iters": 4, "train_loss": 3.0, "val_loss": 3.25,
+                                "val_bpb": 2.0, "best": True, "tokens": "1.00K", "elapsed": "2s"}
     assert lines[7].startswith("done: 4 steps, ")  # sample.py named by a path that runs from the cwd (a tmp dir)
     assert lines[7].endswith(f"python {REPO / 'sample.py'} --run {run_dir}")
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -78,6 +81,29 @@ def test_run_log_from_explicit_values(tmp_path, caplog):
                           "mean_tokens_per_s": round(st.tokens / 2.0, 1), "num_params": 1_234_567,
                           "device": report.device_name, "dtype": "float32", "compiled": False, "early_stopped": False}
     assert (run_dir / "loss.png").is_file()
+
+
+def test_every_evaluation_statistic_is_reported_by_name(tmp_path, caplog):
+    """A statistic added to a split's stats (here "ppl") reaches metrics.jsonl (val_ppl), wandb
+    (eval/val_ppl) and the line, in the stats' order; None is left out; today's keys stay
+    (val_loss, val_bpb, train_loss)."""
+    report, tracked = mt.RunLog(10), []
+    report.file = mt.open_metrics(tmp_path / "metrics.jsonl")
+    report.wandb = types.SimpleNamespace(log=lambda data, step: tracked.append((step, data)))
+    stats = {"train": {"loss": 2.0, "bpb": None, "ppl": math.exp(2.0)},
+             "val": {"loss": 2.5, "bpb": 3.5, "ppl": math.exp(2.5)}}
+    with caplog.at_level("INFO"):
+        report.log_eval(5, stats, 1e-3, 640, 65.0, improved=False)
+    report.file.close()
+    record = mt.read_metrics(tmp_path / "metrics.jsonl")[0]
+    names = ["train_loss", "train_ppl", "val_loss", "val_bpb", "val_ppl"]
+    assert list(record) == ["type", "step", *names, "lr", "tokens", "elapsed_s"]
+    assert record["val_ppl"] == pytest.approx(math.exp(2.5)) and record["val_bpb"] == 3.5
+    assert tracked == [(5, {f"eval/{name}": record[name] for name in names})]
+    line = fields(caplog.messages[0])
+    assert list(line) == ["step", "max_iters", *names, "tokens", "elapsed"]
+    assert line["val_ppl"] == pytest.approx(math.exp(2.5), abs=1e-4) and "best" not in line
+    assert (line["tokens"], line["elapsed"]) == ("640", "1m05s")
 
 
 def test_a_slow_first_step_is_told_before_the_first_log_interval(tmp_path, caplog):
@@ -91,8 +117,10 @@ def test_a_slow_first_step_is_told_before_the_first_log_interval(tmp_path, caplo
         for step, seconds, every in ((1, 14.2, 10), (1, 3.0, 10), (1, 60.0, 1), (1000, 60.0, 10)):
             report.first_step(step, seconds, every)
     report.file.close()
-    assert caplog.messages == ["step 1/1000: took 14.2 s; the train loss is logged every 10 steps "
-                               "(train.log_interval)"]
+    # one line: the step, its seconds, the interval and the setting that sets it
+    assert len(caplog.messages) == 1, caplog.messages
+    told = caplog.messages[0]
+    assert told.startswith("step 1/1000: took 14.2 s") and "every 10 steps (train.log_interval)" in told
 
 
 def test_flops_and_mfu():

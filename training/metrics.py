@@ -117,6 +117,17 @@ def format_duration(s: float) -> str:
     return f"{h}h{m:02d}m{sec:02d}s" if h else (f"{m}m{sec:02d}s" if m else f"{sec}s")
 
 
+def format_stats(stats: dict[str, dict], improved: bool) -> str:
+    """An evaluation's statistics split by split, each in its dict's order (None: left out),
+    "(best)" after a val loss that improved:
+    'train loss 1.6994, bpb 2.4517 | val loss 1.8555, bpb 2.6769 (best)'."""
+    parts = []
+    for split, named in stats.items():
+        shown = ", ".join(f"{name} {v:.4f}" for name, v in named.items() if v is not None)
+        parts.append(f"{split} {shown}" + (" (best)" if split == "val" and improved else ""))
+    return " | ".join(parts)
+
+
 class RunLog:
     """The records, wandb data and log lines of a run, each from the values it is given: `start` once rank 0
     has set the run up, `log_train`/`log_eval` per interval, `finish` at the end. Off rank 0 (never started) a no-op."""
@@ -222,18 +233,19 @@ class RunLog:
                  f"(raise train.patience to continue)")
 
     def log_eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
-        """`stats`: {"train"|"val": {"loss": nats per token, "bpb": bits per byte or None}}."""
+        """`stats`: each split's statistics by name, {"train"|"val": {"loss": nats per token,
+        "bpb": bits per byte or None, ...}}. Each one (None: left out) is `<split>_<name>` in
+        metrics.jsonl, `eval/<split>_<name>` in wandb and on the line, in the dict's order: a new
+        statistic is one line where it is computed."""
         if self.file is None:
             return
-        tr, va = stats["train"], stats["val"]
-        bpb = {f"{split}_bpb": stats[split]["bpb"] for split in ("train", "val") if stats[split]["bpb"] is not None}
-        self.write({"type": "eval", "step": step, "train_loss": tr["loss"], "val_loss": va["loss"], **bpb,
-                    "lr": lr, "tokens": tokens, "elapsed_s": round(elapsed, 3)})
-        self.track({"eval/train_loss": tr["loss"], "eval/val_loss": va["loss"],
-                    **{f"eval/{k}": v for k, v in bpb.items()}}, step=step)
-        val_bpb = f" ({va['bpb']:.3f} bpb)" if va["bpb"] is not None else ""
-        log.info(f"step {step}/{self.max_iters}: train loss {tr['loss']:.4f}, val loss {va['loss']:.4f}{val_bpb}"
-                 f"{' (best)' if improved else ''} | {format_count(tokens)} tokens | {format_duration(elapsed)}")
+        values = {f"{split}_{name}": v for split, named in stats.items()
+                  for name, v in named.items() if v is not None}
+        self.write({"type": "eval", "step": step, **values, "lr": lr, "tokens": tokens,
+                    "elapsed_s": round(elapsed, 3)})
+        self.track({f"eval/{k}": v for k, v in values.items()}, step=step)
+        log.info(f"step {step}/{self.max_iters}: {format_stats(stats, improved)} | "
+                 f"{format_count(tokens)} tokens | {format_duration(elapsed)}")
 
     def finish(self, status: str, st: "TrainState", *, wall: float, train_s: float, session_tokens: int,
                compiled: bool, early_stopped: bool, stopped_by: str = "") -> None:
