@@ -146,6 +146,7 @@ class Transcript:
         shows here), the example's losses; one byte per token."""
         import torch
         from runtime.ranks import Ranks
+        from training.hooks import Hooks
         from training.loop import evaluate
 
         class Fixed(torch.nn.Module):
@@ -164,7 +165,7 @@ class Transcript:
             config=self.config, ranks=Ranks(), step_model=model, token_bytes=torch.ones(65),
             loader=types.SimpleNamespace(eval_batch=batch),
             precision=types.SimpleNamespace(autocast=contextlib.nullcontext))
-        return evaluate(run)
+        return evaluate(run, Hooks())
 
     def done(self, wall: float, before: float = 0.0) -> str:
         """A completed run's closing line: `wall` this session's seconds, `before` earlier ones'."""
