@@ -31,10 +31,10 @@ def pad_vocab(vocab_size: int, multiple: int) -> int:
 class GPTConfig:
     vocab_size: Optional[int] = None  # rows of the embedding and the head; None: the tokenizer's (training sets it)
     block_size: int = 1024  # maximum context length (number of learned position embeddings)
-    n_layer: int = 12
-    n_head: int = 12
-    n_embd: int = 768
-    dropout: float = 0.0
+    n_layer: int = 12  # transformer blocks
+    n_head: int = 12  # attention heads per block
+    n_embd: int = 768  # width of the residual stream (the embeddings)
+    dropout: float = 0.0  # dropout probability (embeddings, attention weights, residual branches)
     bias: bool = True  # biases in Linear layers and LayerNorms, like GPT-2
     tie_weights: bool = True  # lm_head shares its weight with the token embedding
     attention: str = "sdpa"  # "sdpa" (fused kernels) or "manual" (textbook, can return weights)
@@ -44,9 +44,10 @@ class GPTConfig:
     norm: str = "layernorm"  # "layernorm" or "rmsnorm" (weight only)
     norm_eps: float = 1e-5  # eps of every norm (blocks, final, qk_norm)
     mlp: str = "gelu"  # "gelu" (GPT-2's tanh form), "gelu_exact" (erf: nanoGPT's), "swiglu" (Llama/Qwen3), "relu2"
-    mlp_hidden: Optional[int] = None  # None: 4*n_embd (gelu, relu2); swiglu: 8*n_embd/3 up to a multiple of 32
+    # the MLP's hidden width; None: 4*n_embd (gelu, relu2), swiglu: 8*n_embd/3 to a multiple of 32
+    mlp_hidden: Optional[int] = None
     n_kv_head: Optional[int] = None  # key/value heads (grouped-query attention); None = n_head, 1 = multi-query
-    head_dim: Optional[int] = None  # None = n_embd // n_head; set it to decouple the heads' width from n_embd
+    head_dim: Optional[int] = None  # each head's width; None = n_embd // n_head (set: decoupled)
     qk_norm: bool = False  # RMSNorm over head_dim of each q and k head, before the rotation (Qwen3)
     logit_softcap: Optional[float] = None  # logits -> softcap * tanh(logits / softcap), after the head, in fp32
     # how a training run builds it (not part of the shape, so not in to_dict): the vocabulary's padding, the weights
