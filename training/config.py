@@ -42,8 +42,8 @@ class OptimConfig:
     lr: float = 2e-3  # peak learning rate, reached after warmup (optim=muon: the AdamW part's)
     min_lr: float = 2e-4  # floor of the decay
     weight_decay: float = 0.1  # applied to >=2-D weights only (matmuls, embeddings; optim=muon: the AdamW part's)
-    beta1: float = 0.9  # decay rate of the momentum (AdamW: of the first moment)
-    beta2: float = 0.99  # decay rate of the second moment (AdamW)
+    beta1: float = 0.9  # the optimizer's first beta (AdamW: the first moment's decay rate)
+    beta2: float = 0.99  # its second beta (AdamW: the second moment's decay rate)
     warmup_iters: int = 100  # steps of linear warmup from 0 to lr
     decay_iters: Optional[int] = None  # the step the decay reaches min_lr; null = train.max_iters
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
