@@ -128,7 +128,7 @@ def parse_args(argv=None):
     add("--device", default="auto", help="auto (CUDA > CPU) | cpu | cuda | cuda:N")
     add("--dtype", default="auto", help="training dtype: auto (bf16 on CUDA, fp32 on CPU) | float32 | bfloat16")
     add("--compile", default="auto", choices=("auto", "on", "off"), help="torch.compile in train (auto: on CUDA)")
-    add("--optim", default="adamw", choices=("adamw", "muon"), help="optimizer of the train section")
+    add("--optim", default="adamw", help="optimizer of the train section: an optim.name")
     add("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's choice)")
     add("--presets", default=None, help=f"comma-separated model presets for train ({','.join(PRESETS)})")
     add("--batch", action="append", default=[], metavar="PRESET=N", help="batch size for a preset")
@@ -158,6 +158,8 @@ def parse_args(argv=None):
         if not ok:
             raise ValueError(msg)
     from benchmarks.gpu_check import STEPS
+    from training.optim import OPTIMIZERS  # (imports torch: only once the arguments are read)
+    check(args.optim in OPTIMIZERS, f"--optim {args.optim}: choose from {', '.join(OPTIMIZERS)}")
     args.skip = [s.strip() for s in args.skip.split(",") if s.strip()]
     check(set(args.skip) <= set(STEPS), f"--skip {','.join(args.skip)}: choose from {','.join(STEPS)}")
     check(args.nanogpt is None or (Path(args.nanogpt) / "train.py").is_file(),

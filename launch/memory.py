@@ -67,13 +67,13 @@ def saved_per_token(model, half: bool) -> int:
 def estimate(c: Config, device_type: str = "cpu", half: bool = False, world_size: int = 1,
              vocab: Optional[int] = None) -> Estimate:
     """Peak bytes of one training step on one process. `half`: bf16/fp16 autocast (fp32 master weights)."""
-    from training.optim import muon_param_groups
+    from training.optim import OPTIMIZERS
     m, t = c.model, c.train
     C, T, L, V, H = m.n_embd, m.block_size, m.n_layer, vocab or vocab_size(c), m.n_head
     model = meta_model(c, V)
     P = model.num_params(non_embedding=False)  # a tied matrix once
-    muon = sum(p.numel() for p in muon_param_groups(model, 0.0)[0]["params"]) if c.optim.name == "muon" else 0
-    static = 16 * P - 4 * muon  # fp32 weights, gradients and AdamW's two moments (Muon keeps one for its matrices)
+    # fp32 weights and gradients, and the optimizer's state (training/optim.py's table: how much)
+    static = 8 * P + OPTIMIZERS[c.optim.name].state_bytes(model)
     if t.parallel == "fsdp":
         static //= world_size
     static += RUNTIME.get(device_type, 0)

@@ -12,9 +12,12 @@ import torch
 from launch import memory
 from training.config import SCHEMA_KEYS, Config, notes
 from training.metrics import flops_per_token
+from training.optim import OPTIMIZERS
 
-CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu (nanoGPT's CPU-sized model, trained with "
-            "Muon) instead of the GPU preset; pass experiment=gpu to force it (hours on a CPU)")
+# {what}: the model and optimizer the run has (the preset's: "nanoGPT's CPU-sized model, trained
+# with Muon")
+CPU_NOTE = ("no CUDA GPU found: using the CPU preset experiment=cpu ({what}) instead of the GPU "
+            "preset; pass experiment=gpu to force it (hours on a CPU)")
 CPU_SIZE = (4, 4, 128, 64)  # nanoGPT's README CPU model: layers, heads, width, context (model=tiny and model=modern)
 # fp32 training FLOP/s of one CPU thread, roughly: experiment=cpu trains at ~10.5k tokens/s x 5.2M FLOPs per token
 # on 2 idle cores (docs/benchmarks.md, "The CPU preset"); larger matrices run somewhat faster, so this errs long
@@ -36,18 +39,19 @@ def given_keys(overrides: list[str]) -> set[str]:
 
 def cpu_note(c: Config) -> str:
     """The line that says a machine without CUDA got the CPU preset, naming what the run trains (`c`: its config,
-    the user's overrides applied): CPU_NOTE itself for the preset as it is."""
+    the user's overrides applied)."""
     m = c.model
     size = "nanoGPT's CPU-sized model" if (m.n_layer, m.n_head, m.n_embd, m.block_size) == CPU_SIZE else \
         f"a {m.n_layer}-layer, {m.n_embd}-wide model with context {m.block_size}"
-    return CPU_NOTE.replace("nanoGPT's CPU-sized model, trained with Muon",
-                            f"{size}, trained with {'Muon' if c.optim.name == 'muon' else 'AdamW'}")
+    return CPU_NOTE.format(what=f"{size}, trained with {OPTIMIZERS[c.optim.name].display}")
 
 
 def sweep_cpu_notes(jobs: list[list[str]]) -> list[str]:
-    """The CPU note of each distinct run a sweep's jobs train (each job's overrides composed), said once each."""
+    """The CPU note of each distinct run a sweep's jobs train (each job's overrides composed), said
+    once each; with no jobs (Hydra's own flags), the preset's."""
     from launch.config import compose, to_dataclass
-    return list(dict.fromkeys(cpu_note(to_dataclass(compose(job))) for job in jobs)) or [CPU_NOTE]
+    jobs = jobs or [["experiment=cpu"]]
+    return list(dict.fromkeys(cpu_note(to_dataclass(compose(job))) for job in jobs))
 
 
 def cpu_seconds(c: Config, threads: int, evaluation_only: bool = False) -> float:

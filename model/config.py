@@ -39,9 +39,13 @@ class GPTConfig:
     vocab_size: Optional[int] = None
     # maximum context length (the rows of wpe, GPT-2's learned position table)
     block_size: int = 1024
+    # transformer blocks
     n_layer: int = 12
+    # attention heads per block
     n_head: int = 12
+    # width of the residual stream (the embeddings)
     n_embd: int = 768
+    # dropout probability (embeddings, attention weights, residual branches)
     dropout: float = 0.0
     # biases in Linear layers and LayerNorms, like GPT-2
     bias: bool = True
@@ -49,9 +53,12 @@ class GPTConfig:
     tie_weights: bool = True
     # "sdpa" (fused kernels) or "manual" (textbook, can return weights)
     attention: str = "sdpa"
+
     # the modern decoder's settings (docs/model.md); the defaults are GPT-2's, so old checkpoint
-    # dicts still load. position: a key of model/positions.py's table, "learned" (wpe) or "rope"
-    # (rotary q and k, rotate_half layout, no wpe)
+    # dicts still load
+
+    # a key of model/positions.py's table: "learned" (wpe), "rope" (rotary q and k, rotate_half
+    # layout, no wpe), "alibi" (a bias on the scores, no wpe)
     position: str = "learned"
     # rotary base: inv_freq = 1 / rope_theta^(2i / head_dim)
     rope_theta: float = 10000.0
@@ -61,21 +68,23 @@ class GPTConfig:
     norm_eps: float = 1e-5
     # "gelu" (GPT-2's tanh form), "gelu_exact" (erf: nanoGPT's), "swiglu" (Llama/Qwen3), "relu2"
     mlp: str = "gelu"
-    # None: 4*n_embd (gelu, relu2); swiglu: 8*n_embd/3 up to a multiple of 32
+    # the MLP's hidden width; None: 4*n_embd (gelu, relu2), swiglu: 8*n_embd/3 to a multiple of 32
     mlp_hidden: Optional[int] = None
     # key/value heads (grouped-query attention); None = n_head, 1 = multi-query
     n_kv_head: Optional[int] = None
-    # None = n_embd // n_head; set it to decouple the heads' width from n_embd
+    # each head's width; None = n_embd // n_head (set: decoupled)
     head_dim: Optional[int] = None
     # RMSNorm over head_dim of each q and k head, before the position scheme (Qwen3)
     qk_norm: bool = False
     # logits -> softcap * tanh(logits / softcap), after the head, in fp32
     logit_softcap: Optional[float] = None
+
     # how a training run builds it (not part of the shape, so not in to_dict): the vocabulary's
-    # padding (vocab_size = the tokenizer's rounded up to a multiple of pad_vocab_to; 64 for GPT-2:
-    # faster matmuls), and the weights to start from (fine-tune: a local HF GPT-2/Llama/Qwen3 dir or
-    # a tinygpt run / checkpoint)
+    # padding, the weights
+
+    # vocab_size = the tokenizer's rounded up to a multiple of this (64 for GPT-2: faster matmuls)
     pad_vocab_to: int = 1
+    # fine-tune: a local HF GPT-2/Llama/Qwen3 dir or a tinygpt run / checkpoint
     init_from: Optional[str] = None
 
     def __post_init__(self):

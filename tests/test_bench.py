@@ -52,6 +52,7 @@ def test_cli_smoke_tiny_sizes(tmp_path, cache_with_shakespeare, cache_with_gpt2,
     (["--presets", "huge"], "unknown preset"),
     (["--batch", "gpt2=x"], "PRESET=N"),
     (["--steps", "0"], "--steps"),
+    (["--optim", "sgd"], "--optim sgd: choose from adamw"),  # training/optim.py's names
 ])
 def test_bad_arguments_one_line(tmp_path, capsys, argv, words):
     """bench.main, which `python bench.py` exits with (test_cli_smoke_tiny_sizes runs the script)."""

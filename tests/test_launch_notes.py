@@ -29,7 +29,9 @@ def test_the_cpu_note_says_what_the_run_trains():
     """Issue 43: "the CPU preset, trained with Muon" was said of a run the user had given AdamW and the baby GPT."""
     cpu_preset = _config(model__n_layer=4, model__n_head=4, model__n_embd=128, model__block_size=64,
                          model__dropout=0.0, optim__name="muon")
-    assert notes.cpu_note(cpu_preset) == notes.CPU_NOTE  # the preset as it is: the line the docs show
+    # the preset as it is: the line the docs show
+    preset = notes.CPU_NOTE.format(what="nanoGPT's CPU-sized model, trained with Muon")
+    assert notes.cpu_note(cpu_preset) == preset
     assert notes.cpu_note(_config()) == (
         "no CUDA GPU found: using the CPU preset experiment=cpu (a 6-layer, 384-wide model with context 256, trained "
         "with AdamW) instead of the GPU preset; pass experiment=gpu to force it (hours on a CPU)")
@@ -40,11 +42,13 @@ def test_a_sweep_on_the_cpu_preset_says_what_each_run_trains():
     from launch.config import register_configs
     register_configs(sweep=True)  # (as train.py does before it checks a sweep's jobs)
     adamw = ["experiment=cpu", "optim=adamw"]
+    preset = notes.CPU_NOTE.format(what="nanoGPT's CPU-sized model, trained with Muon")
     assert notes.sweep_cpu_notes([[*adamw, "optim.lr=1e-3"], [*adamw, "optim.lr=2e-3"]]) == [
-        notes.CPU_NOTE.replace("trained with Muon", "trained with AdamW")]  # the same run twice: said once
+        preset.replace("trained with Muon", "trained with AdamW")]  # the same run twice: said once
     assert notes.sweep_cpu_notes([["experiment=cpu"], ["experiment=cpu", "model.n_layer=2"]]) == [
-        notes.CPU_NOTE, notes.CPU_NOTE.replace("nanoGPT's CPU-sized model", "a 2-layer, 128-wide model with context 64")]
-    assert notes.sweep_cpu_notes([]) == [notes.CPU_NOTE]  # (Hydra's own flags: no jobs composed)
+        preset,
+        preset.replace("nanoGPT's CPU-sized model", "a 2-layer, 128-wide model with context 64")]
+    assert notes.sweep_cpu_notes([]) == [preset]  # (Hydra's own flags: no jobs composed)
 
 
 def test_a_gpu_sized_run_on_a_cpu_is_told_how_long_it_takes(monkeypatch):

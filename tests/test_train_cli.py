@@ -53,8 +53,9 @@ def test_run_with_overrides(tmp_path, tiny_corpus):
         assert ck.load_checkpoint(run / "last.pt")["config"]["train"]["batch_size"] == 4
     # issue 43: a setting the run does not read is one warning, once, on stderr and in train.log, before step 1
     warning = [ln for ln in proc.stderr.splitlines() if ln.startswith("warning: ")]
-    assert warning == ["warning: optim.muon_momentum=0.9 does nothing with optim.name=adamw: Muon's settings apply "
-                       "to optim=muon only: add optim=muon to train with Muon, or drop it"]
+    assert warning == ["warning: optim.muon_momentum=0.9 does nothing with optim.name=adamw: only "
+                       "optim.name=muon reads it: add optim.name=muon to train with Muon, or drop "
+                       "it"]
     log = (run / "train.log").read_text()
     assert log.count(warning[0]) == 1 and log.index(warning[0]) < log.index("step 2/4")
 

@@ -307,13 +307,35 @@ def test_a_warmup_as_long_as_the_run_is_told_with_the_rate_it_reaches():
     assert "ends before its rate reaches optim.min_lr" in _notes(optim__decay_iters=3000)[0]
 
 
+def test_what_an_optimizer_reads_and_shards_comes_from_its_table(monkeypatch):
+    """Issue 51: training/optim.py's OPTIMIZERS says which settings each optimizer reads and
+    whether FSDP shards it; the notes and the rules name no optimizer (a new one needs no edit)."""
+    from training import optim
+    from training.config import check, notes
+    sgd = dataclasses.replace(optim.OPTIMIZERS["adamw"], display="SGD", reads=("lr",))
+    monkeypatch.setitem(optim.OPTIMIZERS, "sgd", sgd)
+    c = Config()
+    c.optim.name, c.optim.beta1, c.optim.muon_lr = "sgd", 0.8, 0.05
+    assert notes(c, {"optim.beta1", "optim.muon_lr"}) == [
+        "optim.beta1=0.8 does nothing with optim.name=sgd: only optim.name=adamw or "
+        "optim.name=muon reads it: add optim.name=adamw to train with AdamW, or drop it",
+        "optim.muon_lr=0.05 does nothing with optim.name=sgd: only optim.name=muon reads it: add "
+        "optim.name=muon to train with Muon, or drop it"]
+    c = to_dataclass(Config())
+    c.optim.name, c.train.parallel = "muon", "fsdp"
+    with pytest.raises(ValueError, match=r"^optim.name=muon does not work with train.parallel=fsdp "
+                       r"\(Muon needs whole weight matrices\): use optim.name=adamw or "
+                       r"optim.name=sgd with FSDP"):
+        check(c)
+
+
 def test_settings_the_chosen_optimizer_and_schedule_do_not_read_are_told_when_given():
     """Issue 43: Muon's settings under optim=adamw did nothing, silently (and the like for the schedule's)."""
     muon = dict(optim__muon_lr=0.05, optim__muon_ns_steps=3)
     assert _notes(**muon) == []  # not given on the command line: a preset's values
     assert _notes({"optim.muon_lr", "optim.muon_ns_steps"}, **muon) == [
-        "optim.muon_lr=0.05, optim.muon_ns_steps=3 do nothing with optim.name=adamw: Muon's settings apply to "
-        "optim=muon only: add optim=muon to train with Muon, or drop them"]
+        "optim.muon_lr=0.05, optim.muon_ns_steps=3 do nothing with optim.name=adamw: only "
+        "optim.name=muon reads them: add optim.name=muon to train with Muon, or drop them"]
     assert _notes({"optim.muon_lr"}, optim__name="muon", **muon) == []  # Muon reads them
     assert _notes({"optim.cooldown_frac"}, optim__cooldown_frac=0.3) == [
         "optim.cooldown_frac=0.3 does nothing with optim.schedule=cosine: it is schedule=wsd's cool-down: add "

@@ -17,16 +17,15 @@ from common.cli import in_keys
 from data.config import DataConfig
 from model.config import GPTConfig
 from runtime.ranks import PARALLEL_MODES
+from training.optim import OPTIMIZERS
 
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
           "float16": "float16", "fp16": "float16"}  # accepted spellings -> canonical torch dtype name
 COMPILE = {"auto": "auto", **dict.fromkeys(("true", "on", "yes", "1"), True),
            **dict.fromkeys(("false", "off", "no", "0"), False)}  # accepted spellings of train.compile
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
-OPTIMIZERS = ("adamw", "muon")
 REQUIRED = "required"  # model.init_from in a preset that fine-tunes (YAML's ??? would not survive the merge)
 SEED_MAX = 2**32 - 1  # numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
-MUON_ONLY = ("muon_lr", "muon_momentum", "muon_ns_steps")  # optim keys that only optim.name=muon reads
 
 
 def baby() -> GPTConfig:
@@ -39,12 +38,12 @@ def baby() -> GPTConfig:
 class OptimConfig:
     """optim=adamw: AdamW, linear warmup, cosine decay; twice nanoGPT's rates (1e-3 -> 1e-4), which suit TrainConfig's
     1500 steps (experiment=shakespeare_char: nanoGPT's own). optim=muon changes a few (conf/optim/muon.yaml)."""
-    name: str = "adamw"  # adamw | muon (Muon for the blocks' matrices, AdamW for the rest: training/optim.py)
+    name: str = "adamw"  # the optimizer: a name in training/optim.py's OPTIMIZERS
     lr: float = 2e-3  # peak learning rate, reached after warmup (optim=muon: the AdamW part's)
     min_lr: float = 2e-4  # floor of the decay
     weight_decay: float = 0.1  # applied to >=2-D weights only (matmuls, embeddings; optim=muon: the AdamW part's)
-    beta1: float = 0.9
-    beta2: float = 0.99
+    beta1: float = 0.9  # the optimizer's first beta (AdamW: the first moment's decay rate)
+    beta2: float = 0.99  # its second beta (AdamW: the second moment's decay rate)
     warmup_iters: int = 100  # steps of linear warmup from 0 to lr
     decay_iters: Optional[int] = None  # the step the decay reaches min_lr; null = train.max_iters
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
@@ -71,7 +70,7 @@ class TrainConfig:
     eval_at_start: bool = False  # also evaluate the untrained model at step 0 (not on resume)
     patience: Optional[int] = None  # stop when val loss has not improved for this many evaluations (null: never)
     log_interval: int = 10  # steps between train-loss readings (the only host syncs in the loop)
-    seed: int = 1337
+    seed: int = 1337  # seeds torch, random and numpy (and the data loader's order)
     resume: Any = False  # false | true (last.pt in the run dir) | path to a .pt file or run dir
     parallel: str = "none"  # none (DDP when torchrun starts >1 process) | ddp | fsdp (FSDP2, sharded checkpoints)
     hellaswag: Optional[str] = None  # a HellaSwag jsonl also scored at each evaluation (evals/hellaswag.py)
@@ -83,10 +82,10 @@ class TrainConfig:
 @dataclass
 class LoggerConfig:
     name: Optional[str] = None  # null (metrics.jsonl only) | wandb (logger=wandb)
-    project: str = "tinygpt"
-    entity: Optional[str] = None
+    project: str = "tinygpt"  # the wandb project
+    entity: Optional[str] = None  # the wandb team or user (null: your default)
     mode: str = "online"  # online (needs wandb login) | offline (wandb sync later) | disabled; WANDB_MODE wins
-    run_name: Optional[str] = None
+    run_name: Optional[str] = None  # the wandb run's name (null: wandb picks one)
 
 
 @dataclass
@@ -117,7 +116,8 @@ POSITIVE, AT_LEAST_0 = ("a positive number", _number(lambda v: v > 0)), (">= 0",
 AT_LEAST_1, FRACTION = (">= 1", _number(lambda v: v >= 1)), ("in [0, 1)", _number(lambda v: 0 <= v < 1))
 AT_LEAST_1_OR_NULL = (">= 1 or null", lambda v: v is None or AT_LEAST_1[1](v))
 RULES = {  # each setting's choices or range: (what it must be, its test), and an example for the one-line message
-    "optim.name": (_one_of(OPTIMIZERS), "muon"), "optim.schedule": (_one_of(SCHEDULES), "cosine"),
+    "optim.name": (_one_of(tuple(OPTIMIZERS)), OptimConfig.name),
+    "optim.schedule": (_one_of(SCHEDULES), "cosine"),
     "optim.lr": (POSITIVE, "1e-3"), "optim.min_lr": (AT_LEAST_0, "1e-4"), "optim.weight_decay": (AT_LEAST_0, "0.1"),
     "optim.beta1": (FRACTION, "0.9"), "optim.beta2": (FRACTION, "0.99"), "optim.warmup_iters": (AT_LEAST_0, "100"),
     "optim.decay_iters": (AT_LEAST_1_OR_NULL, "5000 (null: train.max_iters)"),
@@ -159,9 +159,10 @@ def check(c: Config) -> None:
                              f"optim.lr (e.g. optim.min_lr={o.lr / 10:g})")
     _check(0 <= t.seed <= SEED_MAX, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337" if t.seed < 0 else
            f"train.seed={t.seed} is too large: use a whole number from 0 to {SEED_MAX}, e.g. train.seed=1337")
-    _check(not (t.parallel == "fsdp" and o.name == "muon"),
-           "optim=muon does not work with train.parallel=fsdp (Muon needs whole weight matrices): "
-           "use optim=adamw with FSDP, or train.parallel=ddp with Muon")
+    why = OPTIMIZERS[o.name].no_fsdp
+    sharded = " or ".join(f"optim.name={n}" for n, spec in OPTIMIZERS.items() if not spec.no_fsdp)
+    _check(t.parallel != "fsdp" or why is None, f"optim.name={o.name} does not work with "
+           f"train.parallel=fsdp ({why}): use {sharded} with FSDP, or train.parallel=ddp")
     _check(t.probe or t.probe_steps == TrainConfig.probe_steps, f"train.probe_steps={t.probe_steps} has no effect "
            "with train.probe=false: drop one of them")
     _check(t.probe_text != "", "train.probe_text='' is empty: give a text, or null (the validation split's start)")
@@ -216,10 +217,18 @@ def notes(c: Config, given: Collection[str] = ()) -> list[str]:
         out.append(f"optim.decay_iters={o.decay_iters} is beyond train.max_iters={t.max_iters}: the run ends before "
                    f"its rate reaches optim.min_lr={o.min_lr:g} (as meant only if a resume with a larger "
                    f"train.max_iters will finish it); null decays over train.max_iters")
-    if o.name != "muon" and (keys := ignored([f"optim.{k}" for k in MUON_ONLY])):
+    # an optimizer's own settings given to another: a line for each set of optimizers that read them
+    readers: dict[tuple, list[str]] = {}
+    for k in (f.name for f in dataclasses.fields(OptimConfig)):
+        names = tuple(n for n, spec in OPTIMIZERS.items() if k in spec.reads)
+        if names and o.name not in names and f"optim.{k}" in given:
+            readers.setdefault(names, []).append(f"optim.{k}={getattr(o, k)}")
+    for names, keys in readers.items():
+        them = "it" if len(keys) == 1 else "them"
         out.append(f"{', '.join(keys)} {'does' if len(keys) == 1 else 'do'} nothing with optim.name={o.name}: "
-                   f"Muon's settings apply to optim=muon only: add optim=muon to train with Muon, or drop "
-                   f"{'it' if len(keys) == 1 else 'them'}")
+                   f"only {' or '.join(f'optim.name={n}' for n in names)} reads {them}: add "
+                   f"optim.name={names[0]} to train with {OPTIMIZERS[names[0]].display}, or drop "
+                   f"{them}")
     if o.schedule != "wsd" and (keys := ignored(["optim.cooldown_frac"])):
         out.append(f"{keys[0]} does nothing with optim.schedule={o.schedule}: it is schedule=wsd's cool-down: add "
                    f"optim.schedule=wsd, or drop it")

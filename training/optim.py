@@ -1,16 +1,20 @@
-"""The optimizers and the learning-rate schedule.
+"""The optimizers, in one table, and the learning-rate schedule.
 
-AdamW as in GPT-2/nanoGPT (decay on >= 2-D weights only), in the fastest correct implementation for the
-device; or Muon (Keller Jordan et al., modded-nanogpt), which orthogonalises each block matrix's
-Nesterov-momentum update, with AdamW for everything else in ONE torch.optim.Optimizer (`optim=muon`: one
-state_dict, GradScaler works, `set_lr` drives both rates). The schedule is a pure function of the step, so a
-resumed run gets the same learning rates.
+`OPTIMIZERS` is each optimizer's one home: how it is built from the `optim` group, its name in
+messages, the OptimConfig fields it reads, the bytes of state it keeps, whether FSDP can shard it;
+the config's checks and notes, the memory pre-flight, the CPU note, bench.py and
+docs/configuration.md read it. AdamW as in GPT-2/nanoGPT (decay on >= 2-D weights only), in the
+fastest correct implementation for the device; Muon (Keller Jordan et al., modded-nanogpt)
+orthogonalises each block matrix's Nesterov-momentum update, with AdamW for everything else in ONE
+torch.optim.Optimizer (one state_dict, GradScaler works, `set_lr` drives both rates). The schedule
+is a pure function of the step, so a resumed run gets the same learning rates.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import partial
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 from torch.optim.adamw import adamw
@@ -23,16 +27,10 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, o, device_type: str = "cpu") -> torch.optim.Optimizer:
-    """The `optim` group's optimizer (`o`: training.config.OptimConfig): AdamW over `param_groups` (fused on
-    CUDA, foreach elsewhere), or with name="muon" Muon for the blocks' matrices and AdamW for the rest."""
-    betas = (o.beta1, o.beta2)
-    if o.name == "muon":
-        opt = MuonAdamW(muon_param_groups(model, o.weight_decay), lr=o.lr, muon_lr=o.muon_lr, betas=betas,
-                        weight_decay=o.weight_decay, momentum=o.muon_momentum, ns_steps=o.muon_ns_steps)
-    else:
-        kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
-        opt = AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=betas, **kwargs)
-    opt.register_load_state_dict_pre_hook(keep_impl_flags)  # a checkpoint of any device loads as this one's
+    """The `optim` group's optimizer (`o`: training.config.OptimConfig), by its OPTIMIZERS entry."""
+    opt = OPTIMIZERS[o.name].build(model, o, device_type)
+    # a checkpoint of any device loads as this one's
+    opt.register_load_state_dict_pre_hook(keep_impl_flags)
     return opt
 
 
@@ -185,3 +183,53 @@ class MuonAdamW(NoDynamo, torch.optim.Optimizer):
               [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states], foreach=True, amsgrad=False,
               beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"],
               maximize=False)
+
+
+# ----------------------------------------------------------------------- the table of optimizers
+@dataclass(frozen=True)
+class OptimizerSpec:
+    """What the rest of tinygpt knows of an optimizer (its key in OPTIMIZERS: optim.name)."""
+    display: str  # its name in messages ("trained with AdamW")
+    about: str  # one line for docs/configuration.md's table of optimizers
+    # (model, optim group, device type) -> the torch optimizer; it reads only the fields in `reads`
+    build: Callable[[torch.nn.Module, object, str], torch.optim.Optimizer]
+    # the OptimConfig fields it reads (the schedule's and grad_clip are every optimizer's)
+    reads: tuple[str, ...]
+    state_bytes: Callable[[torch.nn.Module], int]  # its state's bytes for a model (launch/memory)
+    no_fsdp: Optional[str] = None  # why train.parallel=fsdp cannot shard it; None: it can
+
+
+def per_parameter(n: int) -> Callable[[torch.nn.Module], int]:
+    """`state_bytes` of an optimizer that keeps n bytes for every trained parameter."""
+    return lambda model: n * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _adamw(model: torch.nn.Module, o, device_type: str) -> torch.optim.Optimizer:
+    kwargs = {"fused": True} if device_type == "cuda" else {"foreach": True}
+    return AdamW(param_groups(model, o.weight_decay), lr=o.lr, betas=(o.beta1, o.beta2), **kwargs)
+
+
+def _muon(model: torch.nn.Module, o, device_type: str) -> torch.optim.Optimizer:
+    return MuonAdamW(muon_param_groups(model, o.weight_decay), lr=o.lr, muon_lr=o.muon_lr,
+                     betas=(o.beta1, o.beta2), weight_decay=o.weight_decay,
+                     momentum=o.muon_momentum, ns_steps=o.muon_ns_steps)
+
+
+def _muon_state(model: torch.nn.Module) -> int:
+    # AdamW's two fp32 moments, but one (the momentum) for the blocks' matrices
+    matrices = sum(p.numel() for p in muon_param_groups(model, 0.0)[0]["params"])
+    return per_parameter(8)(model) - 4 * matrices
+
+
+ADAMW_READS = ("lr", "weight_decay", "beta1", "beta2")
+OPTIMIZERS = {
+    "adamw": OptimizerSpec(
+        display="AdamW", about="AdamW; weight decay on matrices only; fused on CUDA",
+        build=_adamw, reads=ADAMW_READS, state_bytes=per_parameter(8)),
+    "muon": OptimizerSpec(
+        display="Muon", about="Muon (momentum, then Newton-Schulz orthogonalisation) for the "
+        "transformer blocks' weight matrices, AdamW (`optim.lr`, ...) for the embeddings, the "
+        "head and the norms' gains",
+        build=_muon, reads=(*ADAMW_READS, "muon_lr", "muon_momentum", "muon_ns_steps"),
+        state_bytes=_muon_state, no_fsdp="Muon needs whole weight matrices"),
+}
