@@ -1,6 +1,6 @@
-"""tinygpt's model: `from model import GPT, GPTConfig`, as in nanoGPT. The two names load on first use (PEP 562), so
-`import model.config` stays free of torch: sample.py checks its arguments before torch is imported. Nothing here
-imports Hydra, data/ or training/."""
+"""tinygpt's model: `from model import GPT, GPTConfig`, as in nanoGPT. The two names load on first
+use (PEP 562), so `import model.config` stays free of torch: sample.py checks its arguments before
+torch is imported. Nothing here imports Hydra, data/ or training/."""
 
 
 def __getattr__(name: str):

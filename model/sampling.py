@@ -32,7 +32,8 @@ class Sampling:
     """How each next token is drawn from the logits: each field is read by its rule in RULES. Each
     filter's "off" is a value too, as in Hugging Face and llama.cpp: top_k 0, top_p 1, min_p 0 and
     repetition_penalty 1 keep every token and are stored as None (left out), so they compare equal
-    to it. Each help states the range its check accepts (tests/test_sampling_ranges.py probes it)."""
+    to it. Each help states the range its check accepts (tests/test_sampling_ranges.py probes it).
+    """
     temperature: float = setting(1.0, float, "T", "T >= 0; 0 = greedy (default %(default)s)")
     top_k: int | None = setting(None, int, "K", "sample among the K most likely tokens, K >= 0 "
                                 "(0 = all tokens, as left out; more than the vocabulary: all)")
@@ -67,7 +68,8 @@ class Sampling:
             raise setting_error("{vocab_limit=}{0!r} is invalid: use the tokenizer's vocabulary "
                                 "size, or None", self.vocab_limit)
         # a filter that keeps every token is no filter: stored as left out
-        for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0), ("repetition_penalty", 1.0)):
+        for name, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0),
+                          ("repetition_penalty", 1.0)):
             if getattr(self, name) == off:
                 object.__setattr__(self, name, None)
 

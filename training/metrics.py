@@ -1,7 +1,8 @@
-"""What rank 0 reports as a run goes: metrics.jsonl records, wandb, the log lines and the closing summary, and
-the MFU in them (FLOPs per token against the datasheet's peak: shown only for a GPU in the table and 16-bit
-training, never a wrong one). Records are flushed as they happen (a killed run keeps them); a resumed run first
-cuts the file back to its checkpoint's step, so it ends with the same records as an uninterrupted run.
+"""What rank 0 reports as a run goes: metrics.jsonl records, wandb, the log lines and the closing
+summary, and the MFU in them (FLOPs per token against the datasheet's peak: shown only for a GPU in
+the table and 16-bit training, never a wrong one). Records are flushed as they happen (a killed run
+keeps them); a resumed run first cuts the file back to its checkpoint's step, so it ends with the
+same records as an uninterrupted run.
 """
 from __future__ import annotations
 
@@ -32,9 +33,11 @@ log = logging.getLogger(__name__)
 
 
 def open_metrics(path: Path, source: Optional[Path] = None, step: int = 0):
-    """metrics.jsonl opened for appending: afresh, or (resuming) holding `source`'s train/eval records up to `step`."""
+    """metrics.jsonl opened for appending: afresh, or (resuming) holding `source`'s train/eval
+    records up to `step`."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    kept = [r for r in read_metrics(source) if r.get("type") in ("train", "eval") and int(r.get("step", -1)) <= step] \
+    kept = [r for r in read_metrics(source) if r.get("type") in ("train", "eval")
+            and int(r.get("step", -1)) <= step] \
         if source is not None else []
     with atomic_write(path, "w", encoding="utf-8") as f:  # (also a dead run's file, started afresh)
         f.writelines(json.dumps(r) + "\n" for r in kept)
@@ -51,14 +54,16 @@ def read_metrics(path: Path) -> list[dict]:
     return records
 
 
-def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int, block_size: int) -> float:
-    """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N for the weights + 12·L·H·Q·T for
-    attention (N parameters, L layers, H heads, Q head size, T context)."""
+def flops_per_token(n_params: int, n_layer: int, n_head: int, head_dim: int,
+                    block_size: int) -> float:
+    """Training FLOPs per token (forward + backward), nanoGPT's estimate: 6N for the weights +
+    12·L·H·Q·T for attention (N parameters, L layers, H heads, Q head size, T context)."""
     return 6.0 * n_params + 12.0 * n_layer * n_head * head_dim * block_size
 
 
 # (regex on the device name, readable name, dense bf16 FLOP/s from the datasheet). First match wins,
 # so the more specific names come first. Datasheets quote "with sparsity" numbers too: those are 2x.
+# fp32 accumulate (what PyTorch uses)
 PEAK_FLOPS: list[tuple[str, str, float]] = [
     (r"\bGH200\b", "NVIDIA GH200", 989e12),
     (r"\bH200\b.*\bNVL\b", "NVIDIA H200 NVL", 835e12),
@@ -72,7 +77,7 @@ PEAK_FLOPS: list[tuple[str, str, float]] = [
     (r"\bL40S\b", "NVIDIA L40S", 362e12),
     (r"\bL4\b", "NVIDIA L4", 121e12),
     (r"\bRTX A6000\b", "NVIDIA RTX A6000", 154.8e12),
-    (r"\bRTX 4090\b(?!\s*D\b)", "NVIDIA GeForce RTX 4090", 165.2e12),  # fp32 accumulate (what PyTorch uses)
+    (r"\bRTX 4090\b(?!\s*D\b)", "NVIDIA GeForce RTX 4090", 165.2e12),
     (r"\bRTX 3090\b(?!\s*Ti\b)", "NVIDIA GeForce RTX 3090", 71e12),
     (r"\bV100\b", "NVIDIA V100", 125e12),  # fp16 (no bf16 on Volta)
     (r"\bT4\b", "NVIDIA T4", 65e12),  # fp16 (no bf16 on Turing)
@@ -80,15 +85,17 @@ PEAK_FLOPS: list[tuple[str, str, float]] = [
 
 
 def peak_flops(name: str) -> Optional[tuple[str, float]]:
-    """(readable GPU name, dense 16-bit peak FLOP/s) for a CUDA device name, or None if not in the table."""
+    """(readable GPU name, dense 16-bit peak FLOP/s) for a CUDA device name, or None if not in the
+    table."""
     if "MIG" in name:  # a slice of the GPU: the whole GPU's peak would understate MFU
         return None
-    return next(((readable, flops) for pattern, readable, flops in PEAK_FLOPS if re.search(pattern, name)), None)
+    return next(((readable, flops) for pattern, readable, flops in PEAK_FLOPS
+                 if re.search(pattern, name)), None)
 
 
 def mfu_peak(precision: Precision, gpus: int = 1) -> Optional[float]:
-    """The peak FLOP/s that MFU divides by: `gpus` of this GPU in 16-bit; None (no MFU) for a CPU, MPS, float32
-    training or a GPU not in the table."""
+    """The peak FLOP/s that MFU divides by: `gpus` of this GPU in 16-bit; None (no MFU) for a CPU,
+    MPS, float32 training or a GPU not in the table."""
     if precision.device.type != "cuda" or precision.dtype_name == "float32":
         return None
     match = peak_flops(device_name(precision.device))
@@ -129,35 +136,42 @@ def format_stats(stats: dict[str, dict], improved: bool) -> str:
 
 
 class RunLog:
-    """The records, wandb data and log lines of a run, each from the values it is given: `start` once rank 0
-    has set the run up, `log_train`/`log_eval` per interval, `finish` at the end. Off rank 0 (never started) a no-op."""
+    """The records, wandb data and log lines of a run, each from the values it is given: `start`
+    once rank 0 has set the run up, `log_train`/`log_eval` per interval, `finish` at the end. Off
+    rank 0 (never started) a no-op."""
 
     def __init__(self, max_iters: int):
         self.max_iters = max_iters
         self.file = None  # metrics.jsonl, once started (rank 0)
-        self.wandb, self.bar = None, None  # wandb: a training.wandb_run.WandbRun, with logger=wandb only
+        # wandb: a training.wandb_run.WandbRun, with logger=wandb only
+        self.wandb, self.bar = None, None
 
     def start(self, c: "Config", run_dir: Path, st: "TrainState", *, data: "Prepared", model: "GPT",
               precision: "Precision", compiled: bool, ranks: "Ranks", source: Optional["Source"],
               resumed_from: Optional[Path], config_diff: list[str]) -> None:
-        """wandb first (a missing API key must not leave files behind), then metrics.jsonl, then the opening lines."""
-        self.model, self.num_params, self.precision = c.model, model.num_params(), precision  # for the summary
-        self.device_name, self.peak = device_name(precision.device), mfu_peak(precision, ranks.world_size)
+        """wandb first (a missing API key must not leave files behind), then metrics.jsonl, then the
+        opening lines."""
+        # for the summary
+        self.model, self.num_params, self.precision = c.model, model.num_params(), precision
+        self.device_name, self.peak = device_name(precision.device), mfu_peak(precision,
+                                                                              ranks.world_size)
         g = model.config  # (its head_dim: not always n_embd / n_head)
-        self.flops_per_token = flops_per_token(self.num_params, g.n_layer, g.n_head, g.head_size, g.block_size)
+        self.flops_per_token = flops_per_token(self.num_params, g.n_layer, g.n_head, g.head_size,
+                                               g.block_size)
         if c.logger.name == "wandb":
             from training.wandb_run import WandbRun
             self.wandb = WandbRun()
             self.wandb.start(c, run_dir, st.wandb_run_id)
         source_metrics = resumed_from.parent / "metrics.jsonl" if resumed_from is not None else None
         self.file = open_metrics(run_dir / "metrics.jsonl", source_metrics, st.step)
-        m, n, togo, (train, val) = c.model, st.batch_tokens, c.train.max_iters - st.step, data.token_files()
+        m, n, togo = c.model, st.batch_tokens, c.train.max_iters - st.step
+        train, val = data.token_files()
         log.info(f"run dir: {run_dir}")
-        log.info(f"data: {c.data.name}, {data.tokenizer.describe()}, {format_count(len(train))} train / "
-                 f"{format_count(len(val))} val tokens ({data.dir})")
+        log.info(f"data: {c.data.name}, {data.tokenizer.describe()}, {format_count(len(train))} "
+                 f"train / {format_count(len(val))} val tokens ({data.dir})")
         log.info(f"model: {self.num_params / 1e6:.2f}M parameters ({count(m.n_layer, 'layer')}, "
-                 f"{count(m.n_head, 'head')}, "
-                 f"{m.n_embd} wide, context {m.block_size}, vocab {g.vocab_size}, dropout {m.dropout:g})")
+                 f"{count(m.n_head, 'head')}, {m.n_embd} wide, context {m.block_size}, vocab "
+                 f"{g.vocab_size}, dropout {m.dropout:g})")
         if source is not None and resumed_from is None:
             log.info(f"init from {source.describe(m.block_size)}")
         log.info(f"device: {precision.device} ({self.device_name}), {precision.dtype_name}"
@@ -170,18 +184,20 @@ class RunLog:
         left = (f"{togo} step{'s' if togo != 1 else ''} to go = {format_count(togo * n)} tokens"
                 if togo > 0 else
                 f"no steps to go (step {st.step} of train.max_iters={c.train.max_iters})")
-        log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x {m.block_size} tokens x "
-                 f"{c.train.grad_accum_steps} accumulation x {ranks.world_size} process"
-                 f"{'es' if ranks.world_size > 1 else ''}); {left}")
+        log.info(f"global batch: {n:,} tokens per step ({c.train.batch_size} sequences x "
+                 f"{m.block_size} tokens x {c.train.grad_accum_steps} accumulation x "
+                 f"{ranks.world_size} process{'es' if ranks.world_size > 1 else ''}); {left}")
         if resumed_from is not None:
             best = st.best_val_loss
             log.info(f"resumed from {resumed_from} at step {st.step} "
                      f"({f'best val loss {best:.4f}' if math.isfinite(best) else 'no eval yet'})")
         if config_diff:
-            log.warning(f"resuming with settings that differ from the checkpoint's: {'; '.join(config_diff)}")
+            log.warning("resuming with settings that differ from the checkpoint's: "
+                        f"{'; '.join(config_diff)}")
 
     def write(self, record: dict) -> None:  # JSON has no NaN/inf: they are written as strings
-        self.file.write(json.dumps({k: str(v) if isinstance(v, float) and not math.isfinite(v) else v
+        self.file.write(json.dumps({k: str(v) if isinstance(v, float) and not math.isfinite(v)
+                                    else v
                                     for k, v in record.items()}) + "\n")
         self.file.flush()
 
@@ -193,22 +209,27 @@ class RunLog:
     def started(self) -> bool:
         return self.file is not None or (self.wandb is not None and self.wandb.run is not None)
 
-    def log_train(self, step: int, means: dict[str, float], lr: float, tokens: int, elapsed: float, tps: float) -> None:
-        """A train line, record and wandb point from the window's means (`means`: "loss", "grad_norm", ...)."""
+    def log_train(self, step: int, means: dict[str, float], lr: float, tokens: int, elapsed: float,
+                  tps: float) -> None:
+        """A train line, record and wandb point from the window's means (`means`: "loss",
+        "grad_norm", ...)."""
         if self.file is None:
             return
         util = mfu(tps, self.flops_per_token, self.peak)
         self.write({"type": "train", "step": step, **means, "lr": lr, "tokens": tokens,
                     "elapsed_s": round(elapsed, 3), "tokens_per_s": round(tps, 1),
                     **({"mfu": round(util, 4)} if util is not None else {})})
-        self.track({**{f"train/{k}": v for k, v in means.items()}, "lr": lr, "tokens": tokens, "tokens_per_s": tps,
+        self.track({**{f"train/{k}": v for k, v in means.items()}, "lr": lr, "tokens": tokens,
+                    "tokens_per_s": tps,
                     **({"mfu": util} if util is not None else {})}, step=step)
-        line = " | ".join([*(f"{k} {v:.4f}" for k, v in means.items()), f"lr {lr:.2e}", f"{tps / 1e3:.1f}k tok/s",
+        line = " | ".join([*(f"{k} {v:.4f}" for k, v in means.items()), f"lr {lr:.2e}",
+                           f"{tps / 1e3:.1f}k tok/s",
                            *([f"mfu {util * 100:.1f}%"] if util is not None else [])])
         on_bar = self.bar is not None and not self.bar.disable
         if on_bar:
             self.bar.set_postfix_str(line, refresh=False)
-        log.info(f"step {step}/{self.max_iters}: {line}", extra={"on_bar": on_bar})  # on the bar: train.log only
+        # on the bar: train.log only
+        log.info(f"step {step}/{self.max_iters}: {line}", extra={"on_bar": on_bar})
 
     def eval_progress(self, split: str) -> Optional[Callable[[int, int], None]]:
         """eval_stats's `progress` for one split's batches (runtime.console.Progress); None off
@@ -218,21 +239,29 @@ class RunLog:
         return Progress(f"evaluating the {split} split", self.bar, log.info)
 
     def first_step(self, step: int, seconds: float, log_interval: int) -> None:
-        """A session's first step, when the first train line is half a minute or more away (a CPU given a GPU-sized
-        run, a compile): how long it took, so that a run never sits silent for minutes."""
-        if self.file and log_interval > 1 and step < self.max_iters and seconds * (log_interval - 1) >= 30:
-            log.info(f"step {step}/{self.max_iters}: took {seconds:.1f} s; the train loss is logged every "
-                     f"{log_interval} steps (train.log_interval)", extra={"on_bar": self.bar is not None and
-                                                                          not self.bar.disable})  # (a bar shows it)
+        """A session's first step, when the first train line is half a minute or more away (a CPU
+        given a GPU-sized run, a compile): how long it took, so that a run never sits silent for
+        minutes."""
+        waits = seconds * (log_interval - 1) >= 30
+        if self.file and log_interval > 1 and step < self.max_iters and waits:
+            # (a bar shows it)
+            log.info(f"step {step}/{self.max_iters}: took {seconds:.1f} s; the train loss is "
+                     f"logged every {log_interval} steps (train.log_interval)",
+                     extra={"on_bar": self.bar is not None and
+                                                                          not self.bar.disable})
 
     def nothing_to_train(self, st: "TrainState", t) -> None:
         """A resumed run with no step left: why, and which setting continues it."""
-        log.info(f"the checkpoint is at step {st.step} >= train.max_iters={t.max_iters}: nothing to train (raise "
-                 f"train.max_iters to continue)" if st.step >= t.max_iters else f"the checkpoint's val loss has not "
-                 f"improved since step {st.best_step}, for train.patience={t.patience} evaluations: nothing to train "
-                 f"(raise train.patience to continue)")
+        if st.step >= t.max_iters:
+            log.info(f"the checkpoint is at step {st.step} >= train.max_iters={t.max_iters}: "
+                     f"nothing to train (raise train.max_iters to continue)")
+        else:
+            log.info(f"the checkpoint's val loss has not improved since step {st.best_step}, for "
+                     f"train.patience={t.patience} evaluations: nothing to train (raise "
+                     f"train.patience to continue)")
 
-    def log_eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float, improved: bool) -> None:
+    def log_eval(self, step: int, stats: dict, lr: float, tokens: int, elapsed: float,
+                 improved: bool) -> None:
         """`stats`: each split's statistics by name, {"train"|"val": {"loss": nats per token,
         "bpb": bits per byte or None, ...}}. Each one (None: left out) is `<split>_<name>` in
         metrics.jsonl, `eval/<split>_<name>` in wandb and on the line, in the dict's order: a new
@@ -247,34 +276,43 @@ class RunLog:
         log.info(f"step {step}/{self.max_iters}: {format_stats(stats, improved)} | "
                  f"{format_count(tokens)} tokens | {format_duration(elapsed)}")
 
-    def finish(self, status: str, st: "TrainState", *, wall: float, train_s: float, session_tokens: int,
+    def finish(self, status: str, st: "TrainState", *, wall: float, train_s: float,
+               session_tokens: int,
                compiled: bool, early_stopped: bool, stopped_by: str = "") -> None:
-        """The summary record and loss.png (best effort: a full disk is a warning), wandb.finish, the done line;
-        `wall`: this session's seconds, `train_s`/`session_tokens`: its training time and tokens; `stopped_by`:
-        what stopped a run that did not complete, in words (a signal's name, a closed output pipe)."""
-        m, best, run_dir = self.model, st.best_val_loss, Path(self.file.name).parent if self.file else None
+        """The summary record and loss.png (best effort: a full disk is a warning), wandb.finish,
+        the done line; `wall`: this session's seconds, `train_s`/`session_tokens`: its training time
+        and tokens; `stopped_by`: what stopped a run that did not complete, in words (a signal's
+        name, a closed output pipe)."""
+        m, best = self.model, st.best_val_loss
+        run_dir = Path(self.file.name).parent if self.file else None
         try:
             if self.file is not None:
                 self.write({
-                    "type": "summary", "status": status, **({"stopped_by": stopped_by} if stopped_by else {}),
+                    "type": "summary", "status": status,
+                    **({"stopped_by": stopped_by} if stopped_by else {}),
                     "step": st.step, "best_step": st.best_step,
                     "best_val_loss": best if math.isfinite(best) else None, "tokens": st.tokens,
                     "wall_s": round(wall, 3), "train_s": round(train_s, 3),
                     "mean_tokens_per_s": round(session_tokens / train_s, 1) if train_s else None,
-                    "num_params": self.num_params, "device": self.device_name, "dtype": self.precision.dtype_name,
+                    "num_params": self.num_params, "device": self.device_name,
+                    "dtype": self.precision.dtype_name,
                     "compiled": compiled, "early_stopped": early_stopped})
                 self.file.close()
                 from viz.loss_plot import plot_loss
-                plot_loss(read_metrics(self.file.name), run_dir / "loss.png", title=f"{run_dir}  ({m.n_layer}L/"
+                plot_loss(read_metrics(self.file.name), run_dir / "loss.png",
+                          title=f"{run_dir}  ({m.n_layer}L/"
                           f"{m.n_head}H/{m.n_embd}, ctx {m.block_size}; best val {best:.4f})")
         except OSError as e:
             log.warning(f"could not write the run summary or loss.png: {e}")
         finally:
             if self.wandb is not None:
                 self.wandb.finish(exit_code=0 if status == "completed" else 1)
-        if status == "completed":  # the whole run's time, as its step lines count it (+ this session's, resumed)
-            done = f"best val loss {best:.4f} at step {st.best_step}" if st.best_step is not None else "no evaluation"
+        # the whole run's time, as its step lines count it (+ this session's, resumed)
+        if status == "completed":
+            done = (f"best val loss {best:.4f} at step {st.best_step}" if st.best_step is not None
+                    else "no evaluation")
             run_s = format_duration(round(st.elapsed_s + wall, 3))
             session = f" ({format_duration(round(wall, 3))} this session)" if st.elapsed_s else ""
-            log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in {run_s}{session}, {done}; "
-                     f"sample with: {command_line(['python', script('sample.py'), '--run', str(run_dir)])}")
+            sample = command_line(["python", script("sample.py"), "--run", str(run_dir)])
+            log.info(f"done: {st.step} steps, {format_count(st.tokens)} tokens in "
+                     f"{run_s}{session}, {done}; sample with: {sample}")

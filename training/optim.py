@@ -21,7 +21,8 @@ from torch.optim.adamw import adamw
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    params = [p for p in model.parameters() if p.requires_grad]  # a shared (tied) Parameter comes once
+    # a shared (tied) Parameter comes once
+    params = [p for p in model.parameters() if p.requires_grad]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
 
@@ -36,8 +37,9 @@ def build_optimizer(model: torch.nn.Module, o, device_type: str = "cpu") -> torc
 
 def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iters: int,
           schedule: str = "cosine", cooldown_frac: float = 0.2) -> float:
-    """Learning rate at (0-based) `step`: linear warmup to `lr`, then constant, or cosine/linear/wsd (`lr` held,
-    then linear over the last `cooldown_frac`) decay to `min_lr` by `decay_iters`, and `min_lr` after it."""
+    """Learning rate at (0-based) `step`: linear warmup to `lr`, then constant, or cosine/linear/wsd
+    (`lr` held, then linear over the last `cooldown_frac`) decay to `min_lr` by `decay_iters`, and
+    `min_lr` after it."""
     if step < warmup_iters:
         return lr * (step + 1) / (warmup_iters + 1)
     if schedule == "constant":
@@ -55,12 +57,14 @@ def lr_at(step: int, *, lr: float, min_lr: float, warmup_iters: int, decay_iters
     elif schedule in ("linear", "wsd"):
         coeff = 1.0 - ratio
     else:
-        raise ValueError(f"optim.schedule={schedule!r} is not known: use cosine, linear, wsd or constant")
+        raise ValueError(f"optim.schedule={schedule!r} is not known: use cosine, linear, wsd or "
+                         "constant")
     return min_lr + coeff * (lr - min_lr)
 
 
 def schedule(o, max_iters: int) -> Callable[[int], float]:
-    """The run's `lr_at` for an `optim` config (decay_iters null: over train.max_iters); step < 0 counts as 0."""
+    """The run's `lr_at` for an `optim` config (decay_iters null: over train.max_iters); step < 0
+    counts as 0."""
     lr = partial(lr_at, lr=o.lr, min_lr=o.min_lr, warmup_iters=o.warmup_iters, schedule=o.schedule,
                  decay_iters=o.decay_iters or max_iters, cooldown_frac=o.cooldown_frac)
     return lambda step: lr(max(0, step))
@@ -70,9 +74,10 @@ IMPL_FLAGS = ("fused", "foreach", "capturable")
 
 
 def keep_impl_flags(optimizer: torch.optim.Optimizer, state: dict) -> dict:
-    """load_state_dict pre-hook: the saved param groups get `optimizer`'s fused/foreach/capturable flags.
-    load_state_dict places each `step` by the SAVED flags: a CPU (foreach) checkpoint resumed on CUDA (fused)
-    would leave `step` on the CPU, where the fused kernel reads it through a device pointer."""
+    """load_state_dict pre-hook: the saved param groups get `optimizer`'s fused/foreach/capturable
+    flags. load_state_dict places each `step` by the SAVED flags: a CPU (foreach) checkpoint resumed
+    on CUDA (fused) would leave `step` on the CPU, where the fused kernel reads it through a device
+    pointer."""
     groups = state["param_groups"]
     if len(groups) != len(optimizer.param_groups):
         return state  # not this optimizer's state: the load itself says so
@@ -89,14 +94,16 @@ NS_COEFFS = (3.4445, -4.7750, 2.0315)
 
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
-    """Approximately orthogonalise the last two dims of G (..., m, n): U V^T of its SVD, by a quintic iteration."""
+    """Approximately orthogonalise the last two dims of G (..., m, n): U V^T of its SVD, by a
+    quintic iteration."""
     a, b, c = NS_COEFFS
     X = G / (G.norm(dim=(-2, -1), keepdim=True) + eps)  # spectral norm <= Frobenius norm <= 1
     tall = X.size(-2) > X.size(-1)
     if tall:
         X = X.mT  # iterate on the smaller Gram matrix
     X = X.contiguous().reshape(-1, *X.shape[-2:])  # one batch dimension for bmm
-    for _ in range(steps):  # X <- a X + (b A + c A^2) X, A = X X^T; baddbmm fuses the scalings (~20% faster on CPU)
+    # X <- a X + (b A + c A^2) X, A = X X^T; baddbmm fuses the scalings (~20% faster on CPU)
+    for _ in range(steps):
         A = torch.bmm(X, X.mT)
         B = torch.baddbmm(A, A, A, beta=b, alpha=c)
         X = torch.baddbmm(X, B, X, beta=a, alpha=1.0)
@@ -105,7 +112,8 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.T
 
 
 def muon_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """[muon: >=2-D weights inside transformer.h], [adamw decay: other >=2-D], [adamw no decay: <2-D]."""
+    """[muon: >=2-D weights inside transformer.h], [adamw decay: other >=2-D], [adamw no decay:
+    <2-D]."""
     muon, other = [], []
     for name, p in model.named_parameters():  # a tied Parameter is yielded once
         if p.requires_grad:
@@ -116,12 +124,15 @@ def muon_param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]
 
 
 class NoDynamo:
-    """torch.optim.Optimizer marks its methods "not for torch.compile" through a wrapper that imports torch._dynamo
-    the first time one runs (0.9 s and ~65 MiB on a CPU, ~4 s on a GPU machine, before a run's first step); nothing
-    here compiles an optimizer, so tinygpt's optimizers call the methods themselves."""
+    """torch.optim.Optimizer marks its methods "not for torch.compile" through a wrapper that
+    imports torch._dynamo the first time one runs (0.9 s and ~65 MiB on a CPU, ~4 s on a GPU
+    machine, before a run's first step); nothing here compiles an optimizer, so tinygpt's optimizers
+    call the methods themselves."""
     add_param_group, zero_grad, state_dict, load_state_dict = (
-        getattr(f, "__wrapped__", f) for f in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
-                                               torch.optim.Optimizer.state_dict, torch.optim.Optimizer.load_state_dict))
+        getattr(f, "__wrapped__", f)
+        for f in (torch.optim.Optimizer.add_param_group, torch.optim.Optimizer.zero_grad,
+                                               torch.optim.Optimizer.state_dict,
+                                               torch.optim.Optimizer.load_state_dict))
 
 
 class AdamW(NoDynamo, torch.optim.AdamW):
@@ -129,10 +140,13 @@ class AdamW(NoDynamo, torch.optim.AdamW):
 
 
 class MuonAdamW(NoDynamo, torch.optim.Optimizer):
-    def __init__(self, params, *, lr: float, muon_lr: float = 0.02, betas=(0.9, 0.95), eps: float = 1e-8,
+    def __init__(self, params, *, lr: float, muon_lr: float = 0.02, betas=(0.9, 0.95),
+                 eps: float = 1e-8,
                  weight_decay: float = 0.0, momentum: float = 0.95, ns_steps: int = 5):
-        # foreach/fused: unused, but torch's state-dict helpers add them on load (a resumed run's groups must match)
-        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, muon=False, lr_scale=1.0,
+        # foreach/fused: unused, but torch's state-dict helpers
+        # add them on load (a resumed run's groups must match)
+        defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay, muon=False,
+                        lr_scale=1.0,
                         momentum=momentum, ns_steps=ns_steps, foreach=None, fused=None)
         super().__init__(params, defaults)
         for g in self.param_groups:
@@ -174,14 +188,18 @@ class MuonAdamW(NoDynamo, torch.optim.Optimizer):
             for j, i in enumerate(idx):
                 params[i].add_(U[j].to(params[i].dtype), alpha=scale)
 
-    def _adamw(self, g: dict, params: list[torch.Tensor]) -> None:  # torch's own AdamW step, on this group
+    # torch's own AdamW step, on this group
+    def _adamw(self, g: dict, params: list[torch.Tensor]) -> None:
         states = [self.state[p] for p in params]
         for p, st in zip(params, states):
             if "exp_avg" not in st:
-                st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
+                st.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                          exp_avg_sq=torch.zeros_like(p))
         adamw([p for p in params], [p.grad for p in params], [st["exp_avg"] for st in states],
-              [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states], foreach=True, amsgrad=False,
-              beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=g["weight_decay"], eps=g["eps"],
+              [st["exp_avg_sq"] for st in states], [], [st["step"] for st in states], foreach=True,
+              amsgrad=False,
+              beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=g["weight_decay"],
+              eps=g["eps"],
               maximize=False)
 
 

@@ -1,5 +1,6 @@
-"""The step in two (forward_backward, then optimizer_step: a rule between them is the loop's alone) and the evaluation,
-plain functions the loop and bench.py call. No host sync: the step's metrics are device tensors, evaluation reads once.
+"""The step in two (forward_backward, then optimizer_step: a rule between them is the loop's alone)
+and the evaluation, plain functions the loop and bench.py call. No host sync: the step's metrics are
+device tensors, evaluation reads once.
 """
 from __future__ import annotations
 
@@ -23,24 +24,27 @@ class TrainingDiverged(ValueError):
     status = "diverged"  # (a sweep's table)
 
     @classmethod
-    def at(cls, step: int, value: float, lr: float, optim_lr: float, last: Any, last_step: Optional[int]):
+    def at(cls, step: int, value: float, lr: float, optim_lr: float, last: Any,
+           last_step: Optional[int]):
         kept, then = ((f"the last good checkpoint {last} (step {last_step}) is intact",
                        "then start again or resume from that checkpoint") if last is not None else
                       ("no checkpoint had been written yet", "then start again"))
-        return cls(f"the loss became {value} at step {step} (lr {lr:.3g}): training stopped and {kept}: lower "
-                   f"optim.lr (now {optim_lr:g}) or keep optim.grad_clip > 0, {then}")
+        return cls(f"the loss became {value} at step {step} (lr {lr:.3g}): training stopped and "
+                   f"{kept}: lower optim.lr (now {optim_lr:g}) or keep optim.grad_clip > 0, {then}")
 
 
 class EvalInterrupted(BaseException):
-    """`eval_stats`'s `stop()` said so (not an Exception: a compile-failure guard must not catch it)."""
+    """`eval_stats`'s `stop()` said so (not an Exception: a compile-failure guard must not catch
+    it)."""
 
 
 def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], train: Any,
                      autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                      scaler: Optional[torch.amp.GradScaler] = None,
-                     grad_sync: Optional[Callable[[bool], ContextManager]] = None) -> dict[str, torch.Tensor]:
-    """The gradients of `train.grad_accum_steps` micro-batches (`train`: the TrainConfig; `grad_sync`:
-    Ranks.grad_sync); the step's metrics as device tensors: its loss."""
+                     grad_sync: Optional[Callable[[bool], ContextManager]] = None,
+                     ) -> dict[str, torch.Tensor]:
+    """The gradients of `train.grad_accum_steps` micro-batches (`train`: the TrainConfig;
+    `grad_sync`: Ranks.grad_sync); the step's metrics as device tensors: its loss."""
     total, accum = None, train.grad_accum_steps
     for micro in range(accum):
         x, y = next_batch()
@@ -56,23 +60,26 @@ def forward_backward(model: torch.nn.Module, next_batch: Callable[[], Batch], tr
 
 def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, optim: Any,
                    scaler: Optional[torch.amp.GradScaler] = None) -> torch.Tensor:
-    """Unscale, clip to `optim.grad_clip` (0: none; `optim`: the OptimConfig), step, zero the gradients; the norm
-    before clipping (a device tensor)."""
+    """Unscale, clip to `optim.grad_clip` (0: none; `optim`: the OptimConfig), step, zero the
+    gradients; the norm before clipping (a device tensor)."""
     grad_clip = optim.grad_clip
     if scaler is not None:
         scaler.unscale_(optimizer)
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf, foreach=True)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0
+                                          else math.inf, foreach=True)
     if scaler is not None:
         scaler.step(optimizer)
         scaler.update()
     else:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # (FSDP2's: a sharded DTensor)
+    # (FSDP2's: a sharded DTensor)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
 
 
 @torch.no_grad()
-def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iterable[tuple[int, bool]], *,
+def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch],
+               plan: Iterable[tuple[int, bool]], *,
                autocast: Callable[[], ContextManager] = contextlib.nullcontext,
                reduce_sum: Optional[Callable[[torch.Tensor], torch.Tensor]] = None,
                stop: Optional[Callable[[], bool]] = None,
@@ -84,7 +91,8 @@ def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iter
     model.eval()
     try:
         plan = list(plan)
-        sums = torch.zeros(len(plan), 3, device=next(model.parameters()).device)  # loss, nats, bytes per batch
+        # loss, nats, bytes per batch
+        sums = torch.zeros(len(plan), 3, device=next(model.parameters()).device)
         for j, (i, counted) in enumerate(plan):
             if stop is not None and stop():
                 raise EvalInterrupted
@@ -109,24 +117,28 @@ def eval_stats(model: torch.nn.Module, batch: Callable[[int], Batch], plan: Iter
 
 
 def compile_regions(model: torch.nn.Module) -> None:
-    """torch.compile each block and the output (final norm, head, loss) as regions of their own. The blocks share
-    their code and shapes, so one compiled graph serves every layer: compiling costs about one block's, not the whole
-    model's, and inductor's caches (under the tinygpt cache) make the next run's nearly free. The steps keep calling
-    the model itself, so DDP and FSDP2 wrap it as before and its state_dict names do not change."""
+    """torch.compile each block and the output (final norm, head, loss) as regions of their own. The
+    blocks share their code and shapes, so one compiled graph serves every layer: compiling costs
+    about one block's, not the whole model's, and inductor's caches (under the tinygpt cache) make
+    the next run's nearly free. The steps keep calling the model itself, so DDP and FSDP2 wrap it as
+    before and its state_dict names do not change."""
     for block in model.transformer.h:
         block.compile()
     model.output = torch.compile(model.output)
 
 
 class CompileGuard:
-    """`run(kind, fn)`: the first call of each kind (where torch.compile compiles) is redone eagerly if it fails."""
+    """`run(kind, fn)`: the first call of each kind (where torch.compile compiles) is redone eagerly
+    if it fails."""
 
     def __init__(self, enabled: bool, to_eager: Callable[[], None], rewound: Iterable = ()):
-        self.enabled, self.to_eager, self.rewound, self.verified = enabled, to_eager, list(rewound), set()
+        self.enabled, self.to_eager = enabled, to_eager
+        self.rewound, self.verified = list(rewound), set()
         self.failed = False
 
     def run(self, kind: str, fn: Callable[[], Any]) -> Any:
-        if self.failed:  # the compiled regions run as plain Python (torch's own switch, for these calls only)
+        # the compiled regions run as plain Python (torch's own switch, for these calls only)
+        if self.failed:
             with torch.compiler.set_stance("force_eager"):
                 return fn()
         if not self.enabled or kind in self.verified:
@@ -138,10 +150,12 @@ class CompileGuard:
             return result
         except torch.OutOfMemoryError:
             raise
-        except Exception as e:  # noqa: BLE001 - any compile failure: eager will surface real errors again
-            log.warning(f"torch.compile failed ({failure_reason(e)}): continuing without compilation "
-                        f"(train.compile=false skips the attempt)")
-        # the retry runs here, not in the except block, whose traceback would keep the failed step's activations
+        # any compile failure: eager will surface real errors again
+        except Exception as e:  # noqa: BLE001
+            log.warning(f"torch.compile failed ({failure_reason(e)}): continuing without "
+                        "compilation (train.compile=false skips the attempt)")
+        # the retry runs here, not in the except block, whose
+        # traceback would keep the failed step's activations
         self.enabled, self.failed = False, True
         self.to_eager()
         restore_rng_state(rng)
