@@ -162,3 +162,29 @@ def test_a_nanogpt_run_runs_in_llama_cpp(tmp_path, monkeypatch):
     assert export_gguf(ckpt, tmp_path / "n.gguf")["gelu_note"]
     model, tok = load_model(ckpt)
     check_runs(tmp_path / "n.gguf", model, tok, "ROMEO:\nWhat light?", LOGITS["gpt2"], n_new=16)
+
+
+@pytest.mark.slow
+def test_the_docs_llama_cpp_python_snippet_prints_what_sample_py_prints(tmp_path, capsys,
+                                                                        monkeypatch, char_tok):
+    """docs/export_eval.md's llama-cpp-python lines, run as written on a char run's export (the CPU
+    preset's context, 64), print sample.py's greedy text."""
+    import re
+    import shlex
+
+    import export
+    import sample
+    from tests.helpers import save_run
+    monkeypatch.chdir(tmp_path)
+    save_run("run", tiny_model(char_tok.vocab_size, block_size=64, n_embd=64), char_tok)
+    assert export.main(["--gguf", "exported/shakespeare.gguf", "--run", "run"]) == 0
+    page = (REPO / "docs" / "export_eval.md").read_text(encoding="utf-8")
+    [block] = [b for b in re.findall(r"```python\n(.*?)```", page, re.S) if "llama_cpp" in b]
+    capsys.readouterr()
+    exec(compile(block, "export_eval.md", "exec"), {})
+    printed = capsys.readouterr().out
+    [command] = [line.split("# = python sample.py ")[1] for line in block.splitlines() if "# = " in line]
+    args = shlex.split(command)
+    args[args.index("--run") + 1] = "run"
+    assert sample.main(args) == 0
+    assert printed == capsys.readouterr().out
