@@ -1,5 +1,5 @@
-"""A checkpoint as a GGUF file for llama.cpp, LM Studio and Ollama (`python export.py --gguf FILE
---run DIR`) with an Ollama Modelfile beside it: the model's part from model.gguf, the tokenizer's
+"""A checkpoint as a GGUF file for llama.cpp, LM Studio and Ollama, with an Ollama Modelfile beside
+it (`python export.py --gguf FILE --run DIR`): the model's part from model.gguf, the tokenizer's
 from data.gguf_vocab, composed here, the one layer that sees both. The file is written under a temp
 name and renamed (never a half file).
 """

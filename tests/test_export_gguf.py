@@ -2,7 +2,8 @@
 read back with the gguf package's reader, and its names, shapes, metadata and tokenizer checked; a
 forward pass written here from llama.cpp's definitions (gpt2; llama's interleaved rotary, qwen3's
 neox one), driven by the file's tensors and metadata alone, gives tinygpt's logits (f32 to float
-rounding, f16/bf16/q8_0 within TOLERANCE). llama.cpp itself runs the same files in tests/test_llama_cpp.py."""
+rounding, f16/bf16/q8_0 within TOLERANCE). llama.cpp itself runs such files in
+tests/test_llama_cpp.py."""
 from __future__ import annotations
 
 import json

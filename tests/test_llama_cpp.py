@@ -33,8 +33,9 @@ TRICKY = ["Don't  stop! I'M here, they'll SEE 1234567 numbers... \r\n\t😀 naï
           "a<|endoftext|>b  <|endoftext|>\n\n\n   x\u00a0y 你好 ١٢٣ ǅ ﬁ", " ", "\n \n", "''s 's"]
 MODERN = dict(position="rope", norm="rmsnorm", mlp="swiglu")
 SHAPE = dict(block_size=128, n_layer=2, n_head=4, n_embd=64)
-# f32 logits, max |llama.cpp - tinygpt|: the issue's 1e-3; ggml's GELU goes through an fp16 table
-LOGITS = {"gpt2": 2e-2, "llama": 1e-3, "qwen3": 1e-3}
+# f32 logits, max |llama.cpp - tinygpt|: the issue's 1e-3 (measured: 1e-5); llama.cpp's gpt2
+# computes GELU through an fp16 table (measured: 2-3e-3; 5e-4 with its rounding done in tinygpt)
+LOGITS = {"gpt2": 5e-3, "llama": 1e-3, "qwen3": 1e-3}
 N_NEW = 64
 
 
@@ -61,6 +62,8 @@ def check_runs(path, model, tokenizer, text: str, bound: float, n_new: int = N_N
     with torch.no_grad():
         ours = model(torch.tensor([prompt]))[0][0, :, :tokenizer.vocab_size].numpy()
     diff = float(np.abs(theirs - ours).max())
+    print(f"{path}: f32 logits max |llama.cpp - tinygpt| {diff:.1e} (max |logit| "
+          f"{np.abs(ours).max():.1f})")
     assert diff <= bound, diff
     greedy = list(itertools.islice(llm.generate(prompt, temp=0.0, repeat_penalty=1.0), n_new))
     sampling = Sampling(0.0, vocab_limit=tokenizer.vocab_size)
@@ -183,8 +186,40 @@ def test_the_docs_llama_cpp_python_snippet_prints_what_sample_py_prints(tmp_path
     capsys.readouterr()
     exec(compile(block, "export_eval.md", "exec"), {})
     printed = capsys.readouterr().out
-    [command] = [line.split("# = python sample.py ")[1] for line in block.splitlines() if "# = " in line]
+    same = "# = python sample.py "
+    [command] = [line.split(same)[1] for line in block.splitlines() if line.startswith(same)]
     args = shlex.split(command)
     args[args.index("--run") + 1] = "run"
     assert sample.main(args) == 0
     assert printed == capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_an_imported_hugging_face_model_runs_in_llama_cpp_with_its_chat_template(tmp_path, kind):
+    """A Llama or Qwen3 from Hugging Face (random, transformers' own), read by tinygpt and saved as
+    a checkpoint whose tokenizer carries a chat template, exported as export.py does: llama.cpp's
+    ids, logits and greedy tokens are tinygpt's; the template and end of turn are in the file."""
+    from checkpoint.file import load_model
+    from checkpoint.to_gguf import export_gguf
+    from data.hf_tokenizer import read_hf_tokenizer
+    from model.gpt import GPT
+    from tests.helpers import save_run
+    from tests.test_model_hf_llama import hub_dir
+    hub_dir(tmp_path / "hub", kind, max_position_embeddings=128)
+    model, tok = GPT.from_pretrained(tmp_path / "hub"), read_hf_tokenizer(tmp_path / "hub")
+    template = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                "{% endfor %}")
+
+    class ChatTokenizer:
+        def to_dict(self):
+            return {**tok.to_dict(), "chat_template": template, "eos_token": "<|im_end|>"}
+    save_run(tmp_path / "run", model, ChatTokenizer())
+    written = export_gguf(tmp_path / "run" / "best.pt", tmp_path / "m.gguf", "f32")
+    assert written["arch"] == kind
+    model, tok = load_model(tmp_path / "run" / "best.pt")
+    llm = check_runs(tmp_path / "m.gguf", model, tok, BPE_TEXT + "<|im_start|>user<|im_end|>",
+                     LOGITS[kind])
+    assert llm.metadata["tokenizer.chat_template"] == template
+    assert llm.detokenize([llm.token_eos()], special=True) == b"<|im_end|>"
+    assert 'PARAMETER stop "<|im_end|>"' in (tmp_path / "m.Modelfile").read_text()
