@@ -111,7 +111,7 @@ def ours(model, ids, vocab: int) -> torch.Tensor:
         return model(torch.tensor([ids]))[0][0, :, :vocab]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def char_tok():
     return CharTokenizer(CHARS)
 

@@ -72,7 +72,7 @@ def check_runs(path, model, tokenizer, text: str, bound: float, n_new: int = N_N
     return llm
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def char_tok():
     return CharTokenizer(CHARS)
 
