@@ -178,7 +178,8 @@ def test_a_char_vocabulary_is_llama_cpps_rwkv_one_token_a_character(char_tok):
         gguf_vocab(CharTokenizer("abc"), {})
 
 
-@pytest.mark.slow  # GPT-2's 50,000 merges recovered from tiktoken's ranks: seconds
+# slow: GPT-2's 50,000 merges recovered from tiktoken's ranks take seconds
+@pytest.mark.slow
 def test_gpt2_bpe_is_llama_cpps_gpt2_model_with_its_merges(cache_with_gpt2):
     from data.tokenizer import GPT2Tokenizer
     tok = GPT2Tokenizer()
@@ -190,7 +191,8 @@ def test_gpt2_bpe_is_llama_cpps_gpt2_model_with_its_merges(cache_with_gpt2):
     assert vocab["bos"] == vocab["eos"] == 50256 and vocab["token_types"].count(NORMAL) == 50256
 
 
-@pytest.mark.slow  # two BPE trainings: seconds
+# slow: two BPE trainings take seconds
+@pytest.mark.slow
 def test_own_and_imported_bpes_keep_their_merges_specials_and_pre_tokenizer(tmp_path):
     from data.bpe import train
     from data.tokenizer import BPETokenizer
