@@ -19,6 +19,7 @@ from checkpoint.locate import add_checkpoint_options, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main
 from common.files import replace_dir
 from common.interrupt import on_stop
+from model.gguf import TYPES as GGUF_TYPES
 
 # every file write_export can write: a directory of only these is an earlier export, the one kind --force replaces
 EXPORT_FILES = frozenset({"config.json", "model.safetensors", "vocab.json", "merges.txt", "tokenizer.json",
@@ -34,17 +35,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "last.pt.", spellings={"out_dir": "--run"})
     kind = p.add_mutually_exclusive_group(required=True)
     kind.add_argument("--hf", metavar="OUT_DIR", help="directory to write (created)")
+    kind.add_argument("--gguf", metavar="FILE", help="a GGUF file to write for llama.cpp, LM "
+                      "Studio and Ollama (pip install gguf), and an Ollama Modelfile beside it")
     kind.add_argument("--pt", metavar="SRC", help="a run directory (uses its last_dcp/) or a sharded checkpoint "
                       "directory, to write as one .pt file")
     add_checkpoint_options(p)
     p.add_argument("--force", action="store_true", help="with --hf: replace OUT_DIR when it is an "
-                   "earlier export (only config.json, model.safetensors and tokenizer files)")
+                   "earlier export (only config.json, model.safetensors and tokenizer files); with "
+                   "--gguf: replace FILE when it is a GGUF file")
+    p.add_argument("--gguf-type", choices=GGUF_TYPES, help="with --gguf: how the matrices are "
+                   "stored: f32 (exact, default), f16, bf16 or q8_0 (8-bit; norms and biases: f32)")
     p.add_argument("-o", "--out", metavar="FILE", help="with --pt: the file to write (default: <run dir>/last_full.pt)")
     args = p.parse_args(argv)
-    if args.hf is not None and not (args.run or args.checkpoint):
+    if (args.hf or args.gguf) is not None and not (args.run or args.checkpoint):
         p.error("one of the arguments --run --checkpoint is required")
     if args.pt is not None and (args.run or args.checkpoint or args.force) or args.out and args.pt is None:
-        p.error("--run, --checkpoint and --force go with --hf OUT_DIR, -o/--out with --pt SRC")
+        p.error("--run, --checkpoint and --force go with --hf OUT_DIR or --gguf FILE, -o/--out "
+                "with --pt SRC")
+    if args.gguf is None and args.gguf_type is not None:
+        p.error("--gguf-type goes with --gguf FILE")
     return args
 
 
@@ -86,6 +95,11 @@ def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.pt is not None:
         print(f"wrote {export_pt(args.pt, args.out)}")
+        return 0
+    if args.gguf is not None:
+        from checkpoint.to_gguf import export_gguf, report
+        path = resolve_checkpoint(args.run, args.checkpoint, other="")
+        print(report(export_gguf(path, args.gguf, args.gguf_type or "f32", args.force)))
         return 0
     out = Path(args.hf).expanduser()
     if out.exists() and not out.is_dir():

@@ -229,9 +229,11 @@ SAME_AS = "# = python sample.py "  # a snippet's last comment: the sample.py com
 
 
 def doc_snippets(page: str, mentioning: str) -> list[str]:
-    """The python code blocks of docs/`page` that mention `mentioning` (with those before them that they continue,
-    back to the one that loads the export)."""
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / page).read_text(encoding="utf-8"), re.S)
+    """The python code blocks of docs/`page` that mention `mentioning` (with those after them that
+    continue them, up to the next that loads an export), in the section of the first."""
+    sections = ("\n" + (REPO / "docs" / page).read_text(encoding="utf-8")).split("\n## ")
+    section = next(s for s in sections if mentioning in s)
+    blocks = re.findall(r"```python\n(.*?)```", section, re.S)
     first = next(i for i, b in enumerate(blocks) if mentioning in b)
     return [blocks[first], *itertools.takewhile(lambda b: "from_pretrained" not in b, blocks[first + 1:])]
 

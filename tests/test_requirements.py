@@ -49,7 +49,7 @@ def reachable_imports() -> tuple[set[Path], set[str]]:
 
 
 # heavy packages used by a single feature: imported only there (one line naming the pip command when missing)
-OPTIONAL = {"pyarrow", "datasets", "tokenizers", "lm_eval"}
+OPTIONAL = {"pyarrow", "datasets", "tokenizers", "lm_eval", "gguf"}
 
 
 def _normal(name: str) -> str:
