@@ -82,9 +82,12 @@ def test_every_stated_range_is_what_the_check_accepts(monkeypatch):
 def test_off_values_keep_every_token_as_leaving_the_flag_out():
     logits = torch.tensor([[1.0, 3.0, 0.5, 2.0, -1.0]])
     plain = torch.softmax(logits, -1)
-    for off in (dict(top_k=0), dict(top_p=1.0), dict(min_p=0), dict(min_p=0.0)):
-        assert Sampling(**off) == Sampling()  # stored as left out: one meaning, whoever reads it
-        assert torch.allclose(logits_to_probs(logits, Sampling(**off)), plain)
+    tokens = torch.tensor([[1, 3]])
+    for off in (dict(top_k=0), dict(top_p=1.0), dict(min_p=0), dict(min_p=0.0),
+                dict(repetition_penalty=1.0)):
+        # stored as left out: one meaning, whoever reads it
+        assert Sampling(**off) == Sampling()
+        assert torch.allclose(logits_to_probs(logits, tokens, Sampling(**off)), plain)
     assert Sampling(top_k=0, temperature=0.7) == Sampling(temperature=0.7)
     wrongs = (dict(top_k=-1), dict(top_k=True), dict(top_k=2.5), dict(min_p=-0.01), dict(top_p=0))
     for wrong in wrongs:
