@@ -116,9 +116,17 @@ def _one_of(names: tuple) -> tuple:  # the rule of a setting that names one of `
 POSITIVE, AT_LEAST_0 = ("a positive number", _number(lambda v: v > 0)), (">= 0", _number(lambda v: v >= 0))
 AT_LEAST_1, FRACTION = (">= 1", _number(lambda v: v >= 1)), ("in [0, 1)", _number(lambda v: 0 <= v < 1))
 AT_LEAST_1_OR_NULL = (">= 1 or null", lambda v: v is None or AT_LEAST_1[1](v))
-RULES = {  # each setting's choices or range: (what it must be, its test), and an example for the one-line message
+def _valid(v: Any, otherwise: float) -> float:
+    """A setting's value where it is a finite number, else `otherwise` (an example that depends on it)."""
+    return v if _number(lambda _: True)(v) else otherwise
+
+
+# each setting's choices or range: (what it must be, its test), and an example for the one-line message (a function
+# of the config where another setting limits it: optim.lr is at least optim.min_lr)
+RULES = {
     "optim.name": (_one_of(OPTIMIZERS), "muon"), "optim.schedule": (_one_of(SCHEDULES), "cosine"),
-    "optim.lr": (POSITIVE, "1e-3"), "optim.min_lr": (AT_LEAST_0, "1e-4"), "optim.weight_decay": (AT_LEAST_0, "0.1"),
+    "optim.lr": (POSITIVE, lambda c: f"{max(1e-3, _valid(c.optim.min_lr, 0)):g}"),
+    "optim.min_lr": (AT_LEAST_0, lambda c: f"{min(1e-4, _valid(c.optim.lr, 1e-3) / 10):g}"), "optim.weight_decay": (AT_LEAST_0, "0.1"),
     "optim.beta1": (FRACTION, "0.9"), "optim.beta2": (FRACTION, "0.99"), "optim.warmup_iters": (AT_LEAST_0, "100"),
     "optim.decay_iters": (AT_LEAST_1_OR_NULL, "5000 (null: train.max_iters)"),
     "optim.grad_clip": (AT_LEAST_0, "1.0 (0: no clipping)"),
@@ -154,7 +162,8 @@ def check(c: Config) -> None:
     for key, ((rule, test), example) in RULES.items():
         group, name = key.split(".")
         v = getattr(getattr(c, group), name)
-        _check(test(v), f"{key}={v!r} must be {rule}: e.g. {key}={example}")
+        if not test(v):
+            raise ValueError(f"{key}={v!r} must be {rule}: e.g. {key}={example(c) if callable(example) else example}")
     _check(o.min_lr <= o.lr, f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}: set optim.min_lr to at most "
                              f"optim.lr (e.g. optim.min_lr={o.lr / 10:g})")
     _check(0 <= t.seed <= SEED_MAX, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337" if t.seed < 0 else
