@@ -34,8 +34,8 @@ def check_fits(ckpt: dict, path: Path, meta: dict, describe: Callable[[dict], st
         # the vocabulary alone: its padding, since the tokenizers are the same (or the data's fix makes them)
         pad = _group(ckpt.get("config"), "model").get("pad_vocab_to", 1)
         problems.append(f"the model does not match the checkpoint {path}: here "
-                        + ", ".join(f"{k}={mine[k]}" for k in diffs) + ", in the checkpoint "
-                        + ", ".join(f"{k}={theirs.get(k)}" for k in diffs))
+                        + ", ".join(f"{k}={_value(mine[k])}" for k in diffs) + ", in the checkpoint "
+                        + ", ".join(f"{k}={_value(theirs.get(k))}" for k in diffs))
         fixes.append(" ".join(f"model.{k}={_value(theirs.get(k))}" if k != "vocab_size" else
                               f"model.pad_vocab_to={pad}" for k in diffs))
         kinds.append("model")

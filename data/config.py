@@ -66,6 +66,13 @@ class DataConfig:
                    "shakespeare": "{tokenizer=}gpt2 or {tokenizer=}bpe {vocab_size=}4096 (your own BPE)"}.get(
                 self.name, "{tokenizer=}char, {tokenizer=}gpt2 or {tokenizer=}bpe {vocab_size=}4096 (your own BPE)")
             raise setting_error("unknown tokenizer {tokenizer=}{0!r}: use " + use, self.tokenizer)
+        # before the BPE's own checks: their advice (data.vocab_size) would not make a char-level data set BPE
+        if self.name == "shakespeare_char" and self.tokenizer != "char":
+            own = "{name=}shakespeare" + " {vocab_size=}4096" * (self.vocab_size is None)
+            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}{0} was given: use " + (
+                own + " for your own BPE of Tiny Shakespeare" if self.tokenizer == "bpe" else "{name=}shakespeare "
+                "for Tiny Shakespeare with GPT-2 BPE (or your own BPE, {name=}shakespeare {tokenizer=}bpe "
+                "{vocab_size=}4096)"), self.tokenizer)
         self._validate_bpe()
         try:
             vf = float(self.val_fraction)
@@ -83,12 +90,6 @@ class DataConfig:
         if not isinstance(self.text_key, str) or not self.text_key:
             raise setting_error("{text_key=}{0!r} must name the field (jsonl) or column (parquet) holding the "
                                 "text: e.g. {text_key=}text", self.text_key)
-        if self.name == "shakespeare_char" and self.tokenizer != "char":
-            own = "{name=}shakespeare" + " {vocab_size=}4096" * (self.vocab_size is None)
-            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}{0} was given: use " + (
-                own + " for your own BPE of Tiny Shakespeare" if self.tokenizer == "bpe" else "{name=}shakespeare "
-                "for Tiny Shakespeare with GPT-2 BPE (or your own: {name=}shakespeare {tokenizer=}bpe "
-                "{vocab_size=}4096)"), self.tokenizer)
         if self.name == "shakespeare" and self.tokenizer != "bpe":
             return "gpt2"
         return "char" if self.name == "shakespeare_char" else self.tokenizer

@@ -140,7 +140,8 @@ RULES = {
     "train.parallel": (_one_of(PARALLEL_MODES), "ddp (none: DDP when torchrun starts several processes)"),
     "train.device": (("auto, cpu, cuda, cuda:N or mps", lambda v: v in ("auto", "cpu", "cuda", "mps") or
                       (v.startswith("cuda:") and v[5:].isdigit())), "cpu"),
-    "logger.mode": (_one_of(("online", "offline", "disabled")), "offline")}
+    "logger.mode": (_one_of(("online", "offline", "disabled")),
+                    lambda c: "offline" if c.logger.name else "online (another needs logger=wandb)")}
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -180,7 +181,8 @@ def check(c: Config) -> None:
     if t.hellaswag is not None:  # read now (and kept): a bad file is one line before training, not at an evaluation
         from training.eval_hellaswag import examples
         examples(t.hellaswag)
-    _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
+    _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb instead "
+           "of logger.name, or logger.name=null")
     unused = [f"logger.{f.name}={getattr(lg, f.name)}" for f in dataclasses.fields(LoggerConfig)
               if f.name != "name" and getattr(lg, f.name) != f.default]
     _check(lg.name is not None or not unused, f"{', '.join(unused)} has no effect without logger=wandb: add "

@@ -1,0 +1,240 @@
+"""Advice that can be followed (issue 50): every suggestion a message makes works when followed.
+
+Each row makes one mistake through the real check (launch.config.to_dataclass over Hydra's composition, GPTConfig,
+checkpoint.fit.check_fits, training.init_from), reads the advice out of the message as a user would (`advice`),
+follows every alternative it offers, and asserts the check then passes. A suggested value must fit the whole
+config, so the rows include mistakes whose fix touches other settings (model.n_head=3 on experiment=cpu: n_embd
+for rope's even head size, n_kv_head to divide the heads)."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import functools
+import re
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from checkpoint.file import load_checkpoint
+from checkpoint.fit import check_fits
+from launch.config import register_configs, to_dataclass
+from model.config import GPTConfig
+from tests.helpers import REPO, run_cli
+from training import init_from
+from training.config import RULES
+
+register_configs()
+NANOGPT = REPO / "tests" / "fixtures" / "nanogpt"
+OVERRIDE = re.compile(r"(?<![\w.=-])([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)?)=([^\s,;()]+)")
+LEAVE_OUT = re.compile(r"leave ([a-z_][a-z0-9_.]*) out|instead of ([a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)")
+
+
+def advice(message: str) -> list[tuple[dict, set]]:
+    """What a message tells a user to do: its last `: `-separated part that writes an override, split into
+    alternatives at ', ' and ' or '; each alternative as (the overrides it writes, the keys it leaves out)."""
+    told = next((part for part in reversed(message.split(": ")) if OVERRIDE.search(part)), "")
+    out = []
+    for part in re.split(r",? or |, ", told):
+        writes, leaves = dict(OVERRIDE.findall(part)), {a or b for a, b in LEAVE_OUT.findall(part)}
+        if writes or leaves:
+            out.append((writes, leaves))
+    return out
+
+
+def follow(args: list[str], writes: dict, leaves: set, fill: dict | None = None) -> list[str]:
+    """`args` with one alternative followed: its keys' old values gone, its overrides added (a placeholder value,
+    <...> or PATH, filled from `fill`)."""
+    fill = fill or {}
+    for key, value in writes.items():
+        assert not (value.startswith("<") or value == "PATH") or key in fill, f"a placeholder for {key}: fill it"
+    kept = [a for a in args if a.lstrip("+~").split("=")[0] not in {*writes, *leaves}]
+    return kept + [f"{k}={fill.get(k, v)}" for k, v in writes.items()]
+
+
+@functools.lru_cache(maxsize=None)
+def _composed(groups: tuple[str, ...]) -> DictConfig:
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base=None):
+        return compose("config", overrides=list(groups))
+
+
+def _config(args: list[str]):
+    """`args` as train.py's config (its presets composed once per set, each key=value then set as Hydra reads
+    it), checked by launch.config.to_dataclass."""
+    groups = tuple(a for a in args if "." not in a.split("=")[0])
+    cfg = copy.deepcopy(_composed(groups))
+    for o in OverridesParser.create().parse_overrides([a for a in args if a not in groups]):
+        OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+    return to_dataclass(cfg)
+
+
+def assert_advice_works(args: list[str], fill: dict | None = None) -> str:
+    """`args` are refused with advice, and every alternative of it, followed, makes a config that validates."""
+    with pytest.raises(ValueError) as e:
+        _config(args)
+    message, told = str(e.value), advice(str(e.value))
+    assert told, f"nothing to follow in: {message}"
+    for writes, leaves in told:
+        fixed = follow(args, writes, leaves, fill)
+        try:
+            _config(fixed)
+        except ValueError as again:
+            pytest.fail(f"{' '.join(args)}\n  told: {message}\n  followed: {' '.join(fixed)}\n  refused: {again}")
+    return message
+
+
+# ----------------------------------------------------------------------------- the config's checks
+CONFIG_ROWS = [
+    ["experiment=cpu", "model.n_head=3"],  # the issue's: n_embd (rope: a multiple of 6) and n_kv_head both
+    ["experiment=cpu", "model.n_head=3", "model.n_embd=129"],  # divisible, but an odd head size under rope
+    ["experiment=cpu", "model.n_embd=100"],
+    ["experiment=gpu", "model.n_head=4"],  # model=baby_modern's n_kv_head=3
+    ["experiment=gpu", "model.n_kv_head=4"],
+    ["experiment=gpu", "model.head_dim=33"],
+    ["model.n_head=5"],
+    ["model=gpt2", "model.n_head=7"],
+    ["optim.lr=0", "optim.min_lr=5e-3"],  # optim.lr's example is at least optim.min_lr
+    ["optim.lr=1e-5", "optim.min_lr=-1"],  # and optim.min_lr's at most a tenth of optim.lr
+    ["optim.min_lr=0.1"],
+    ["optim=muon", "train.parallel=fsdp"],
+    ["data.tokenizer=sentencepiece"],  # shakespeare_char: only what works with it
+    ["data=shakespeare", "data.tokenizer=sentencepiece"],
+    ["data=text", "data.path=notes.txt", "data.tokenizer=sentencepiece"],
+    ["data.tokenizer=gpt2"],
+    ["data.tokenizer=bpe"],  # shakespeare_char is char-level: told before the BPE's size
+    ["data.vocab_size=300"],
+    ["data=shakespeare", "data.tokenizer=bpe"],
+    ["data=shakespeare", "data.tokenizer=bpe", "data.vocab_size=100"],
+    ["data=text"],
+    ["logger.project=mine"],
+    ["logger.name=tensorboard"],
+    ["train.seed=-1"],
+    ["train.seed=4294967296"],
+]
+
+
+@pytest.mark.parametrize("args", CONFIG_ROWS, ids=" ".join)
+def test_a_config_mistakes_advice_validates_when_followed(args):
+    assert_advice_works(args, fill={"data.path": "notes.txt"})
+
+
+def test_n_head_3_on_the_cpu_preset_is_told_every_setting_at_once():
+    """The issue's three errors in a row (n_embd=129, then n_kv_head, then rope's even head size): one line."""
+    [(writes, _)] = advice(assert_advice_works(["experiment=cpu", "model.n_head=3"]))
+    assert set(writes) == {"model.n_embd", "model.n_kv_head"} and writes["model.n_embd"] == "126"
+
+
+BAD = {  # a value each of training.config's RULES refuses
+    "optim.name": "sgd", "optim.schedule": "step", "optim.lr": "0", "optim.min_lr": "-1", "optim.weight_decay": "-1",
+    "optim.beta1": "1.5", "optim.beta2": "1.5", "optim.warmup_iters": "-1", "optim.decay_iters": "0",
+    "optim.grad_clip": "-1", "optim.cooldown_frac": "2", "optim.muon_lr": "0", "optim.muon_momentum": "1",
+    "optim.muon_ns_steps": "0", "train.max_iters": "0", "train.batch_size": "0", "train.grad_accum_steps": "0",
+    "train.eval_interval": "0", "train.eval_iters": "0", "train.log_interval": "0", "train.patience": "0",
+    "train.probe_steps": "-1", "train.parallel": "zero", "train.device": "tpu", "logger.mode": "loud"}
+
+
+def test_every_rule_has_a_bad_value_here():
+    assert set(BAD) == set(RULES)
+
+
+@pytest.mark.parametrize("preset", ["experiment=cpu", "experiment=gpu", "~experiment"])
+@pytest.mark.parametrize("key", sorted(RULES))
+def test_every_rules_example_validates_on_every_preset(key, preset):
+    assert_advice_works([preset, f"{key}={BAD[key]}"])
+
+
+# ----------------------------------------------------------------------------- the model's own check
+@pytest.mark.parametrize("position", ["learned", "rope"])
+def test_every_heads_mistake_is_told_settings_that_build(position):
+    """GPTConfig's heads' rules over a grid: whatever is broken, the settings it suggests build (n_head kept)."""
+    told = 0
+    for n_head in range(1, 9):
+        for n_embd in (24, 30, 33, 64, 100):
+            for n_kv_head in (None, 1, 2, 3, 5):
+                for head_dim in (None, 7, 8):
+                    shape = dict(vocab_size=65, n_head=n_head, n_embd=n_embd, n_kv_head=n_kv_head,
+                                 head_dim=head_dim, position=position)
+                    try:
+                        GPTConfig(**shape)
+                        continue
+                    except ValueError as e:
+                        [(writes, leaves)] = advice(str(e))
+                    assert "n_head" not in writes and not leaves, str(e)
+                    GPTConfig(**{**shape, **{k: int(v) for k, v in writes.items()}})
+                    told += 1
+    assert told > 100  # (the grid breaks the rules often)
+
+
+# ----------------------------------------------------------------------------- a resume's checkpoint
+def _meta(args: list[str]) -> dict:
+    """What a run of `args` records in its checkpoints and checks a resume against (its tokenizer stood in for
+    by the data settings that make it)."""
+    c = _config(args)
+    d = c.data
+    return {"model_config": c.model.with_vocab(65).to_dict(), "config": dataclasses.asdict(c),
+            "tokenizer": {"data": [d.name, d.path, d.tokenizer, d.vocab_size]}}
+
+
+def _checkpoint(args: list[str], drop: tuple = ()) -> dict:
+    """A checkpoint of a run of `args` (an older tinygpt's: without the model settings `drop`)."""
+    meta = _meta(args)
+    return {**meta, "model_config": {k: v for k, v in meta["model_config"].items() if k not in drop}}
+
+
+RESUME_ROWS = [  # (the run's arguments, the checkpoint's run's arguments)
+    (["experiment=cpu"], ["experiment=gpu"]),
+    (["~experiment"], ["experiment=cpu"]),  # the optimizer and the model: both at once
+    (["experiment=cpu"], ["experiment=cpu", "model=gpt2"]),
+    (["experiment=cpu"], ["experiment=cpu", "data=text", "data.path=t.txt", "data.tokenizer=bpe",
+                          "data.vocab_size=300"]),
+]
+
+
+@pytest.mark.parametrize("run, trained", RESUME_ROWS, ids=lambda a: " ".join(a))
+def test_a_resume_is_told_every_setting_of_the_checkpoint_at_once(run, trained, tmp_path):
+    ckpt = _checkpoint(trained)
+    with pytest.raises(ValueError) as e:
+        check_fits(ckpt, tmp_path / "last.pt", _meta(run), describe=str)
+    [(writes, leaves)] = advice(str(e.value))
+    check_fits(ckpt, tmp_path / "last.pt", _meta(follow(run, writes, leaves)), describe=str)
+
+
+def test_an_older_checkpoints_missing_settings_are_its_defaults_not_none(tmp_path):
+    """A checkpoint from before the modern settings: told their defaults (model.position=learned), never None."""
+    ckpt = _checkpoint(["~experiment"], drop=("position", "norm", "mlp", "n_kv_head", "qk_norm", "rope_theta"))
+    with pytest.raises(ValueError) as e:
+        check_fits(ckpt, tmp_path / "last.pt", _meta(["~experiment", "model=baby_modern"]), describe=str)
+    [(writes, leaves)] = advice(str(e.value))
+    assert "None" not in str(e.value) and writes["model.position"] == "learned"
+    check_fits(ckpt, tmp_path / "last.pt", _meta(follow(["~experiment", "model=baby_modern"], writes, leaves)),
+               describe=str)
+
+
+def test_a_nanogpt_checkpoint_given_to_resume_is_told_the_fine_tune_that_continues_it():
+    """train.resume=<nanoGPT ckpt.pt> listed 14 keys (model.rope_theta=None among them): it is model.init_from."""
+    path = NANOGPT / "out-bias" / "ckpt.pt"
+    run = ["experiment=cpu", f"train.resume={path}"]
+    ckpt = load_checkpoint(path)
+    meta = {**_meta(run), "tokenizer": ckpt["tokenizer"]}  # (Tiny Shakespeare's characters: the run's data)
+    with pytest.raises(ValueError) as e:
+        check_fits(ckpt, path, meta, describe=str)
+    [(writes, leaves)] = advice(str(e.value))
+    assert writes == {"model.init_from": str(path)} and leaves == {"train.resume"}
+    fixed = follow(run, writes, leaves)
+    c = _config(fixed)
+    src = init_from.apply(c, fixed)  # the fine-tune's own checks: its shape, vocabulary and data
+    assert src.written_by == "nanoGPT" and c.train.resume is False
+
+
+@pytest.mark.slow  # two train.py processes
+def test_train_py_resuming_a_nanogpt_run_then_following_the_advice_trains(tmp_path, cache_with_shakespeare):
+    path = NANOGPT / "out-bias" / "ckpt.pt"
+    run = ["experiment=cpu", "train.device=cpu", "train.max_iters=2", "train.eval_iters=1", "train.probe=false",
+           f"hydra.run.dir={tmp_path / 'run'}"]
+    refused = run_cli(["train.py", *run, f"train.resume={path}"], cwd=tmp_path)
+    message = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and message.startswith("error: ") and "Traceback" not in refused.stderr, message
+    [(writes, leaves)] = advice(message)
+    done = run_cli(["train.py", *follow([*run, f"train.resume={path}"], writes, leaves)], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
