@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 from checkpoint.file import load_checkpoint
 from checkpoint.fit import check_fits
 from launch.config import register_configs, to_dataclass
+from launch.overrides import flag_hint
 from model.config import GPTConfig
 from tests.helpers import REPO, run_cli
 from training import init_from
@@ -27,14 +28,15 @@ from training.config import RULES
 
 register_configs()
 NANOGPT = REPO / "tests" / "fixtures" / "nanogpt"
-OVERRIDE = re.compile(r"(?<![\w.=-])([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)?)=([^\s,;()]+)")
+OVERRIDE = re.compile(r"(?<![\w.=-])([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*)=([^\s,;()]+)")
 LEAVE_OUT = re.compile(r"leave ([a-z_][a-z0-9_.]*) out|instead of ([a-z_][a-z0-9_]*\.[a-z_][a-z0-9_]*)")
 
 
 def advice(message: str) -> list[tuple[dict, set]]:
-    """What a message tells a user to do: its last `: `-separated part that writes an override, split into
-    alternatives at ', ' and ' or '; each alternative as (the overrides it writes, the keys it leaves out)."""
-    told = next((part for part in reversed(message.split(": ")) if OVERRIDE.search(part)), "")
+    """What a message tells a user to do: its last `: `-separated part that writes an override or leaves one out,
+    split into alternatives at ', ' and ' or '; each as (the overrides it writes, the keys it leaves out)."""
+    parts = [part.replace("key=value", "") for part in message.split(": ")]  # (the syntax, not a setting)
+    told = next((part for part in reversed(parts) if OVERRIDE.search(part) or LEAVE_OUT.search(part)), "")
     out = []
     for part in re.split(r",? or |, ", told):
         writes, leaves = dict(OVERRIDE.findall(part)), {a or b for a, b in LEAVE_OUT.findall(part)}
@@ -64,7 +66,8 @@ def _config(args: list[str]):
     it), checked by launch.config.to_dataclass."""
     groups = tuple(a for a in args if "." not in a.split("=")[0])
     cfg = copy.deepcopy(_composed(groups))
-    for o in OverridesParser.create().parse_overrides([a for a in args if a not in groups]):
+    values = [a for a in args if a not in groups and not a.startswith("hydra.")]  # (hydra.*: Hydra's, not ours)
+    for o in OverridesParser.create().parse_overrides(values):
         OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
     return to_dataclass(cfg)
 
@@ -142,6 +145,31 @@ def test_every_rule_has_a_bad_value_here():
 @pytest.mark.parametrize("key", sorted(RULES))
 def test_every_rules_example_validates_on_every_preset(key, preset):
     assert_advice_works([preset, f"{key}={BAD[key]}"])
+
+
+# nanoGPT's train.py settings, as `--key=value` (its defaults and config/ files' values)
+NANOGPT_FLAGS = [
+    "out_dir=out-shakespeare-char", "eval_interval=250", "log_interval=10", "eval_iters=200", "eval_only=False",
+    "always_save_checkpoint=False", "init_from=scratch", "init_from=resume", "init_from=gpt2", "wandb_log=False",
+    "wandb_log=True", "wandb_project=shakespeare-char", "wandb_run_name=mini-gpt", "dataset=shakespeare_char",
+    "dataset=shakespeare", "dataset=openwebtext", "gradient_accumulation_steps=1", "batch_size=64",
+    "block_size=256", "n_layer=6", "n_head=6", "n_embd=384", "dropout=0.2", "bias=False", "learning_rate=1e-3",
+    "max_iters=5000", "weight_decay=1e-1", "beta1=0.9", "beta2=0.99", "grad_clip=1.0", "decay_lr=True",
+    "decay_lr=False", "warmup_iters=100", "lr_decay_iters=5000", "min_lr=1e-4", "backend=nccl", "device=cpu",
+    "dtype=float32", "compile=False"]
+
+
+@pytest.mark.parametrize("flag", NANOGPT_FLAGS)
+def test_a_nanogpt_flags_hint_validates_when_followed(flag):
+    """train.py --key=value (nanoGPT's habit) is told the override to write, or to leave it out: either works."""
+    hint = flag_hint(f"--{flag}")
+    told = advice(hint)
+    assert told or "eval.py --run" in hint, hint
+    for writes, leaves in told:
+        # (on nanoGPT's own shakespeare_char model: a flag's value is the user's, meant for a model like it)
+        fixed = follow(["~experiment"], writes, leaves, fill={"data.path": "notes.txt", "model.init_from": "gpt2",
+                                                              "hydra.run.dir": "out"})
+        _config(fixed)
 
 
 # ----------------------------------------------------------------------------- the model's own check
