@@ -118,11 +118,12 @@ def check_weights(weights: dict, config: dict, path: Path, saved: list[str]) -> 
                          f"and {nanogpt}; sample it with the nanoGPT that trained it or, if the model does not need "
                          f"{them}, delete {them} from the file: {_edit(path, drop)}")
     # (extra tensors with missing or misshapen ones: the latter say more)
-    what = f"lacks {missing[0]}" if missing else \
-        f"has {wrong[0]} of shape {shapes[wrong[0]]}, not {expected[wrong[0]]}"
-    raise ValueError(f"{path} {what}, which nanoGPT's model.py makes otherwise for its model_args "
-                     f"({', '.join(f'{k}={config[k]}' for k in MODEL_ARGS[:6])}): the file is incomplete or from a "
-                     f"modified nanoGPT ({nanogpt}); use the out_dir/{CKPT} that nanoGPT's own train.py wrote")
+    args = ", ".join(f"{k}={config[k]}" for k in MODEL_ARGS[:6])
+    what = f"lacks {missing[0]}, a tensor nanoGPT's model.py makes for its model_args ({args})" if missing else \
+        f"has {wrong[0]} of shape {shapes[wrong[0]]} where nanoGPT's model.py makes {expected[wrong[0]]} for its " \
+        f"model_args ({args})"
+    raise ValueError(f"{path} {what}: the file is incomplete or from a modified nanoGPT ({nanogpt}); use the "
+                     f"out_dir/{CKPT} that nanoGPT's own train.py wrote")
 
 
 def meta_paths(path: Path, run_config) -> list[Path]:
