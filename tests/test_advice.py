@@ -266,3 +266,47 @@ def test_train_py_resuming_a_nanogpt_run_then_following_the_advice_trains(tmp_pa
     [(writes, leaves)] = advice(message)
     done = run_cli(["train.py", *follow([*run, f"train.resume={path}"], writes, leaves)], cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ----------------------------------------------------------------------------- a file that disagrees with itself
+def test_a_checkpoint_whose_weights_do_not_fit_its_own_config_is_told_another_file_not_settings(tmp_path):
+    """Its settings are the file's: "use the model settings they were trained with" cannot be followed by sample.py,
+    a resume (whose settings match the file's already) or a fine-tune; the file beside it can be."""
+    import torch
+
+    from checkpoint.file import CheckpointError, load_for_inference, save_checkpoint
+    from data.tokenizer import CharTokenizer
+    from tests.helpers import save_run, tiny_model
+    good = save_run(tmp_path, tiny_model(8), CharTokenizer("abcdefgh"), name="last.pt")
+    bad = tmp_path / "best.pt"
+    ckpt = torch.load(good, weights_only=True)
+    save_checkpoint({**ckpt, "model_config": {**ckpt["model_config"], "n_layer": 3}}, bad)
+    with pytest.raises(CheckpointError) as e:
+        load_for_inference(bad)
+    assert "do not match the model" in str(e.value) and "settings" not in str(e.value)
+    assert str(e.value).endswith(f"use {good} beside it instead")
+    save_checkpoint({**ckpt, "model_config": {**ckpt["model_config"], "n_head": 3}}, bad)  # 16 wide: not divisible
+    for refused in (lambda: load_for_inference(bad), lambda: init_from.open_source(str(bad))):
+        with pytest.raises(ValueError) as e:
+            refused()
+        assert "n_embd=16 is not divisible by n_head=3" in str(e.value) and "e.g." not in str(e.value)
+
+
+def test_a_resumed_checkpoint_whose_weights_do_not_fit_its_own_config_is_told_another_file(tmp_path):
+    import torch
+
+    from checkpoint.file import CheckpointError, save_checkpoint
+    from checkpoint.manager import CheckpointManager
+    from tests.test_checkpoint_manager import ONE, _meta, _parts
+    from training.state import TrainState
+    m, opt = _parts(0)
+    CheckpointManager(tmp_path, {"model": m, "optimizer": opt, "train_state": TrainState(step=1)}, _meta(m),
+                      str, ranks=ONE).save(1)
+    ckpt = torch.load(tmp_path / "last.pt", weights_only=True)
+    del ckpt["model"]["lm_head.weight"]
+    save_checkpoint(ckpt, tmp_path / "last.pt")
+    m2, opt2 = _parts(1)
+    with pytest.raises(CheckpointError) as e:
+        CheckpointManager(tmp_path, {"model": m2, "optimizer": opt2, "train_state": TrainState()}, _meta(m2), str,
+                          ranks=ONE).resume(True)
+    assert "do not fit its own model_config" in str(e.value) and "settings" not in str(e.value)

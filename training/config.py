@@ -116,6 +116,8 @@ def _one_of(names: tuple) -> tuple:  # the rule of a setting that names one of `
 POSITIVE, AT_LEAST_0 = ("a positive number", _number(lambda v: v > 0)), (">= 0", _number(lambda v: v >= 0))
 AT_LEAST_1, FRACTION = (">= 1", _number(lambda v: v >= 1)), ("in [0, 1)", _number(lambda v: 0 <= v < 1))
 AT_LEAST_1_OR_NULL = (">= 1 or null", lambda v: v is None or AT_LEAST_1[1](v))
+
+
 def _valid(v: Any, otherwise: float) -> float:
     """A setting's value where it is a finite number, else `otherwise` (an example that depends on it)."""
     return v if _number(lambda _: True)(v) else otherwise
@@ -126,7 +128,8 @@ def _valid(v: Any, otherwise: float) -> float:
 RULES = {
     "optim.name": (_one_of(OPTIMIZERS), "muon"), "optim.schedule": (_one_of(SCHEDULES), "cosine"),
     "optim.lr": (POSITIVE, lambda c: f"{max(1e-3, _valid(c.optim.min_lr, 0)):g}"),
-    "optim.min_lr": (AT_LEAST_0, lambda c: f"{min(1e-4, _valid(c.optim.lr, 1e-3) / 10):g}"), "optim.weight_decay": (AT_LEAST_0, "0.1"),
+    "optim.min_lr": (AT_LEAST_0, lambda c: f"{min(1e-4, _valid(c.optim.lr, 1e-3) / 10):g}"),
+    "optim.weight_decay": (AT_LEAST_0, "0.1"),
     "optim.beta1": (FRACTION, "0.9"), "optim.beta2": (FRACTION, "0.99"), "optim.warmup_iters": (AT_LEAST_0, "100"),
     "optim.decay_iters": (AT_LEAST_1_OR_NULL, "5000 (null: train.max_iters)"),
     "optim.grad_clip": (AT_LEAST_0, "1.0 (0: no clipping)"),

@@ -74,7 +74,7 @@ def open_source(spec: str) -> Source:
     try:
         config = GPTConfig.from_dict(dict(ckpt["model_config"]))
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{key}: {file} has a bad model_config ({e})") from None
+        raise ValueError(f"{key}: {file} has a bad model_config ({str(e).split(': ')[0]})") from None
     return Source(key, file, config, ckpt["tokenizer"], ckpt=ckpt,
                   written_by="nanoGPT" if ckpt.get("from_nanogpt") else "tinygpt")
 
