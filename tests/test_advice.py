@@ -310,3 +310,18 @@ def test_a_resumed_checkpoint_whose_weights_do_not_fit_its_own_config_is_told_an
         CheckpointManager(tmp_path, {"model": m2, "optimizer": opt2, "train_state": TrainState()}, _meta(m2), str,
                           ranks=ONE).resume(True)
     assert "do not fit its own model_config" in str(e.value) and "settings" not in str(e.value)
+
+
+# ----------------------------------------------------------------------------- the memory pre-flight
+def test_the_batch_size_the_memory_check_suggests_fits(monkeypatch):
+    """"lower train.batch_size to at most N": with N, the same check passes."""
+    import torch
+
+    from launch import memory
+    monkeypatch.setattr(memory, "available", lambda device: 512 << 20)  # 512 MiB
+    args = ["experiment=cpu", "model.n_layer=8", "model.n_embd=512", "model.n_head=8", "model.block_size=256",
+            "train.batch_size=256"]
+    told = memory.check(_config(args), torch.device("cpu"))
+    [(writes, _)] = [a for a in advice(told or "") if "train.batch_size" in a[0]] or [({}, set())]
+    assert told and writes, told
+    assert memory.check(_config(follow(args, writes, set())), torch.device("cpu")) is None
