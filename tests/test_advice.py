@@ -23,6 +23,7 @@ from launch.config import register_configs, to_dataclass
 from launch.overrides import flag_hint
 from model.config import GPTConfig
 from tests.helpers import REPO, run_cli
+from tests.test_checkpoint_nanogpt import write_nanogpt_run
 from training import init_from
 from training.config import RULES
 
@@ -325,3 +326,22 @@ def test_the_batch_size_the_memory_check_suggests_fits(monkeypatch):
     [(writes, _)] = [a for a in advice(told or "") if "train.batch_size" in a[0]] or [({}, set())]
     assert told and writes, told
     assert memory.check(_config(follow(args, writes, set())), torch.device("cpu")) is None
+
+
+# ----------------------------------------------------------------------------- a fine-tune's source
+@pytest.mark.parametrize("mistake", [["model.n_layer=4"], ["model.block_size=64"], ["model.bias=false"],
+                                     ["data=shakespeare"], ["gpt2"]])
+def test_a_fine_tunes_mistake_is_told_what_works_with_its_source(mistake, tmp_path):
+    """model.init_from= a nanoGPT run (2 layers, context 32, biases, Tiny Shakespeare's characters), and one of
+    GPT-2 BPE (its vocabulary: no meta.pkl) given character data."""
+    args = ["experiment=cpu", f"model.init_from={NANOGPT / 'out-bias'}", *mistake]
+    if mistake == ["gpt2"]:
+        write_nanogpt_run(tmp_path / "out", vocab_size=50304, n_embd=4, n_head=1, dataset="openwebtext")
+        args = ["experiment=cpu", f"model.init_from={tmp_path / 'out'}"]
+    with pytest.raises(ValueError) as e:
+        init_from.apply(_config(args), args)
+    told = advice(str(e.value))
+    assert told, str(e.value)
+    for writes, leaves in told:
+        fixed = follow(args, writes, leaves, fill={"data.path": "notes.txt"})
+        init_from.apply(_config(fixed), fixed)
