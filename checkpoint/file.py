@@ -244,12 +244,14 @@ def model_from_checkpoint(ckpt: dict, source="the checkpoint"):
 def load_for_inference(path, device="cpu"):
     """(float32 eval-mode model on `device`, tokenizer dict, checkpoint dict) of a checkpoint file (FSDP runs' too)."""
     _, ckpt = read_checkpoint(path, model=True)
-    # a model_config that cannot be built, or weights that do not fit it: the file disagrees with itself, which no
-    # setting mends (the advice of GPTConfig and check_weights is for a run's settings): what, and another file
+    # a model_config that cannot be built, or weights that do not fit it: the file disagrees with
+    # itself, which no setting mends (GPTConfig's and check_weights' advice is for a run's
+    # settings): what is wrong, and another file
     try:
         model = model_from_checkpoint(ckpt)
     except ValueError as e:
-        raise CheckpointError(f"checkpoint {path} cannot be built as it describes itself ({str(e).split(': ')[0]}): "
+        what = str(e).split(": ")[0]
+        raise CheckpointError(f"checkpoint {path} cannot be built as it describes itself ({what}): "
                               f"it is damaged or was edited; {instead(path)}") from None
     return model.to(device), ckpt["tokenizer"], ckpt
 

@@ -81,13 +81,15 @@ class CheckpointManager:
             from checkpoint import sharded
             sharded.load_full_model_state(model, ckpt["model"], str(path))
         else:
-            # (its model_config fits this run, so weights that do not are the file's fault, not a setting's)
+            # its model_config fits this run, so weights that do not are the file's fault, not a
+            # setting's
             try:
                 weights = check_weights(model, ckpt["model"], str(path))
             except ValueError as e:
                 what = str(e).split(": ")[0]
-                raise CheckpointError(f"checkpoint {path} holds weights that do not fit its own model_config "
-                                      f"({what}): it is damaged or was edited; {instead(path)}") from None
+                raise CheckpointError(f"checkpoint {path} holds weights that do not fit its own "
+                                      f"model_config ({what}): it is damaged or was edited; "
+                                      f"{instead(path)}") from None
             model.load_state_dict(weights)
         try:
             if self.sharded:

@@ -39,12 +39,14 @@ def from_nanogpt(ckpt: dict, path: Path) -> dict:
         raise ValueError(f"{path} has model_args tinygpt does not know ({', '.join(map(str, unknown))}): a "
                          f"modified nanoGPT's model cannot be read; use a checkpoint of nanoGPT's own model.py")
     config = {**{k: args[k] for k in MODEL_ARGS}, "tie_weights": True, "mlp": "gelu_exact"}  # nanoGPT's nn.GELU()
-    # each value checked by GPTConfig: what is wrong, without its advice (a file's model_args are not settings)
+    # each value checked by GPTConfig: what is wrong, without its advice (a file's model_args are
+    # not settings)
     try:
         GPTConfig.from_dict(config)
     except ValueError as e:
+        what = str(e).split(": ")[0]
         raise ValueError(f"{path} has model_args that nanoGPT's model.py cannot build either "
-                         f"({str(e).split(': ')[0]}): it was not written by nanoGPT's own train.py, or was edited "
+                         f"({what}): it was not written by nanoGPT's own train.py, or was edited "
                          f"since; use the out_dir/{CKPT} that train.py wrote") from None
     weights = {k: v for k, v in clean_state_dict(ckpt["model"]).items() if not k.endswith(BUFFERS)}
     check_weights(weights, config, path, saved=list(ckpt["model"]))
@@ -54,12 +56,14 @@ def from_nanogpt(ckpt: dict, path: Path) -> dict:
 
 
 def _expected(config: dict) -> dict:
-    """Name -> shape of the tensors nanoGPT's model.py makes for these model_args (GPT-2's names, as tinygpt's)."""
+    """Name -> shape of the tensors nanoGPT's model.py makes for these model_args (GPT-2's names,
+    which are tinygpt's)."""
     import torch
     from model.config import GPTConfig
     from model.gpt import GPT
     with torch.device("meta"):
-        return {k: tuple(v.shape) for k, v in GPT(GPTConfig.from_dict(config)).state_dict().items()}
+        model = GPT(GPTConfig.from_dict(config))
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
 
 
 def _shapes(weights: dict) -> dict:
@@ -74,17 +78,18 @@ def _fits(weights: dict, config: dict) -> bool:
 
 
 def _edit(path: Path, change: str) -> str:
-    """The command that makes `change` (Python on the loaded dict `c`) to the file at `path`, in place."""
+    """The command that makes `change` (Python on the loaded dict `c`) to the file at `path`."""
     from common.platform import command_line
-    code = (f"import torch; p = {json.dumps(str(path))}; c = torch.load(p, weights_only=True); {change}; "
-            f"torch.save(c, p)")
+    code = (f"import torch; p = {json.dumps(str(path))}; c = torch.load(p, weights_only=True); "
+            f"{change}; torch.save(c, p)")
     return command_line(["python", "-c", code])
 
 
 def check_weights(weights: dict, config: dict, path: Path, saved: list[str]) -> None:
-    """The weights (wrapper prefixes gone) against what nanoGPT's model.py makes for the model_args: a ValueError
-    line in nanoGPT's terms when they differ, with the edit of the file that makes them agree when one does (found
-    by trying model_args read off the weights), else what to do. `saved`: the file's own names of the weights."""
+    """The weights (wrapper prefixes gone) against what nanoGPT's model.py makes for the model_args:
+    a ValueError line in nanoGPT's terms when they differ, with the edit of the file that makes them
+    agree when one does (found by trying model_args read off the weights), else what to do. `saved`:
+    the file's own names of the weights."""
     from common.cli import count
     from model.gpt import clean_state_dict
     expected, shapes = _expected(config), _shapes(weights)
@@ -92,7 +97,8 @@ def check_weights(weights: dict, config: dict, path: Path, saved: list[str]) -> 
         return
     nanogpt = "nanoGPT's own sample.py could not load it either"
     # model_args as the weights say: biases or none, the layers, the embeddings' sizes
-    wte, wpe = shapes.get("transformer.wte.weight", ()), shapes.get("transformer.wpe.weight", ())
+    wte = shapes.get("transformer.wte.weight", ())
+    wpe = shapes.get("transformer.wpe.weight", ())
     read = {"bias": any(k.endswith(".bias") for k in weights),
             "n_layer": len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")})}
     if len(wte) == 2:
@@ -104,8 +110,9 @@ def check_weights(weights: dict, config: dict, path: Path, saved: list[str]) -> 
         said = ", ".join(f"{k}={config[k]}" for k in changed)
         held = ", ".join(f"{k}={v}" for k, v in changed.items())
         edit = "; ".join(f'c["model_args"]["{k}"] = {v!r}' for k, v in changed.items())
-        raise ValueError(f"{path}'s model_args say {said} but its weights are those of a model with {held}, so "
-                         f"{nanogpt}; if the weights are right, correct model_args in the file: {_edit(path, edit)}")
+        raise ValueError(f"{path}'s model_args say {said} but its weights are those of a model "
+                         f"with {held}, so {nanogpt}; if the weights are right, correct model_args "
+                         f"in the file: {_edit(path, edit)}")
     extra = [k for k in weights if k not in expected]
     missing = [k for k in expected if k not in weights]
     wrong = [k for k in expected if k in weights and shapes[k] != expected[k]]
@@ -113,17 +120,20 @@ def check_weights(weights: dict, config: dict, path: Path, saved: list[str]) -> 
         saved_as = clean_state_dict(dict(zip(saved, saved)))
         drop = "; ".join(f'del c["model"]["{saved_as[k]}"]' for k in extra)
         them = "them" if len(extra) > 1 else "it"
-        raise ValueError(f"{path} holds {count(len(extra), 'tensor')} nanoGPT's model.py does not make "
-                         f"({', '.join(extra[:3])}): it was saved from a modified model.py, which tinygpt cannot run "
-                         f"and {nanogpt}; sample it with the nanoGPT that trained it or, if the model does not need "
-                         f"{them}, delete {them} from the file: {_edit(path, drop)}")
+        raise ValueError(f"{path} holds {count(len(extra), 'tensor')} nanoGPT's model.py does not "
+                         f"make ({', '.join(extra[:3])}): it was saved from a modified model.py, "
+                         f"which tinygpt cannot run and {nanogpt}; sample it with the nanoGPT "
+                         f"that trained it or, if the model does not need {them}, delete {them} "
+                         f"from the file: {_edit(path, drop)}")
     # (extra tensors with missing or misshapen ones: the latter say more)
     args = ", ".join(f"{k}={config[k]}" for k in MODEL_ARGS[:6])
-    what = f"lacks {missing[0]}, a tensor nanoGPT's model.py makes for its model_args ({args})" if missing else \
-        f"has {wrong[0]} of shape {shapes[wrong[0]]} where nanoGPT's model.py makes {expected[wrong[0]]} for its " \
-        f"model_args ({args})"
-    raise ValueError(f"{path} {what}: the file is incomplete or from a modified nanoGPT ({nanogpt}); use the "
-                     f"out_dir/{CKPT} that nanoGPT's own train.py wrote")
+    if missing:
+        what = f"lacks {missing[0]}, a tensor nanoGPT's model.py makes for its model_args ({args})"
+    else:
+        what = (f"has {wrong[0]} of shape {shapes[wrong[0]]} where nanoGPT's model.py makes "
+                f"{expected[wrong[0]]} for its model_args ({args})")
+    raise ValueError(f"{path} {what}: the file is incomplete or from a modified nanoGPT "
+                     f"({nanogpt}); use the out_dir/{CKPT} that nanoGPT's own train.py wrote")
 
 
 def meta_paths(path: Path, run_config) -> list[Path]:

@@ -61,18 +61,23 @@ class DataConfig:
             raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, {name=}shakespeare or "
                                 "{name=}text (with {path=}<file or directory>)", self.name)
         if self.tokenizer not in TOKENIZERS:
-            # what works with this data set: shakespeare_char is characters, shakespeare BPE (GPT-2's or your own)
-            use = {"shakespeare_char": "{tokenizer=}char, or {name=}shakespeare {tokenizer=}gpt2 for GPT-2 BPE",
-                   "shakespeare": "{tokenizer=}gpt2 or {tokenizer=}bpe {vocab_size=}4096 (your own BPE)"}.get(
-                self.name, "{tokenizer=}char, {tokenizer=}gpt2 or {tokenizer=}bpe {vocab_size=}4096 (your own BPE)")
+            # what works with this data set: shakespeare_char is characters, shakespeare BPE
+            # (GPT-2's or your own)
+            own = "{tokenizer=}bpe {vocab_size=}4096 (your own BPE)"
+            use = {"shakespeare_char": "{tokenizer=}char, or {name=}shakespeare {tokenizer=}gpt2 "
+                                       "for GPT-2 BPE",
+                   "shakespeare": "{tokenizer=}gpt2 or " + own}.get(
+                self.name, "{tokenizer=}char, {tokenizer=}gpt2 or " + own)
             raise setting_error("unknown tokenizer {tokenizer=}{0!r}: use " + use, self.tokenizer)
-        # before the BPE's own checks: their advice (data.vocab_size) would not make a char-level data set BPE
+        # before the BPE's own checks: their advice (data.vocab_size) would not make a char-level
+        # data set BPE
         if self.name == "shakespeare_char" and self.tokenizer != "char":
             own = "{name=}shakespeare" + " {vocab_size=}4096" * (self.vocab_size is None)
-            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}{0} was given: use " + (
-                own + " for your own BPE of Tiny Shakespeare" if self.tokenizer == "bpe" else "{name=}shakespeare "
-                "for Tiny Shakespeare with GPT-2 BPE (or your own BPE, {name=}shakespeare {tokenizer=}bpe "
-                "{vocab_size=}4096)"), self.tokenizer)
+            use = own + " for your own BPE of Tiny Shakespeare" if self.tokenizer == "bpe" else \
+                "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE (or your own BPE, " \
+                "{name=}shakespeare {tokenizer=}bpe {vocab_size=}4096)"
+            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}{0} was "
+                                "given: use " + use, self.tokenizer)
         self._validate_bpe()
         try:
             vf = float(self.val_fraction)
@@ -99,13 +104,13 @@ class DataConfig:
         n = self.vocab_size
         if self.tokenizer != "bpe":
             # (shakespeare_char is characters only: its text in BPE is data=shakespeare's)
-            bpe = "{name=}shakespeare {tokenizer=}bpe" if self.name == "shakespeare_char" else "{tokenizer=}bpe"
+            bpe = "{name=}shakespeare " * (self.name == "shakespeare_char") + "{tokenizer=}bpe"
             if n is not None:
                 raise setting_error("{vocab_size=}{0} applies only to {tokenizer=}bpe (the {1} vocabulary is fixed): "
                                     "leave {vocab_size} out, or add " + bpe, n, self.tokenizer)
             if self.tokenizer_file is not None:
-                raise setting_error("{tokenizer_file=}{0} applies only to {tokenizer=}bpe: add " + bpe + ", or "
-                                    "leave {tokenizer_file} out", self.tokenizer_file)
+                raise setting_error("{tokenizer_file=}{0} applies only to {tokenizer=}bpe: add " +
+                                    bpe + ", or leave {tokenizer_file} out", self.tokenizer_file)
             return
         if self.tokenizer_file is not None and not self._check_tokenizer_file():
             return  # its size is the file's

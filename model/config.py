@@ -100,7 +100,7 @@ class GPTConfig:
             setattr(self, name, float(value))
 
     def _shape_problems(self) -> list[str]:
-        """The rules between the heads' settings this config breaks, each as a setting_error template."""
+        """The rules between the heads' settings this config breaks, as setting_error templates."""
         out = []
         if self.head_dim is None and self.n_embd % self.n_head != 0:
             out.append(f"{{n_embd=}}{self.n_embd} is not divisible by {{n_head=}}{self.n_head}")
@@ -111,7 +111,7 @@ class GPTConfig:
         return out
 
     def _check_shape(self) -> None:
-        """The heads' rules, all broken ones in one line, with settings that keep them all (found by trying)."""
+        """The heads' rules: every broken one in one line, with settings that keep them all."""
         problems = self._shape_problems()
         if not problems:
             return
@@ -122,22 +122,23 @@ class GPTConfig:
         if "head_dim" in fix:
             how.append("an even head_dim (rope rotates pairs of dimensions)")
         if "n_kv_head" in fix:
-            how.append("n_kv_head as a divisor of n_head (1 = multi-query, n_head = plain multi-head)")
+            how.append("n_kv_head as a divisor of n_head (1 = multi-query, n_head = plain "
+                       "multi-head)")
         raise setting_error("; ".join(problems) + ": choose " + " and ".join(how) + " (e.g. " +
                             " ".join(f"{{{k}=}}{v}" for k, v in fix.items()) + ")")
 
     def nearest_shape(self) -> dict[str, int]:
-        """The fewest, nearest changes of n_embd, n_kv_head and head_dim (n_head kept: that always has some) after
-        which this config breaks none of the heads' rules, found by trying them on copies of it; {} when it breaks
-        none. What an error suggests, so that following it works."""
+        """The fewest, nearest changes of n_embd, n_kv_head and head_dim (n_head kept: some always
+        fit it) after which this config breaks none of the heads' rules, found by trying them on
+        copies of it; {} when it breaks none. What an error suggests, so that following it works."""
         if not self._shape_problems():
             return {}
-        # n_embd within 2 x n_head of its value (a multiple of 2 x n_head is within n_head), any n_kv_head up to
-        # n_head, head_dim within 2 of its value: each tried alone, then two at once, then all three
-        reach = 2 * self.n_head
-        options = {"n_embd": range(max(1, self.n_embd - reach), self.n_embd + reach + 1) if self.head_dim is None
-                   else (), "n_kv_head": range(1, self.n_head + 1) if self.n_kv_head is not None else (),
-                   "head_dim": range(max(1, self.head_dim - 2), self.head_dim + 3) if self.head_dim else ()}
+        # n_embd within 2 x n_head of its value (a multiple of 2 x n_head is within n_head), any
+        # n_kv_head up to n_head, head_dim within 2 of its value: each alone, then two, then three
+        reach, embd, dim = 2 * self.n_head, self.n_embd, self.head_dim
+        options = {"n_embd": range(max(1, embd - reach), embd + reach + 1) if dim is None else (),
+                   "n_kv_head": range(1, self.n_head + 1) if self.n_kv_head is not None else (),
+                   "head_dim": range(max(1, dim - 2), dim + 3) if dim else ()}
         for k in range(1, len(options) + 1):
             found = []
             for names in itertools.combinations(options, k):

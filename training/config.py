@@ -119,12 +119,13 @@ AT_LEAST_1_OR_NULL = (">= 1 or null", lambda v: v is None or AT_LEAST_1[1](v))
 
 
 def _valid(v: Any, otherwise: float) -> float:
-    """A setting's value where it is a finite number, else `otherwise` (an example that depends on it)."""
+    """A setting's value where it is a finite number, else `otherwise` (for an example that depends
+    on it)."""
     return v if _number(lambda _: True)(v) else otherwise
 
 
-# each setting's choices or range: (what it must be, its test), and an example for the one-line message (a function
-# of the config where another setting limits it: optim.lr is at least optim.min_lr)
+# each setting's choices or range: (what it must be, its test), and an example for the one-line
+# message (a function of the config where another setting limits it: optim.lr >= optim.min_lr)
 RULES = {
     "optim.name": (_one_of(OPTIMIZERS), "muon"), "optim.schedule": (_one_of(SCHEDULES), "cosine"),
     "optim.lr": (POSITIVE, lambda c: f"{max(1e-3, _valid(c.optim.min_lr, 0)):g}"),
@@ -144,7 +145,7 @@ RULES = {
     "train.device": (("auto, cpu, cuda, cuda:N or mps", lambda v: v in ("auto", "cpu", "cuda", "mps") or
                       (v.startswith("cuda:") and v[5:].isdigit())), "cpu"),
     "logger.mode": (_one_of(("online", "offline", "disabled")),
-                    lambda c: "offline" if c.logger.name else "online (another needs logger=wandb)")}
+                    lambda c: "offline" if c.logger.name else "online (others need logger=wandb)")}
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -167,7 +168,8 @@ def check(c: Config) -> None:
         group, name = key.split(".")
         v = getattr(getattr(c, group), name)
         if not test(v):
-            raise ValueError(f"{key}={v!r} must be {rule}: e.g. {key}={example(c) if callable(example) else example}")
+            shown = example(c) if callable(example) else example
+            raise ValueError(f"{key}={v!r} must be {rule}: e.g. {key}={shown}")
     _check(o.min_lr <= o.lr, f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}: set optim.min_lr to at most "
                              f"optim.lr (e.g. optim.min_lr={o.lr / 10:g})")
     _check(0 <= t.seed <= SEED_MAX, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337" if t.seed < 0 else
@@ -184,8 +186,8 @@ def check(c: Config) -> None:
     if t.hellaswag is not None:  # read now (and kept): a bad file is one line before training, not at an evaluation
         from training.eval_hellaswag import examples
         examples(t.hellaswag)
-    _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb instead "
-           "of logger.name, or logger.name=null")
+    _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb "
+           "instead of logger.name, or logger.name=null")
     unused = [f"logger.{f.name}={getattr(lg, f.name)}" for f in dataclasses.fields(LoggerConfig)
               if f.name != "name" and getattr(lg, f.name) != f.default]
     _check(lg.name is not None or not unused, f"{', '.join(unused)} has no effect without logger=wandb: add "

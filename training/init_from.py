@@ -74,7 +74,9 @@ def open_source(spec: str) -> Source:
     try:
         config = GPTConfig.from_dict(dict(ckpt["model_config"]))
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{key}: {file} has a bad model_config ({str(e).split(': ')[0]})") from None
+        # without GPTConfig's advice: the settings are the file's
+        what = str(e).split(": ")[0]
+        raise ValueError(f"{key}: {file} has a bad model_config ({what})") from None
     return Source(key, file, config, ckpt["tokenizer"], ckpt=ckpt,
                   written_by="nanoGPT" if ckpt.get("from_nanogpt") else "tinygpt")
 
