@@ -134,8 +134,8 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[
     if kind != data_kind:
         text = "data=text" + ("" if c.data.path else " data.path=<your text>")
         fix = {"gpt2": f"use data=shakespeare, or {text} data.tokenizer=gpt2", "bpe": own_bpe}.get(
-            kind, "use data=shakespeare_char (Tiny Shakespeare's characters), or data=text "
-            "data.path=<the text it was trained on> data.tokenizer=char")
+            kind, "use data with the char tokenizer it was trained on: data=shakespeare_char (Tiny "
+            "Shakespeare's characters), or data=text data.path=<its text> data.tokenizer=char")
         raise ValueError(f"{src.key} reads {describe_tokenizer(src.tokenizer)} tokens but data={c.data.name} is "
                          f"tokenized with data.tokenizer={data_kind}: {fix}")
     if kind == "bpe" and c.data.vocab_size != n:
