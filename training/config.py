@@ -118,6 +118,14 @@ AT_LEAST_1, FRACTION = (">= 1", _number(lambda v: v >= 1)), ("in [0, 1)", _numbe
 AT_LEAST_1_OR_NULL = (">= 1 or null", lambda v: v is None or AT_LEAST_1[1](v))
 
 
+def _at_least(example: str, bound: float) -> str:
+    return example if float(example) >= bound else f"{bound:g}"
+
+
+def _at_most(example: str, bound: float) -> str:
+    return example if float(example) <= bound else f"{bound:g}"
+
+
 def _valid(v: Any, otherwise: float) -> float:
     """A setting's value where it is a finite number, else `otherwise` (for an example that depends
     on it)."""
@@ -128,8 +136,8 @@ def _valid(v: Any, otherwise: float) -> float:
 # message (a function of the config where another setting limits it: optim.lr >= optim.min_lr)
 RULES = {
     "optim.name": (_one_of(OPTIMIZERS), "muon"), "optim.schedule": (_one_of(SCHEDULES), "cosine"),
-    "optim.lr": (POSITIVE, lambda c: f"{max(1e-3, _valid(c.optim.min_lr, 0)):g}"),
-    "optim.min_lr": (AT_LEAST_0, lambda c: f"{min(1e-4, _valid(c.optim.lr, 1e-3) / 10):g}"),
+    "optim.lr": (POSITIVE, lambda c: _at_least("1e-3", _valid(c.optim.min_lr, 0))),
+    "optim.min_lr": (AT_LEAST_0, lambda c: _at_most("1e-4", _valid(c.optim.lr, 1) / 10)),
     "optim.weight_decay": (AT_LEAST_0, "0.1"),
     "optim.beta1": (FRACTION, "0.9"), "optim.beta2": (FRACTION, "0.99"), "optim.warmup_iters": (AT_LEAST_0, "100"),
     "optim.decay_iters": (AT_LEAST_1_OR_NULL, "5000 (null: train.max_iters)"),
