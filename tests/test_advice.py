@@ -19,8 +19,10 @@ from hydra import compose, initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from checkpoint.file import CheckpointError, load_checkpoint, load_for_inference, save_checkpoint
+from checkpoint.file import (CheckpointError, load_checkpoint, load_for_inference, read_checkpoint,
+                             save_checkpoint)
 from checkpoint.fit import check_fits
+from checkpoint.locate import check_hf_dir
 from checkpoint.manager import CheckpointManager
 from data.tokenizer import CharTokenizer
 from launch import memory
@@ -32,7 +34,7 @@ from tests.test_checkpoint_manager import ONE, _parts
 from tests.test_checkpoint_manager import _meta as manager_meta
 from tests.test_checkpoint_nanogpt import write_nanogpt_run
 from training import init_from
-from training.config import RULES
+from training.config import RULES, notes
 from training.state import TrainState
 
 register_configs()
@@ -194,6 +196,43 @@ def test_a_nanogpt_flags_hint_validates_when_followed(flag):
     fill = {"data.path": "notes.txt", "model.init_from": "gpt2", "hydra.run.dir": "out"}
     for writes, leaves in told:
         _config(follow(["~experiment"], writes, leaves, fill))
+
+
+# the warnings a run gives as it starts (training.config.notes), each with advice
+NOTE_ROWS = [
+    ["~experiment", "train.max_iters=50"],
+    ["experiment=cpu", "optim.cooldown_frac=0.5"],
+    ["~experiment", "optim.muon_lr=0.1"],
+    ["~experiment", "optim.schedule=constant", "optim.min_lr=1e-5"],
+]
+
+
+def _given(args: list[str]) -> set[str]:
+    return {a.split("=")[0] for a in args if "." in a.split("=")[0]}
+
+
+@pytest.mark.parametrize("args", NOTE_ROWS, ids=" ".join)
+def test_a_notes_advice_silences_it_when_followed(args):
+    [note] = notes(_config(args), _given(args))
+    told = advice(note)
+    assert told, note
+    for writes, leaves in told:
+        fixed = follow(args, writes, leaves)
+        assert notes(_config(fixed), _given(fixed)) == [], (note, fixed)
+
+
+@pytest.mark.slow
+def test_train_py_n_head_3_then_following_the_advice_trains(tmp_path, cache_with_shakespeare):
+    """The issue's first example, end to end: the refused command, with the advice, trains."""
+    run = ["experiment=cpu", "train.device=cpu", "train.max_iters=1", "train.eval_iters=1",
+           "train.batch_size=2", "train.probe=false", f"hydra.run.dir={tmp_path / 'run'}",
+           "model.n_head=3"]
+    refused = run_cli(["train.py", *run], cwd=tmp_path)
+    message = refused.stderr.strip().splitlines()[-1]
+    assert refused.returncode == 2 and message.startswith("error: "), refused.stderr[-2000:]
+    [(writes, leaves)] = advice(message)
+    done = run_cli(["train.py", *follow(run, writes, leaves)], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 # ------------------------------------------------------------------------ the model's own check
@@ -371,3 +410,22 @@ def test_the_batch_size_the_memory_check_suggests_fits(monkeypatch):
     [(writes, _)] = [a for a in advice(told or "") if "train.batch_size" in a[0]] or [({}, set())]
     assert told and writes, told
     assert memory.check(_config(follow(args, writes, set())), torch.device("cpu")) is None
+
+
+# ------------------------------------------------------------------------ a CLI's file arguments
+def test_a_file_given_as_a_hugging_face_directory_is_told_the_option_that_takes_it(tmp_path):
+    """sample.py/eval.py/explore.py --init FILE: a file of a Hugging Face directory is told the
+    directory (--checkpoint would refuse a model.safetensors), a checkpoint --checkpoint."""
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    (hf / "config.json").write_text("{}")
+    (hf / "model.safetensors").write_bytes(b"")
+    with pytest.raises(FileNotFoundError) as e:
+        check_hf_dir(hf / "model.safetensors", "--init")
+    assert str(e.value).endswith(f"--init {hf}")
+    check_hf_dir(hf, "--init")
+    pt = save_run(tmp_path, tiny_model(8), CharTokenizer("abcdefgh"), name="x.pt")
+    with pytest.raises(FileNotFoundError) as e:
+        check_hf_dir(pt, "--init")
+    assert str(e.value).endswith(f"--checkpoint {pt}")
+    read_checkpoint(pt, model=True)

@@ -249,8 +249,9 @@ def notes(c: Config, given: Collection[str] = ()) -> list[str]:
                    f"optim.schedule=wsd, or drop it")
     if o.schedule == "constant" and (keys := ignored(["optim.min_lr", "optim.decay_iters"])):
         out.append(f"{', '.join(keys)} {'does' if len(keys) == 1 else 'do'} nothing with optim.schedule=constant "
-                   f"(the rate stays at optim.lr after the warmup): choose a decaying optim.schedule (cosine, linear, "
-                   f"wsd), or drop {'it' if len(keys) == 1 else 'them'}")
+                   f"(the rate stays at optim.lr after the warmup): choose a decaying schedule "
+                   f"(optim.schedule=cosine, linear or wsd), or drop "
+                   f"{'it' if len(keys) == 1 else 'them'}")
     if t.tokens_per_step is not None and "train.grad_accum_steps" in given:
         out.append(f"train.grad_accum_steps does nothing with train.tokens_per_step={t.tokens_per_step}, which "
                    f"derives it ({t.grad_accum_steps} here): drop train.grad_accum_steps, or add "
