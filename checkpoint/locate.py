@@ -38,8 +38,8 @@ def check_hf_dir(path, option: str) -> None:
     if (p / HF_CONFIG).is_file():
         return
     if p.is_file() and (p.parent / HF_CONFIG).is_file():
-        raise FileNotFoundError(f"{option} {path} is a file of the Hugging Face directory {p.parent}: "
-                                f"give the directory, {option} {p.parent}")
+        raise FileNotFoundError(f"{option} {path} is a file of the Hugging Face directory "
+                                f"{p.parent}: give the directory, {option} {p.parent}")
     if p.is_file():
         raise FileNotFoundError(f"{option} {path} is a file, not a Hugging Face directory: a tinygpt checkpoint "
                                 f"goes with --checkpoint {path}")

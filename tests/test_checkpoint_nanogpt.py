@@ -264,7 +264,7 @@ def test_gpt2_vocabulary_run_offline_without_ranks_is_one_line(tmp_path, monkeyp
     assert "\n" not in str(e.value)
 
 
-# ---------------------------------------------------------------- a damaged file, in nanoGPT's terms
+# ------------------------------------------------------------ a damaged file, in nanoGPT's terms
 def _extra(c):
     c["model"]["transformer.h.0.mlp.gate.weight"] = torch.zeros(4, 32)
 
