@@ -244,10 +244,15 @@ def model_from_checkpoint(ckpt: dict, source="the checkpoint"):
 def load_for_inference(path, device="cpu"):
     """(float32 eval-mode model on `device`, tokenizer dict, checkpoint dict) of a checkpoint file (FSDP runs' too)."""
     _, ckpt = read_checkpoint(path, model=True)
+    # a model_config that cannot be built, or weights that do not fit it: the file disagrees with
+    # itself, which no setting mends (GPTConfig's and check_weights' advice is for a run's
+    # settings): what is wrong, and another file
     try:
         model = model_from_checkpoint(ckpt)
-    except ValueError as e:  # bad model_config, or weights that do not fit it: say which file
-        raise ValueError(f"checkpoint {path}: {e}") from None
+    except ValueError as e:
+        what = str(e).split(": ")[0]
+        raise CheckpointError(f"checkpoint {path} cannot be built as it describes itself ({what}): "
+                              f"it is damaged or was edited; {instead(path)}") from None
     return model.to(device), ckpt["tokenizer"], ckpt
 
 

@@ -37,6 +37,9 @@ def check_hf_dir(path, option: str) -> None:
     p = Path(path).expanduser()
     if (p / HF_CONFIG).is_file():
         return
+    if p.is_file() and (p.parent / HF_CONFIG).is_file():
+        raise FileNotFoundError(f"{option} {path} is a file of the Hugging Face directory "
+                                f"{p.parent}: give the directory, {option} {p.parent}")
     if p.is_file():
         raise FileNotFoundError(f"{option} {path} is a file, not a Hugging Face directory: a tinygpt checkpoint "
                                 f"goes with --checkpoint {path}")

@@ -12,6 +12,7 @@ from typing import Any, Callable, Optional
 
 from checkpoint.file import (BEST_DCP, FORMAT, LAST_DCP, VERSION, CheckpointError, instead, is_sharded_checkpoint,
                              link_checkpoint, read_checkpoint, remove_stale_temp_files, save_checkpoint, batch_tokens)
+from checkpoint.fit import check_fits
 from checkpoint.locate import RUN_ROOTS
 from common.files import remove_quietly, replace, temp_path
 from model.gpt import check_weights, clean_state_dict
@@ -52,7 +53,7 @@ class CheckpointManager:
             return None
         self.ranks.barrier()
         path, ckpt = resume_checkpoint(spec, self.run_dir)  # last.pt or last_dcp/, whichever is newer
-        self._check_fits(ckpt, path)
+        check_fits(ckpt, path, self.meta, self.describe)
         if is_sharded_checkpoint(path):  # DCP: weights + optimizer, resharded onto this world size
             from checkpoint import sharded
             sharded.load_sharded(path, self.states["model"], self.states["optimizer"])
@@ -71,28 +72,6 @@ class CheckpointManager:
         self.source_batch_tokens = batch_tokens(ckpt)
         return self.last_step
 
-    def _check_fits(self, ckpt: dict, path: Path) -> None:
-        """The same vocabulary, model shape and optimizer as this run (one-line ValueErrors naming the settings)."""
-        tok, old = self.meta["tokenizer"], ckpt.get("tokenizer")
-        if old is not None and old != tok:
-            raise ValueError(f"the prepared data's vocabulary ({self.describe(tok)}) differs from the checkpoint's "
-                             f"({self.describe(old)}): resume with the data settings the checkpoint was trained with "
-                             f"({_data_settings(ckpt)})")
-        opt, here = _group(ckpt.get("config"), "optim").get("name"), _group(self.meta["config"], "optim").get("name")
-        if opt and here and opt != here:
-            raise ValueError(f"the optimizer state in {path} does not fit this model (trained with optim={opt}, this "
-                             f"run has optim={here}): resume with the settings it was trained with: optim={opt}")
-        mine, theirs = self.meta["model_config"], dict(ckpt["model_config"])
-        diffs = [k for k in mine if k != "dropout" and theirs.get(k) != mine[k]]
-        if diffs:  # (the vocabulary alone: its padding, since the tokenizers are the same)
-            pad = _group(ckpt.get("config"), "model").get("pad_vocab_to", 1)
-            there = ", ".join(f"model.{k}={theirs.get(k)}" if k != "vocab_size" else f"model.pad_vocab_to={pad}"
-                              for k in diffs)
-            raise ValueError(f"the model does not match the checkpoint {path}: here "
-                             + ", ".join(f"{k}={mine[k]}" for k in diffs) + ", in the checkpoint "
-                             + ", ".join(f"{k}={theirs.get(k)}" for k in diffs)
-                             + f": resume with the checkpoint's model settings ({there})")
-
     def _load_file_weights(self, ckpt: dict, path: Path) -> None:
         model, optimizer = self.states["model"], self.states["optimizer"]
         if ckpt.get("optimizer") is None:
@@ -102,7 +81,16 @@ class CheckpointManager:
             from checkpoint import sharded
             sharded.load_full_model_state(model, ckpt["model"], str(path))
         else:
-            model.load_state_dict(check_weights(model, ckpt["model"], str(path)))
+            # its model_config fits this run, so weights that do not are the file's fault, not a
+            # setting's
+            try:
+                weights = check_weights(model, ckpt["model"], str(path))
+            except ValueError as e:
+                what = str(e).split(": ")[0]
+                raise CheckpointError(f"checkpoint {path} holds weights that do not fit its own "
+                                      f"model_config ({what}): it is damaged or was edited; "
+                                      f"{instead(path)}") from None
+            model.load_state_dict(weights)
         try:
             if self.sharded:
                 sharded.load_full_optimizer_state(model, optimizer, ckpt["optimizer"])
@@ -266,17 +254,6 @@ def _config_diff(old: dict, new: dict) -> list[str]:
     a, b = _flat(old), _flat(new)
     return [f"{k} {a.get(k)!r} -> {b.get(k)!r}" for k in sorted(set(a) | set(b))
             if a.get(k) != b.get(k) and not k.startswith(_DIFF_IGNORED)]
-
-
-def _group(config: Optional[dict], name: str) -> dict:  # a config group of a checkpoint's "config" ({} if absent)
-    return (config or {}).get(name) or {}
-
-
-def _data_settings(ckpt: dict) -> str:
-    d = _group(ckpt.get("config"), "data")
-    parts = [f"data={d['name']}"] if d.get("name") else []
-    parts += [f"data.{k}={d[k]}" for k in ("path", "tokenizer", "vocab_size") if d.get(k) is not None]
-    return " ".join(parts) or "see the checkpoint's config"
 
 
 def link_latest(run_dir: str | os.PathLike) -> None:

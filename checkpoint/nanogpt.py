@@ -7,6 +7,7 @@ checkpoint.file raises as CheckpointError. docs/sampling.md, "From nanoGPT".
 from __future__ import annotations
 
 import io
+import json
 import pickle
 import sys
 from pathlib import Path
@@ -38,14 +39,101 @@ def from_nanogpt(ckpt: dict, path: Path) -> dict:
         raise ValueError(f"{path} has model_args tinygpt does not know ({', '.join(map(str, unknown))}): a "
                          f"modified nanoGPT's model cannot be read; use a checkpoint of nanoGPT's own model.py")
     config = {**{k: args[k] for k in MODEL_ARGS}, "tie_weights": True, "mlp": "gelu_exact"}  # nanoGPT's nn.GELU()
+    # each value checked by GPTConfig: what is wrong, without its advice (a file's model_args are
+    # not settings)
     try:
-        GPTConfig.from_dict(config)  # each value checked here: one line naming it
+        GPTConfig.from_dict(config)
     except ValueError as e:
-        raise ValueError(f"{path} has model_args tinygpt cannot build: {e}") from None
+        what = str(e).split(": ")[0]
+        raise ValueError(f"{path} has model_args that nanoGPT's model.py cannot build either "
+                         f"({what}): it was not written by nanoGPT's own train.py, or was edited "
+                         f"since; use the out_dir/{CKPT} that train.py wrote") from None
     weights = {k: v for k, v in clean_state_dict(ckpt["model"]).items() if not k.endswith(BUFFERS)}
+    check_weights(weights, config, path, saved=list(ckpt["model"]))
     tokenizer = vocabulary(path, ckpt.get("config"), config["vocab_size"])
     return {"format": "tinygpt", "version": 1, "model": weights, "model_config": config,
             "step": int(ckpt.get("iter_num") or 0), "tokenizer": tokenizer, "from_nanogpt": True}
+
+
+def _expected(config: dict) -> dict:
+    """Name -> shape of the tensors nanoGPT's model.py makes for these model_args (GPT-2's names,
+    which are tinygpt's)."""
+    import torch
+    from model.config import GPTConfig
+    from model.gpt import GPT
+    with torch.device("meta"):
+        model = GPT(GPTConfig.from_dict(config))
+    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+
+
+def _shapes(weights: dict) -> dict:
+    return {k: tuple(getattr(v, "shape", ())) for k, v in weights.items()}
+
+
+def _fits(weights: dict, config: dict) -> bool:
+    try:
+        return _shapes(weights) == _expected(config)
+    except ValueError:
+        return False
+
+
+def _edit(path: Path, change: str) -> str:
+    """The command that makes `change` (Python on the loaded dict `c`) to the file at `path`."""
+    from common.platform import command_line
+    code = (f"import torch; p = {json.dumps(str(path))}; c = torch.load(p, weights_only=True); "
+            f"{change}; torch.save(c, p)")
+    return command_line(["python", "-c", code])
+
+
+def check_weights(weights: dict, config: dict, path: Path, saved: list[str]) -> None:
+    """The weights (wrapper prefixes gone) against what nanoGPT's model.py makes for the model_args:
+    a ValueError line in nanoGPT's terms when they differ, with the edit of the file that makes them
+    agree when one does (found by trying model_args read off the weights), else what to do. `saved`:
+    the file's own names of the weights."""
+    from common.cli import count
+    from model.gpt import clean_state_dict
+    expected, shapes = _expected(config), _shapes(weights)
+    if shapes == expected:
+        return
+    nanogpt = "nanoGPT's own sample.py could not load it either"
+    # model_args as the weights say: biases or none, the layers, the embeddings' sizes
+    wte = shapes.get("transformer.wte.weight", ())
+    wpe = shapes.get("transformer.wpe.weight", ())
+    read = {"bias": any(k.endswith(".bias") for k in weights),
+            "n_layer": len({k.split(".")[2] for k in weights if k.startswith("transformer.h.")})}
+    if len(wte) == 2:
+        read.update(vocab_size=wte[0], n_embd=wte[1])
+    if len(wpe) == 2:
+        read.update(block_size=wpe[0])
+    changed = {k: v for k, v in read.items() if v != config[k]}
+    if changed and _fits(weights, {**config, **changed}):
+        said = ", ".join(f"{k}={config[k]}" for k in changed)
+        held = ", ".join(f"{k}={v}" for k, v in changed.items())
+        edit = "; ".join(f'c["model_args"]["{k}"] = {v!r}' for k, v in changed.items())
+        raise ValueError(f"{path}'s model_args say {said} but its weights are those of a model "
+                         f"with {held}, so {nanogpt}; if the weights are right, correct model_args "
+                         f"in the file: {_edit(path, edit)}")
+    extra = [k for k in weights if k not in expected]
+    missing = [k for k in expected if k not in weights]
+    wrong = [k for k in expected if k in weights and shapes[k] != expected[k]]
+    if extra and not missing and not wrong:
+        saved_as = clean_state_dict(dict(zip(saved, saved)))
+        drop = "; ".join(f'del c["model"]["{saved_as[k]}"]' for k in extra)
+        them = "them" if len(extra) > 1 else "it"
+        raise ValueError(f"{path} holds {count(len(extra), 'tensor')} nanoGPT's model.py does not "
+                         f"make ({', '.join(extra[:3])}): it was saved from a modified model.py, "
+                         f"which tinygpt cannot run and {nanogpt}; sample it with the nanoGPT "
+                         f"that trained it or, if the model does not need {them}, delete {them} "
+                         f"from the file: {_edit(path, drop)}")
+    # (extra tensors with missing or misshapen ones: the latter say more)
+    args = ", ".join(f"{k}={config[k]}" for k in MODEL_ARGS[:6])
+    if missing:
+        what = f"lacks {missing[0]}, a tensor nanoGPT's model.py makes for its model_args ({args})"
+    else:
+        what = (f"has {wrong[0]} of shape {shapes[wrong[0]]} where nanoGPT's model.py makes "
+                f"{expected[wrong[0]]} for its model_args ({args})")
+    raise ValueError(f"{path} {what}: the file is incomplete or from a modified nanoGPT "
+                     f"({nanogpt}); use the out_dir/{CKPT} that nanoGPT's own train.py wrote")
 
 
 def meta_paths(path: Path, run_config) -> list[Path]:

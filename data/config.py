@@ -61,8 +61,23 @@ class DataConfig:
             raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, {name=}shakespeare or "
                                 "{name=}text (with {path=}<file or directory>)", self.name)
         if self.tokenizer not in TOKENIZERS:
-            raise setting_error("unknown tokenizer {tokenizer=}{0!r}: use {tokenizer=}char, {tokenizer=}gpt2 or "
-                                "{tokenizer=}bpe {vocab_size=}4096 (your own BPE)", self.tokenizer)
+            # what works with this data set: shakespeare_char is characters, shakespeare BPE
+            # (GPT-2's or your own)
+            own = "{tokenizer=}bpe {vocab_size=}4096 (your own BPE)"
+            use = {"shakespeare_char": "{tokenizer=}char, or {name=}shakespeare {tokenizer=}gpt2 "
+                                       "for GPT-2 BPE",
+                   "shakespeare": "{tokenizer=}gpt2 or " + own}.get(
+                self.name, "{tokenizer=}char, {tokenizer=}gpt2 or " + own)
+            raise setting_error("unknown tokenizer {tokenizer=}{0!r}: use " + use, self.tokenizer)
+        # before the BPE's own checks: their advice (data.vocab_size) would not make a char-level
+        # data set BPE
+        if self.name == "shakespeare_char" and self.tokenizer != "char":
+            own = "{name=}shakespeare" + " {vocab_size=}4096" * (self.vocab_size is None)
+            use = own + " for your own BPE of Tiny Shakespeare" if self.tokenizer == "bpe" else \
+                "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE (or your own BPE, " \
+                "{name=}shakespeare {tokenizer=}bpe {vocab_size=}4096)"
+            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}{0} was "
+                                "given: use " + use, self.tokenizer)
         self._validate_bpe()
         try:
             vf = float(self.val_fraction)
@@ -80,10 +95,6 @@ class DataConfig:
         if not isinstance(self.text_key, str) or not self.text_key:
             raise setting_error("{text_key=}{0!r} must name the field (jsonl) or column (parquet) holding the "
                                 "text: e.g. {text_key=}text", self.text_key)
-        if self.name == "shakespeare_char" and self.tokenizer != "char":
-            raise setting_error("{name=}shakespeare_char is char-level but {tokenizer=}{0} was given: use "
-                                "{name=}shakespeare for Tiny Shakespeare with GPT-2 BPE (or your own: "
-                                "{name=}shakespeare {tokenizer=}bpe)", self.tokenizer)
         if self.name == "shakespeare" and self.tokenizer != "bpe":
             return "gpt2"
         return "char" if self.name == "shakespeare_char" else self.tokenizer
@@ -92,12 +103,14 @@ class DataConfig:
         lo, hi = BPE_VOCAB
         n = self.vocab_size
         if self.tokenizer != "bpe":
+            # (shakespeare_char is characters only: its text in BPE is data=shakespeare's)
+            bpe = "{name=}shakespeare " * (self.name == "shakespeare_char") + "{tokenizer=}bpe"
             if n is not None:
                 raise setting_error("{vocab_size=}{0} applies only to {tokenizer=}bpe (the {1} vocabulary is fixed): "
-                                    "leave {vocab_size} out, or add {tokenizer=}bpe", n, self.tokenizer)
+                                    "leave {vocab_size} out, or add " + bpe, n, self.tokenizer)
             if self.tokenizer_file is not None:
-                raise setting_error("{tokenizer_file=}{0} applies only to {tokenizer=}bpe: add {tokenizer=}bpe, or "
-                                    "leave {tokenizer_file} out", self.tokenizer_file)
+                raise setting_error("{tokenizer_file=}{0} applies only to {tokenizer=}bpe: add " +
+                                    bpe + ", or leave {tokenizer_file} out", self.tokenizer_file)
             return
         if self.tokenizer_file is not None and not self._check_tokenizer_file():
             return  # its size is the file's

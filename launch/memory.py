@@ -152,7 +152,8 @@ def check(c: Config, device, world_size: int = 1, local_world_size: int = 1) -> 
                 f"needs about {gib(e.static)} of {mem} for its weights, gradients and optimizer state alone "
                 f"({note}), but {have}: use a smaller model (lower model.n_embd or model.n_layer)")
     fits = int((0.8 * free / share - e.static) // e.per_sequence)  # with room for the estimate's error
-    lower = f"lower train.batch_size to at most {fits}" if fits >= 1 else "lower train.batch_size"
+    lower = "lower train.batch_size" + (f" to at most {fits} (train.batch_size={fits} fits)"
+                                        if fits >= 1 else "")
     return (f"train.batch_size={t.batch_size} with model.block_size={m.block_size} needs about {gib(e.total)} of "
             f"{mem} for one training step ({note}), but {have}: {lower} (raise train.grad_accum_steps to keep "
             f"the global batch) or use a smaller model")

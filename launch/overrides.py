@@ -26,6 +26,35 @@ NANOGPT_KEYS = {  # nanoGPT's train.py globals -> tinygpt's keys
     "wandb_run_name": "logger.run_name", "init_from": "model.init_from"}
 
 
+def _true(value: str) -> bool:
+    return value.strip().lower() in ("true", "1", "yes", "on")
+
+
+# nanoGPT's settings whose values tinygpt spells otherwise, or needs no setting for: value -> advice
+NANOGPT_VALUES = {
+    "init_from": lambda v: "leave it out (a new run starts from scratch)" if v == "scratch" else
+    "write train.resume=true hydra.run.dir=<the run's directory> (nanoGPT's out_dir), or for a "
+    "ckpt.pt nanoGPT wrote model.init_from=<out_dir>/ckpt.pt (a fine-tune from its weights)"
+    if v == "resume" else None,
+    "wandb_log": lambda v: "write logger=wandb" if _true(v) else
+    "leave it out (no wandb without logger=wandb)",
+    "decay_lr": lambda v: "leave it out (the rate decays by default)" if _true(v) else
+    "write optim.schedule=constant",
+    "dataset": lambda v: None if v in PRESETS.get("data", ()) else
+    "write data=text data.path=<the path of your text> (with data.tokenizer=gpt2 for GPT-2 BPE, as "
+    "nanoGPT's openwebtext)",
+    "wandb_project": lambda v: f"write logger=wandb {override('logger.project', v)} (no wandb "
+    "without logger=wandb)",
+    "wandb_run_name": lambda v: f"write logger=wandb {override('logger.run_name', v)} (no wandb "
+    "without logger=wandb)",
+    "eval_only": lambda v: f"evaluate a run with python {script('eval.py')} --run DIR instead"
+    if _true(v) else "leave it out",
+    "always_save_checkpoint": lambda v: "leave it out (a run saves last.pt at every evaluation, "
+    "best.pt at its best val loss)",
+    "backend": lambda v: "leave it out (torchrun's processes use nccl on CUDA, gloo on the CPU)",
+}
+
+
 def override(key: str, value: object) -> str:
     """`key=value` with the value quoted for Hydra (give it to common.platform.command_line for the shell)."""
     return f"{key}={quote(value)}"
@@ -48,11 +77,13 @@ def flag_hint(arg: str) -> Optional[str]:
     if arg.split("=")[0] in HYDRA_FLAGS or not arg.startswith("--"):
         return None
     key = _key_for(name)
-    if not key:
-        shown = "key=value"
-    else:
-        shown = f"{key}={value if PLAIN.fullmatch(value) else quote(value)}" if eq else f"{key}=..."
-    return (f"{arg} is a --flag, but train.py takes Hydra overrides (key=value, no dashes): write {shown} "
+    told = NANOGPT_VALUES[name](value) if eq and name in NANOGPT_VALUES else None
+    if told is None and not key:
+        told = "write key=value"
+    elif told is None:
+        shown = value if PLAIN.fullmatch(value) else quote(value)
+        told = f"write {key}={shown}" if eq else f"write {key}=..."
+    return (f"{arg} is a --flag, but train.py takes Hydra overrides (key=value, no dashes): {told} "
             f"(python {script('train.py')} --cfg job lists every key)")
 
 

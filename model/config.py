@@ -7,7 +7,9 @@ defaults are GPT-2 small's, as nanoGPT's GPTConfig.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Optional
@@ -102,10 +104,6 @@ class GPTConfig:
                 raise setting_error(setting + "{0} must be positive: give a value >= 1", value)
             if f.type == "bool" and not isinstance(value, bool):
                 raise setting_error(setting + "{0!r} must be a boolean: use true or false", value)
-        if self.head_dim is None and self.n_embd % self.n_head != 0:
-            suggestion = max(self.n_head, round(self.n_embd / self.n_head) * self.n_head)
-            raise setting_error("{n_embd=}{0} is not divisible by {n_head=}{1}: choose n_embd as a multiple of n_head "
-                                "(e.g. {n_embd=}{2})", self.n_embd, self.n_head, suggestion)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
             raise setting_error("{dropout=}{0!r} must be a number in [0, 1): e.g. {dropout=}0.1", self.dropout)
         if not (0.0 <= self.dropout < 1.0):  # also catches NaN
@@ -116,6 +114,9 @@ class GPTConfig:
             raise setting_error("{attention=}{0!r} is not known: use one of {1}", self.attention,
                                 ", ".join(ATTENTION_IMPLS))
         self._check_modern()
+        self._check_shape()
+        # what the position scheme needs of the other settings (model/positions.py)
+        SCHEMES[self.position].check(self)
 
     def _check_modern(self) -> None:
         """The modern settings, each refused in one line naming it and what it accepts."""
@@ -140,12 +141,62 @@ class GPTConfig:
                 raise setting_error("{" + name + "=}{0!r} is invalid: use a positive number" +
                                     (" or null" if optional else ""), value)
             setattr(self, name, float(value))
+
+    def _shape_problems(self) -> list[str]:
+        """The rules between the heads' settings this config breaks, as setting_error templates."""
+        out = []
+        if self.head_dim is None and self.n_embd % self.n_head != 0:
+            out.append(f"{{n_embd=}}{self.n_embd} is not divisible by {{n_head=}}{self.n_head}")
+        elif self.position == "rope" and self.head_size % 2 != 0:
+            out.append(f"{{position=}}rope needs an even head size, got {self.head_size}")
         if self.n_head % self.kv_heads != 0:
-            raise setting_error("{n_kv_head=}{0} does not divide {n_head=}{1}: use a divisor of "
-                                "n_head (1 = multi-query, n_head = plain multi-head)",
-                                self.n_kv_head, self.n_head)
-        # what the position scheme needs of the other settings (rope: an even head size)
-        SCHEMES[self.position].check(self)
+            out.append(f"{{n_kv_head=}}{self.n_kv_head} does not divide {{n_head=}}{self.n_head}")
+        return out
+
+    def _check_shape(self) -> None:
+        """The heads' rules: every broken one in one line, with settings that keep them all."""
+        problems = self._shape_problems()
+        if not problems:
+            return
+        fix, how = self.nearest_shape(), []
+        if "n_embd" in fix:
+            how.append("n_embd as a multiple of " + ("2 x n_head (rope needs an even head size)"
+                                                     if self.position == "rope" else "n_head"))
+        if "head_dim" in fix:
+            how.append("an even head_dim (rope rotates pairs of dimensions)")
+        if "n_kv_head" in fix:
+            how.append("n_kv_head as a divisor of n_head (1 = multi-query, n_head = plain "
+                       "multi-head)")
+        raise setting_error("; ".join(problems) + ": choose " + " and ".join(how) + " (e.g. " +
+                            " ".join(f"{{{k}=}}{v}" for k, v in fix.items()) + ")")
+
+    def nearest_shape(self) -> dict[str, int]:
+        """The fewest, nearest changes of n_embd, n_kv_head and head_dim (n_head kept: some always
+        fit it) after which this config breaks none of the heads' rules, found by trying them on
+        copies of it; {} when it breaks none. What an error suggests, so that following it works."""
+        if not self._shape_problems():
+            return {}
+        # n_embd within 2 x n_head of its value (a multiple of 2 x n_head is within n_head), any
+        # n_kv_head up to n_head, head_dim within 2 of its value: each alone, then two, then three
+        reach, embd, dim = 2 * self.n_head, self.n_embd, self.head_dim
+        options = {"n_embd": range(max(1, embd - reach), embd + reach + 1) if dim is None else (),
+                   "n_kv_head": range(1, self.n_head + 1) if self.n_kv_head is not None else (),
+                   "head_dim": range(max(1, dim - 2), dim + 3) if dim else ()}
+        for k in range(1, len(options) + 1):
+            found = []
+            for names in itertools.combinations(options, k):
+                for values in itertools.product(*(options[n] for n in names)):
+                    trial = copy.copy(self)
+                    for name, value in zip(names, values):
+                        setattr(trial, name, value)
+                    if not trial._shape_problems():
+                        now = [getattr(self, n) for n in names]
+                        cost = sum(abs(v - c) / c for v, c in zip(values, now))
+                        found.append((cost, values, dict(zip(names, values))))
+            if found:
+                return min(found, key=lambda f: f[:2])[2]
+        # (n_embd = 2 x n_head with n_kv_head = 1, or an even head_dim, always fits)
+        raise AssertionError(f"no shape fits n_head={self.n_head}")
 
     @property
     def head_size(self) -> int:

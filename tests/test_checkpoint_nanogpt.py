@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -236,9 +238,11 @@ def test_checkpoints_that_are_not_nanogpts_are_one_line(tmp_path, monkeypatch):
     write_nanogpt_run(tmp_path / "e", meta=char_meta())
     ckpt = torch.load(tmp_path / "e" / "ckpt.pt", weights_only=True)
     torch.save({**ckpt, "model_args": {**ckpt["model_args"], "n_head": 3}}, tmp_path / "e" / "ckpt.pt")  # 8 wide
-    with pytest.raises(CheckpointError, match="has model_args tinygpt cannot build: n_embd=8 is not divisible by "
-                                              "n_head=3"):
+    cannot = r"has model_args that nanoGPT's model.py cannot build either \(n_embd=8 is not "
+    with pytest.raises(CheckpointError, match=cannot + r"divisible by n_head=3\): it was not") as e:
         load_checkpoint(tmp_path / "e" / "ckpt.pt")
+    # (GPTConfig's advice is for settings; a file's model_args are none)
+    assert "e.g." not in str(e.value)
     torch.save({"model": {}, "model_args": {"n_layer": 1}}, tmp_path / "c.pt")
     with pytest.raises(CheckpointError, match="model_args without n_head, n_embd, .*not a checkpoint of nanoGPT"):
         load_checkpoint(tmp_path / "c.pt")
@@ -258,3 +262,71 @@ def test_gpt2_vocabulary_run_offline_without_ranks_is_one_line(tmp_path, monkeyp
     with pytest.raises(FileNotFoundError, match="gpt2.tiktoken") as e:
         load_model(tmp_path / "out" / "ckpt.pt")
     assert "\n" not in str(e.value)
+
+
+# ------------------------------------------------------------ a damaged file, in nanoGPT's terms
+def _extra(c):
+    c["model"]["transformer.h.0.mlp.gate.weight"] = torch.zeros(4, 32)
+
+
+def _flip_bias(c):
+    c["model_args"]["bias"] = not c["model_args"]["bias"]
+
+
+def _layers(c):
+    c["model_args"]["n_layer"] = 3
+
+
+SAY = "model_args say {} but its weights are those of a model with {}"
+
+
+@pytest.mark.parametrize("run, damage, words", [
+    ("out-bias", _extra, "holds 1 tensor nanoGPT's model.py does not make "
+                         "(transformer.h.0.mlp.gate.weight)"),
+    ("out-nobias", _flip_bias, SAY.format("bias=True", "bias=False")),
+    ("out-bias", _flip_bias, SAY.format("bias=False", "bias=True")),
+    ("out-bias", _layers, SAY.format("n_layer=3", "n_layer=2")),
+])
+def test_a_damaged_nanogpt_file_is_told_the_edit_that_mends_it(nanogpt_dir, run, damage, words):
+    """Issue 50: "use the model settings they were trained with" cannot be acted on for a nanoGPT
+    file (its settings are the file's): what is wrong is said in nanoGPT's terms, with the command
+    that mends the file; run, it does (the file computes what the untouched one does)."""
+    path = nanogpt_dir / run / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    damage(ckpt)
+    torch.save(ckpt, path)
+    with pytest.raises(CheckpointError) as e:
+        load_checkpoint(path)
+    message = str(e.value)
+    assert words in message and "\n" not in message
+    assert "model settings they were trained with" not in message
+    command = shlex.split(re.search(r"python -c .*$", message)[0])
+    # the command's Python, as `python -c` runs it
+    exec(command[2], {})
+    ours, _ = load_model(path)
+    theirs, _ = load_model(FIXTURE / run / "ckpt.pt")
+    idx = torch.randint(0, 65, (2, 16))
+    assert torch.equal(ours(idx)[0], theirs(idx)[0])
+
+
+def test_a_compiled_runs_extra_tensor_is_deleted_by_its_own_name(tmp_path):
+    write_nanogpt_run(tmp_path / "out", prefix="_orig_mod.", meta=char_meta())
+    ckpt = torch.load(tmp_path / "out" / "ckpt.pt", weights_only=True)
+    ckpt["model"]["_orig_mod.lm_head.bias"] = torch.zeros(65)
+    torch.save(ckpt, tmp_path / "out" / "ckpt.pt")
+    deleted = r'del c\["model"\]\["_orig_mod.lm_head.bias"\]'
+    with pytest.raises(CheckpointError, match=r"\(lm_head.bias\).*" + deleted):
+        load_checkpoint(tmp_path / "out" / "ckpt.pt")
+
+
+def test_a_nanogpt_file_missing_a_tensor_names_it_and_the_file_to_use(nanogpt_dir):
+    path = nanogpt_dir / "out-bias" / "ckpt.pt"
+    ckpt = torch.load(path, weights_only=True)
+    del ckpt["model"]["transformer.h.1.mlp.c_fc.weight"]
+    # (and a misshapen one: what is missing says more)
+    ckpt["model"]["transformer.h.0.mlp.c_fc.bias"] = torch.zeros(3)
+    torch.save(ckpt, path)
+    with pytest.raises(CheckpointError, match=r"ckpt.pt lacks transformer.h.1.mlp.c_fc.weight, a "
+                                              r"tensor nanoGPT's model.py makes .* use the "
+                                              r"out_dir/ckpt.pt that nanoGPT's own"):
+        load_checkpoint(path)

@@ -343,7 +343,7 @@ def test_settings_the_chosen_optimizer_and_schedule_do_not_read_are_told_when_gi
     assert _notes({"optim.cooldown_frac"}, optim__cooldown_frac=0.3, optim__schedule="wsd") == []
     assert _notes({"optim.min_lr"}, optim__schedule="constant", optim__min_lr=1e-4) == [
         "optim.min_lr=0.0001 does nothing with optim.schedule=constant (the rate stays at optim.lr after the warmup): "
-        "choose a decaying optim.schedule (cosine, linear, wsd), or drop it"]
+        "choose a decaying schedule (optim.schedule=cosine, linear or wsd), or drop it"]
     assert "train.grad_accum_steps does nothing with train.tokens_per_step=32768, which derives it (2 here)" in \
         _notes({"train.grad_accum_steps"}, train__tokens_per_step=32768, train__grad_accum_steps=4)[0]
 

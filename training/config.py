@@ -115,10 +115,30 @@ def _one_of(names: tuple) -> tuple:  # the rule of a setting that names one of `
 POSITIVE, AT_LEAST_0 = ("a positive number", _number(lambda v: v > 0)), (">= 0", _number(lambda v: v >= 0))
 AT_LEAST_1, FRACTION = (">= 1", _number(lambda v: v >= 1)), ("in [0, 1)", _number(lambda v: 0 <= v < 1))
 AT_LEAST_1_OR_NULL = (">= 1 or null", lambda v: v is None or AT_LEAST_1[1](v))
-RULES = {  # each setting's choices or range: (what it must be, its test), and an example for the one-line message
+
+
+def _at_least(example: str, bound: float) -> str:
+    return example if float(example) >= bound else f"{bound:g}"
+
+
+def _at_most(example: str, bound: float) -> str:
+    return example if float(example) <= bound else f"{bound:g}"
+
+
+def _valid(v: Any, otherwise: float) -> float:
+    """A setting's value where it is a finite number, else `otherwise` (for an example that depends
+    on it)."""
+    return v if _number(lambda _: True)(v) else otherwise
+
+
+# each setting's choices or range: (what it must be, its test), and an example for the one-line
+# message (a function of the config where another setting limits it: optim.lr >= optim.min_lr)
+RULES = {
     "optim.name": (_one_of(tuple(OPTIMIZERS)), OptimConfig.name),
     "optim.schedule": (_one_of(SCHEDULES), "cosine"),
-    "optim.lr": (POSITIVE, "1e-3"), "optim.min_lr": (AT_LEAST_0, "1e-4"), "optim.weight_decay": (AT_LEAST_0, "0.1"),
+    "optim.lr": (POSITIVE, lambda c: _at_least("1e-3", _valid(c.optim.min_lr, 0))),
+    "optim.min_lr": (AT_LEAST_0, lambda c: _at_most("1e-4", _valid(c.optim.lr, 1) / 10)),
+    "optim.weight_decay": (AT_LEAST_0, "0.1"),
     "optim.beta1": (FRACTION, "0.9"), "optim.beta2": (FRACTION, "0.99"), "optim.warmup_iters": (AT_LEAST_0, "100"),
     "optim.decay_iters": (AT_LEAST_1_OR_NULL, "5000 (null: train.max_iters)"),
     "optim.grad_clip": (AT_LEAST_0, "1.0 (0: no clipping)"),
@@ -132,7 +152,8 @@ RULES = {  # each setting's choices or range: (what it must be, its test), and a
     "train.parallel": (_one_of(PARALLEL_MODES), "ddp (none: DDP when torchrun starts several processes)"),
     "train.device": (("auto, cpu, cuda, cuda:N or mps", lambda v: v in ("auto", "cpu", "cuda", "mps") or
                       (v.startswith("cuda:") and v[5:].isdigit())), "cpu"),
-    "logger.mode": (_one_of(("online", "offline", "disabled")), "offline")}
+    "logger.mode": (_one_of(("online", "offline", "disabled")),
+                    lambda c: "offline" if c.logger.name else "online (others need logger=wandb)")}
 
 
 def _check(cond: bool, msg: str) -> None:
@@ -154,7 +175,9 @@ def check(c: Config) -> None:
     for key, ((rule, test), example) in RULES.items():
         group, name = key.split(".")
         v = getattr(getattr(c, group), name)
-        _check(test(v), f"{key}={v!r} must be {rule}: e.g. {key}={example}")
+        if not test(v):
+            shown = example(c) if callable(example) else example
+            raise ValueError(f"{key}={v!r} must be {rule}: e.g. {key}={shown}")
     _check(o.min_lr <= o.lr, f"optim.min_lr={o.min_lr} is above optim.lr={o.lr}: set optim.min_lr to at most "
                              f"optim.lr (e.g. optim.min_lr={o.lr / 10:g})")
     _check(0 <= t.seed <= SEED_MAX, f"train.seed={t.seed} must be >= 0: e.g. train.seed=1337" if t.seed < 0 else
@@ -172,7 +195,8 @@ def check(c: Config) -> None:
     if t.hellaswag is not None:  # read now (and kept): a bad file is one line before training, not at an evaluation
         from training.eval_hellaswag import examples
         examples(t.hellaswag)
-    _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb, or logger.name=null")
+    _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb "
+           "instead of logger.name, or logger.name=null")
     unused = [f"logger.{f.name}={getattr(lg, f.name)}" for f in dataclasses.fields(LoggerConfig)
               if f.name != "name" and getattr(lg, f.name) != f.default]
     _check(lg.name is not None or not unused, f"{', '.join(unused)} has no effect without logger=wandb: add "
@@ -234,8 +258,9 @@ def notes(c: Config, given: Collection[str] = ()) -> list[str]:
                    f"optim.schedule=wsd, or drop it")
     if o.schedule == "constant" and (keys := ignored(["optim.min_lr", "optim.decay_iters"])):
         out.append(f"{', '.join(keys)} {'does' if len(keys) == 1 else 'do'} nothing with optim.schedule=constant "
-                   f"(the rate stays at optim.lr after the warmup): choose a decaying optim.schedule (cosine, linear, "
-                   f"wsd), or drop {'it' if len(keys) == 1 else 'them'}")
+                   f"(the rate stays at optim.lr after the warmup): choose a decaying schedule "
+                   f"(optim.schedule=cosine, linear or wsd), or drop "
+                   f"{'it' if len(keys) == 1 else 'them'}")
     if t.tokens_per_step is not None and "train.grad_accum_steps" in given:
         out.append(f"train.grad_accum_steps does nothing with train.tokens_per_step={t.tokens_per_step}, which "
                    f"derives it ({t.grad_accum_steps} here): drop train.grad_accum_steps, or add "

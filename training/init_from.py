@@ -80,7 +80,9 @@ def open_source(spec: str) -> Source:
     try:
         config = GPTConfig.from_dict(dict(ckpt["model_config"]))
     except (ValueError, TypeError) as e:
-        raise ValueError(f"{key}: {file} has a bad model_config ({e})") from None
+        # without GPTConfig's advice: the settings are the file's
+        what = str(e).split(": ")[0]
+        raise ValueError(f"{key}: {file} has a bad model_config ({what})") from None
     return Source(key, file, config, ckpt["tokenizer"], ckpt=ckpt,
                   written_by="nanoGPT" if ckpt.get("from_nanogpt") else "tinygpt")
 
@@ -157,8 +159,11 @@ def use_source_tokenizer(c, src: Source, given: set[str], data_kind: Optional[st
         data_kind = None  # the data settings changed: validate them again
     data_kind = data_kind or c.data.validate()
     if kind != data_kind:
-        fix = "use data=shakespeare, or data=text data.tokenizer=gpt2" if kind == "gpt2" else \
-            "use data=shakespeare_char, or data=text (char-level: some of its characters)"
+        text = "data=text" + ("" if c.data.path else " data.path=<your text>")
+        fix = (f"use data=shakespeare, or {text} data.tokenizer=gpt2" if kind == "gpt2" else
+               "use data with the char tokenizer it was trained on: data=shakespeare_char (Tiny "
+               "Shakespeare's characters), or data=text data.path=<your text> data.tokenizer=char "
+               "(char-level: characters it knows)")
         raise ValueError(f"{src.key} reads {describe_tokenizer(src.tokenizer)} tokens but "
                          f"data={c.data.name} is tokenized with data.tokenizer={data_kind}: {fix}")
     if kind == "bpe" and c.data.vocab_size != n:
