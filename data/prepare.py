@@ -37,6 +37,9 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     `progress`: a bar on stderr (MB/s, ETA) and one-line notes, printed on stderr or handed to `log` (training passes
     its logger, so they land in train.log). `shard_tokens` does not change the tokens, only how they are filed."""
     tok_kind = cfg.validate()  # checked once: the config edge has validated it already
+    if cfg.name == "chat":  # conversations: their ids, loss mask and starts (data/chat_data.py)
+        from data.chat_data import prepare_chat
+        return prepare_chat(cfg, progress=progress, log=log)
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens!r} must be a positive integer (default {SHARD_TOKENS:,})")
     root = prepared_root()
