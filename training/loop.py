@@ -53,7 +53,7 @@ class Trainer:
 
     def setup(self) -> None:
         startup.mark("run dir claimed, logging, notes")
-        from data.loader import BatchLoader
+        from data.chat_loader import build_loader
         from data.prepare import prepare
         from data.tokenizer import describe_tokenizer, token_bytes
         from model.gpt import GPT
@@ -87,9 +87,9 @@ class Trainer:
                                          muon_lr=optim.muon_lr, muon_momentum=optim.muon_momentum,
                                          muon_ns_steps=optim.muon_ns_steps)
         self.scaler = self.precision.grad_scaler()
-        self.loader = BatchLoader(*self.prepared.token_files(), config.model.block_size, train.batch_size,
-                                  seed=train.seed, grad_accum_steps=train.grad_accum_steps, rank=ranks.rank,
-                                  world_size=ranks.world_size, device=device)
+        self.loader = build_loader(self.prepared, config.model.block_size, train.batch_size,
+                                   seed=train.seed, grad_accum_steps=train.grad_accum_steps, rank=ranks.rank,
+                                   world_size=ranks.world_size, device=device)
         self.window, self.rng = MetricsWindow(train.log_interval, device, ranks), RNGState(ranks, train.seed)
         parts = {"model": self.model, "optimizer": self.optimizer, "scaler": self.scaler, "loader": self.loader,
                  "loss_window": self.window, "rng": self.rng, "train_state": self.state}
