@@ -1,0 +1,1 @@
+"""Talking to a chat model: one answer drawn (reply), the terminal (cli), the OpenAI endpoint (server)."""
