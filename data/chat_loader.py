@@ -27,6 +27,11 @@ def build_loader(prepared: Prepared, block_size: int, batch_size: int, **kw):
     return BatchLoader(*prepared.token_files(), block_size, batch_size, **kw)
 
 
+def targets(next_ids, learnt):
+    """The targets of a row: the next ids where they are learnt (an answer's tokens), else -1 (ignored)."""
+    return next_ids.masked_fill(learnt == 0, -1)
+
+
 class ChatSplit:
     """A split's ids, loss mask and conversation starts; `row(i, n)`: n ids and their mask from conversation i on."""
 
@@ -100,7 +105,7 @@ class ChatLoader:
         rows = [self.splits[split].row(int(i), self.block_size + 1) for i in first]
         ids = torch.from_numpy(np.stack([r[0] for r in rows]))
         learnt = torch.from_numpy(np.stack([r[1] for r in rows]))
-        x, y = ids[:, :-1], ids[:, 1:].masked_fill(learnt[:, 1:] == 0, -1)
+        x, y = ids[:, :-1], targets(ids[:, 1:], learnt[:, 1:])
         if self.device.type != "cpu":
             x, y = x.to(self.device, non_blocking=True), y.to(self.device, non_blocking=True)
         return x.contiguous(), y.contiguous()

@@ -35,6 +35,11 @@ def with_chat(tokenizer: dict) -> dict:
     return tokenizer if isinstance(tokenizer.get("chat"), dict) else {**tokenizer, "chat": tinygpt_chat()}
 
 
+def without_chat(tokenizer: dict) -> dict:
+    """A tokenizer description without its chat template (plain text fine-tunes an imported model's base)."""
+    return {k: v for k, v in tokenizer.items() if k != "chat"}
+
+
 def has_chat(tokenizer) -> bool:
     """Whether a built tokenizer carries a chat template."""
     return isinstance(getattr(tokenizer, "chat", None), dict)

@@ -12,6 +12,7 @@ import torch
 
 from checkpoint.file import CheckpointError, read_checkpoint
 from common.cli import count
+from data.chat_template import without_chat
 from data.hf_tokenizer import read_hf_tokenizer
 from data.tokenizer import GPT2Tokenizer, data_setting, describe_tokenizer, vocab_size_of
 from model import hf
@@ -129,6 +130,7 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[
         chat_source.use_chat_tokenizer(c, src)
         data_kind = None
     elif src.hf_dir and data_setting(src.tokenizer) == "bpe":
+        src.tokenizer = without_chat(src.tokenizer)  # text: its tokenizer.json alone (no template)
         use_source_tokenizer(c, src, given)
         data_kind = None  # the data settings changed: validate them again
     kind, data_kind, n = data_setting(src.tokenizer), data_kind or c.data.validate(), vocab_size_of(src.tokenizer)
