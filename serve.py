@@ -1,12 +1,14 @@
 """Serve a model as an OpenAI-compatible endpoint: `python serve.py --run outputs/latest` answers
-`/v1/chat/completions`, `/v1/completions` and `/v1/models` on http://127.0.0.1:8000/v1 (chat/server.py), so the
-`openai` client, or any tool that speaks its API, talks to your model (docs/chat.md). Its own entry script, as
-explore.py is: a server runs until stopped and has its own flags, where sample.py draws and exits. Arguments are
-checked before torch is imported; a user mistake is one `error: ...` line.
+`/v1/chat/completions`, `/v1/completions` and `/v1/models` on http://127.0.0.1:8000/v1
+(chat/server.py), so the `openai` client, or any tool that speaks its API, talks to your model
+(docs/chat.md). Its own entry script, as explore.py is: a server runs until stopped and has its own
+flags, where sample.py draws and exits. Arguments are checked before torch is imported; a user
+mistake is one `error: ...` line.
 """
 from __future__ import annotations
 
-if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below ends quietly too
+# first, so that a Ctrl-C during the imports below ends quietly too
+if __name__ == "__main__":
     from common.interrupt import stop_quietly
     stop_quietly()
 
@@ -18,28 +20,37 @@ from checkpoint.locate import add_checkpoint_options, check_hf_dir, resolve_chec
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from
 from common.platform import configure_threads
 
-configure_threads()  # before torch is imported: see common/platform.py
+# before torch is imported: see common/platform.py
+configure_threads()
 
 LOCAL = "127.0.0.1"
 
 
 def parse_args(argv: list[str] | None = None):
-    p = ArgumentParser(prog="serve.py", spellings={"out_dir": "--run", "init_from": nanogpt_init_from("--init"),
-                                                   "hf": "--init"},
+    spellings = {"out_dir": "--run", "init_from": nanogpt_init_from("--init"), "hf": "--init"}
+    p = ArgumentParser(prog="serve.py", spellings=spellings,
                        description="Serve a model as an OpenAI-compatible endpoint (chat and text "
-                       "completions, streamed or not). Without --run/--checkpoint/--init it serves the newest "
+                       "completions, streamed or not). Without --run/--checkpoint/--init it serves "
+                       "the newest "
                        "run under ./outputs or ./multirun.")
     src = add_checkpoint_options(p)
-    src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = a free one)")
-    p.add_argument("--host", default=LOCAL, help="address to listen on (default 127.0.0.1: this machine only)")
-    p.add_argument("--name", metavar="NAME", help="the model's name in the API (default: the run directory's)")
-    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
+    src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 "
+                                                      "directory")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 = a "
+                                                          "free one)")
+    p.add_argument("--host", default=LOCAL, help="address to listen on (default 127.0.0.1: this "
+                                                 "machine only)")
+    p.add_argument("--name", metavar="NAME", help="the model's name in the API (default: the run "
+                                                  "directory's)")
+    p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, "
+                                                    "mps")
     args = p.parse_args(argv)
     if not 0 <= args.port <= 65535:
-        raise ValueError(f"--port {args.port} is outside 0..65535: use e.g. --port 8000, or --port 0 for a free one")
+        raise ValueError(f"--port {args.port} is outside 0..65535: use e.g. --port 8000, or --port "
+                         "0 for a free one")
     if args.checkpoint is not None and not Path(args.checkpoint).is_file():
-        raise FileNotFoundError(f"checkpoint {args.checkpoint} is not a file: check the path, or use --run DIR")
+        raise FileNotFoundError(f"checkpoint {args.checkpoint} is not a file: check the path, or "
+                                "use --run DIR")
     if args.init is not None:
         check_hf_dir(args.init, "--init")
     return args
@@ -59,18 +70,22 @@ def run(argv: list[str] | None = None) -> int:
     name = args.name or (path.parent.name if path.suffix == ".pt" else path.name)
     endpoint = Endpoint(model, tokenizer, name)
     if endpoint.fmt is None:
-        print(f"note: {name} has no chat template (a base model): /v1/completions only; fine-tune it on "
+        print(f"note: {name} has no chat template (a base model): /v1/completions only; fine-tune "
+              "it on "
               f"conversations for /v1/chat/completions (docs/chat.md)", file=sys.stderr)
     if args.host.lower() not in LOOPBACK:
-        print(f"warning: listening on {args.host}: anyone who can reach this address can use the model (there "
+        print(f"warning: listening on {args.host}: anyone who can reach this address can use the "
+              "model (there "
               "is no key); leave out --host to listen on 127.0.0.1 only", file=sys.stderr)
     try:
         server = ChatServer((args.host, args.port), endpoint)
     except OSError as e:
         if e.errno == errno.EADDRINUSE:
-            raise ValueError(f"port {args.port} is in use: pass another --port, or --port 0 for a free one") \
+            raise ValueError(f"port {args.port} is in use: pass another --port, or --port 0 for a "
+                             "free one") \
                 from None
-        raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}): check --host and "
+        raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}): check "
+                         "--host and "
                          "--port") from None
     print(f"serving {name} at {server.url}  (OpenAI base_url; Ctrl-C to stop)", flush=True)
     try:

@@ -1,7 +1,8 @@
-"""`python sample.py --chat`: talk to a chat model in the terminal. Each line you type is a user message; the answer
-streams as it is drawn and ends at the model's end-of-turn token. The history is kept (its oldest turns dropped when
-it outgrows the context; --system stays), `/reset` forgets it, `/exit` or Ctrl-D leaves, Ctrl-C while the model
-answers stops the answer (the next Ctrl-C, at the prompt, leaves).
+"""`python sample.py --chat`: talk to a chat model in the terminal. Each line you type is a user
+message; the answer streams as it is drawn and ends at the model's end-of-turn token. The history is
+kept (its oldest turns dropped when it outgrows the context; --system stays), `/reset` forgets it,
+`/exit` or Ctrl-D leaves, Ctrl-C while the model answers stops the answer (the next Ctrl-C, at the
+prompt, leaves).
 """
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ HELP = "/reset forgets the conversation, /exit (or Ctrl-D) leaves; Ctrl-C stops 
 
 
 class Interrupt:
-    """Ctrl-C while an answer is drawn: a flag the token loop reads, the usual handler back afterwards."""
+    """Ctrl-C while an answer is drawn: a flag the token loop reads, the usual handler back
+    afterwards."""
 
     def __init__(self):
         self.hit, self.previous = False, None
@@ -35,7 +37,8 @@ class Interrupt:
 
 
 def read_line(prompt: str):
-    """The next line typed (None at Ctrl-D or the end of piped input); the prompt only on a terminal."""
+    """The next line typed (None at Ctrl-D or the end of piped input); the prompt only on a
+    terminal."""
     try:
         return input(prompt if sys.stdin.isatty() else "")
     except EOFError:
@@ -45,7 +48,8 @@ def read_line(prompt: str):
 def chat_loop(model, tokenizer, args, decode=None) -> int:
     """The terminal conversation; `args`: sample.py's (system, max_new_tokens, sampling, seed)."""
     import dataclasses
-    fmt = ChatFormat(tokenizer)  # a model without a template: one line, from here
+    # a model without a template: one line, from here
+    fmt = ChatFormat(tokenizer)
     try:
         import readline  # noqa: F401 - line editing and the arrow keys' history for input()
     except ImportError:
@@ -77,7 +81,8 @@ def chat_loop(model, tokenizer, args, decode=None) -> int:
             continue
         if dropped:
             messages = system + messages[len(system) + dropped:]
-            print(f"(the {dropped} oldest message(s) no longer fit the context: left out)", file=sys.stderr)
+            print(f"(the {dropped} oldest message(s) no longer fit the context: left out)",
+                  file=sys.stderr)
         answer = Answer()
         req = Request(ids, args.max_new_tokens, sampling, generator, stop_ids=fmt.stop_ids)
         print("model> " if tty else "", end="", flush=True)

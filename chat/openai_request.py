@@ -1,25 +1,29 @@
-"""What an OpenAI request may hold, checked: `/v1/chat/completions` and `/v1/completions` bodies become one plain
-dict of settings, or a `BadRequest` naming the field (the server answers it as OpenAI does: status 400 and
-`{"error": {"message", "type": "invalid_request_error", "param", "code"}}`).
+"""What an OpenAI request may hold, checked: `/v1/chat/completions` and `/v1/completions` bodies
+become one plain dict of settings, or a `BadRequest` naming the field (the server answers it as
+OpenAI does: status 400 and `{"error": {"message", "type": "invalid_request_error", "param",
+"code"}}`).
 """
 from __future__ import annotations
 
 from data.chat import check_messages
 
-KNOWN = {"model", "messages", "prompt", "temperature", "top_p", "max_tokens", "max_completion_tokens", "stop",
-         "seed", "stream", "n", "user", "stream_options", "frequency_penalty", "presence_penalty", "logprobs"}
-
 
 class BadRequest(ValueError):
     """A request the endpoint refuses: `param` names the field, `status` the HTTP status."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400, code: str | None = None):
+    def __init__(self, message: str, param: str | None = None, status: int = 400,
+                 code: str | None = None):
         super().__init__(message)
         self.param, self.status, self.code = param, status, code
 
     def body(self) -> dict:
         kind = "invalid_request_error" if self.status < 500 else "server_error"
-        return {"error": {"message": str(self), "type": kind, "param": self.param, "code": self.code}}
+        return {"error": {"message": str(self), "type": kind, "param": self.param,
+                          "code": self.code}}
+
+
+def _whole(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _number(body: dict, name: str, lo: float, hi: float, default):
@@ -32,8 +36,8 @@ def _number(body: dict, name: str, lo: float, hi: float, default):
 
 
 def parse(body, chat: bool) -> dict:
-    """The settings of a completion request: messages (chat) or prompt, temperature, top_p, max_tokens, stop,
-    seed, stream."""
+    """The settings of a completion request: messages (chat) or prompt, temperature, top_p,
+    max_tokens, stop, seed, stream."""
     if not isinstance(body, dict):
         raise BadRequest("the body must be a JSON object")
     out = {"stream": body.get("stream", False)}
@@ -58,16 +62,19 @@ def parse(body, chat: bool) -> dict:
     if out["top_p"] == 0:
         raise BadRequest("top_p=0 keeps no token: give a number in (0, 1]", "top_p")
     tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    if tokens is not None and (isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1):
-        raise BadRequest(f"max_tokens={tokens!r} is invalid: give a whole number of at least 1", "max_tokens")
+    if tokens is not None and not (_whole(tokens) and tokens >= 1):
+        raise BadRequest(f"max_tokens={tokens!r} is invalid: give a whole number of at least "
+                         "1", "max_tokens")
     out["max_tokens"] = tokens
     stop = body.get("stop")
     stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or not all(isinstance(s, str) and s for s in stop):
+    if not (isinstance(stop, list) and len(stop) <= 4
+            and all(isinstance(s, str) and s for s in stop)):
         raise BadRequest("stop must be a non-empty string or a list of up to 4 of them", "stop")
     out["stop"] = stop
     seed = body.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2 ** 63):
-        raise BadRequest(f"seed={seed!r} is invalid: give a whole number from 0 to 2**63 - 1", "seed")
+    if seed is not None and not (_whole(seed) and 0 <= seed < 2 ** 63):
+        raise BadRequest(f"seed={seed!r} is invalid: give a whole number from 0 to 2**63 - 1",
+                         "seed")
     out["seed"] = seed
     return out

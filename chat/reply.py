@@ -1,6 +1,7 @@
-"""One answer of a chat model, for the terminal (chat/cli.py) and the endpoint (chat/server.py) alike: the
-conversation fitted into the context (the oldest turns dropped, a system message kept), tokens drawn until the
-end-of-turn token, the room left or a stop string, and the text streamed in whole characters.
+"""One answer of a chat model, for the terminal (chat/cli.py) and the endpoint (chat/server.py)
+alike: the conversation fitted into the context (the oldest turns dropped, a system message kept),
+tokens drawn until the end-of-turn token, the room left or a stop string, and the text streamed in
+whole characters.
 """
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ class Answer:
     finish_reason: str = "length"
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    dropped_turns: int = 0  # user/assistant messages left out to fit the context
 
 
 def fit(fmt, messages: list[dict], block_size: int, room: int) -> tuple[list[int], int]:
-    """(the prompt ids of `messages` with at least `room` positions left in the context, the number of messages
-    dropped from the front to get there; a leading system message stays). ValueError if even the last one does
-    not fit."""
+    """(the prompt ids of `messages` with at least `room` positions left in the context, the number
+    of messages dropped from the front to get there; a leading system message stays). ValueError if
+    even the last one does not fit."""
     system = messages[:1] if messages and messages[0]["role"] == "system" else []
     rest, dropped = messages[len(system):], 0
     while True:
@@ -32,14 +32,15 @@ def fit(fmt, messages: list[dict], block_size: int, room: int) -> tuple[list[int
             break
         rest, dropped = rest[1:], dropped + 1
     if len(ids) >= block_size:
-        raise ValueError(f"the message is {len(ids)} tokens with its template, more than the model's context of "
+        raise ValueError(f"the message is {len(ids)} tokens with its template, more than the "
+                         "model's context of "
                          f"{block_size}: send a shorter one")
     return ids, dropped
 
 
 class StopStrings:
-    """Text passed on up to the first of `stops` (excluded, as OpenAI's `stop`); a tail that may begin one is
-    held back until it cannot."""
+    """Text passed on up to the first of `stops` (excluded, as OpenAI's `stop`); a tail that may
+    begin one is held back until it cannot."""
 
     def __init__(self, stops: list[str]):
         self.stops, self.held, self.done = [s for s in stops if s], "", False
@@ -52,7 +53,8 @@ class StopStrings:
         if hits:
             self.done = True
             return buf[:min(hits)]
-        keep = max((k for s in self.stops for k in range(1, len(s)) if buf.endswith(s[:k])), default=0)
+        keep = max((k for s in self.stops for k in range(1, len(s)) if buf.endswith(s[:k])),
+                   default=0)
         self.held = buf[len(buf) - keep:]
         return buf[:len(buf) - keep]
 
@@ -63,27 +65,34 @@ class StopStrings:
 
 @dataclass
 class Request:
-    """One answer to draw: the prompt ids, at most `max_tokens`, the sampling settings, a seeded generator."""
+    """One answer to draw: the prompt ids, at most `max_tokens`, the sampling settings, a seeded
+    generator."""
     ids: list[int]
     max_tokens: int
-    sampling: object  # model.sampling.Sampling
-    generator: object = None  # torch.Generator or None
+    # model.sampling.Sampling
+    sampling: object
+    # torch.Generator or None
+    generator: object = None
     stops: list[str] = field(default_factory=list)
-    stop_ids: list[int] = field(default_factory=list)  # the end-of-turn token(s); empty for a plain completion
+    # the end-of-turn token(s); none for a plain completion
+    stop_ids: list[int] = field(default_factory=list)
 
 
 def stream(model, tokenizer, req: Request, answer: Answer, decode=None,
            interrupted=lambda: False) -> Iterator[str]:
-    """Yield the answer's text piece by piece; `answer` is filled in as it goes (finish_reason at the end).
-    `interrupted()`: checked after each token (Ctrl-C in the terminal), ends the answer as a stop."""
+    """Yield the answer's text piece by piece; `answer` is filled in as it goes (finish_reason at
+    the end). `interrupted()`: checked after each token (Ctrl-C in the terminal), ends the answer as
+    a stop."""
     import torch
     from model.generate import generate_tokens, next_token_probs
     device = next(model.parameters()).device
-    room = min(req.max_tokens, model.config.block_size - len(req.ids))  # the answer stays in the context
+    # the answer stays in the context
+    room = min(req.max_tokens, model.config.block_size - len(req.ids))
     answer.prompt_tokens, answer.finish_reason = len(req.ids), "length"
     decoder, stops = StreamDecoder(tokenizer), StopStrings(req.stops)
-    tokens = generate_tokens(model, torch.tensor([req.ids], device=device), max(room, 0), req.sampling,
-                             generator=req.generator, decode=decode or next_token_probs)
+    ids = torch.tensor([req.ids], device=device)
+    tokens = generate_tokens(model, ids, max(room, 0), req.sampling, generator=req.generator,
+                             decode=decode or next_token_probs)
     for tok in tokens:
         t = int(tok)
         if t in req.stop_ids:

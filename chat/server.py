@@ -1,10 +1,11 @@
-"""The OpenAI-compatible endpoint (serve.py): `/v1/chat/completions`, `/v1/completions` (each streamed as
-server-sent events or whole) and `/v1/models`, on the standard library's ThreadingHTTPServer.
+"""The OpenAI-compatible endpoint (serve.py): `/v1/chat/completions`, `/v1/completions` (each
+streamed as server-sent events or whole) and `/v1/models`, on the standard library's
+ThreadingHTTPServer.
 
-Requests queue: each runs the model under one lock, so a second request waits for the first to finish rather than
-failing. Bad requests get OpenAI's error shape (chat/openai_request.py). Who may ask is the explorer's rule
-(viz/explorer/guard.py: the Host must be a name this server listens as, a browser page of another site is
-refused), so a page on another site cannot use a model on 127.0.0.1.
+Requests queue: each runs the model under one lock, so a second request waits for the first to
+finish rather than failing. Bad requests get OpenAI's error shape (chat/openai_request.py). Who may
+ask is the explorer's rule (viz/explorer/guard.py: the Host must be a name this server listens as, a
+browser page of another site is refused), so a page on another site cannot use a model on 127.0.0.1.
 """
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ IDLE_TIMEOUT = 60
 
 
 class Endpoint:
-    """The model behind the endpoint: its name, tokenizer, chat format (None for a base model) and lock."""
+    """The model behind the endpoint: its name, tokenizer, chat format (None for a base model) and
+    lock."""
 
     def __init__(self, model, tokenizer, name: str, decode=None):
         from data.chat_template import ChatFormat, has_chat
@@ -37,12 +39,14 @@ class Endpoint:
         self.lock, self.created = threading.Lock(), int(time.time())
 
     def request(self, settings: dict, chat: bool) -> Request:
-        """The prompt ids and sampling of a parsed request (a BadRequest when it cannot be answered)."""
+        """The prompt ids and sampling of a parsed request (a BadRequest when it cannot be
+        answered)."""
         from model.sampling import Sampling
         block = self.model.config.block_size
         if chat:
             if self.fmt is None:
-                raise BadRequest(f"{self.name} has no chat template (a base model): use /v1/completions, or "
+                raise BadRequest(f"{self.name} has no chat template (a base model): use "
+                                 "/v1/completions, or "
                                  f"fine-tune it on conversations (docs/chat.md)", "messages")
             try:
                 ids, _ = fit(self.fmt, settings["messages"], block, 1)
@@ -56,8 +60,13 @@ class Endpoint:
         sampling = Sampling(temperature=settings["temperature"], top_p=settings["top_p"],
                             vocab_limit=self.tokenizer.vocab_size)
         room = block - len(ids)
-        return Request(ids, min(settings["max_tokens"] or room, room), sampling, new_generator(settings["seed"]),
-                       settings["stop"], self.fmt.stop_ids if chat and self.fmt else [])
+        return Request(ids, min(settings["max_tokens"] or room, room), sampling,
+                       new_generator(settings["seed"]), settings["stop"],
+                       self.fmt.stop_ids if chat and self.fmt else [])
+
+
+def _ident(chat: bool) -> str:
+    return f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
 
 
 def _usage(a: Answer) -> dict:
@@ -70,7 +79,8 @@ class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     timeout = IDLE_TIMEOUT
 
-    def log_message(self, format, *args):  # quiet: one line per request would drown the terminal
+    # quiet: one line per request would drown the terminal
+    def log_message(self, format, *args):
         pass
 
     def send_json(self, status: int, obj) -> None:
@@ -110,7 +120,8 @@ class Handler(BaseHTTPRequestHandler):
             raise
         except Exception as e:  # noqa: BLE001 - a model failure ends this request, not the server
             print(f"serve: {self.path[:100]} failed: {failure_reason(e)}", file=sys.stderr)
-            self.send_json(500, BadRequest(f"the model failed ({failure_reason(e)})", status=500).body())
+            failed = BadRequest(f"the model failed ({failure_reason(e)})", status=500)
+            self.send_json(500, failed.body())
 
     def get(self, path: str) -> None:
         ep = self.server.endpoint
@@ -119,12 +130,14 @@ class Handler(BaseHTTPRequestHandler):
             return self.send_json(200, {"object": "list", "data": [card]})
         if path == f"/v1/models/{ep.name}":
             return self.send_json(200, card)
-        raise BadRequest(f"no such route: GET {path[:100]} (GET /v1/models, POST /v1/chat/completions, POST "
+        raise BadRequest(f"no such route: GET {path[:100]} (GET /v1/models, POST "
+                         "/v1/chat/completions, POST "
                          f"/v1/completions)", status=404)
 
     def post(self, path: str) -> None:
         if path not in ("/v1/chat/completions", "/v1/completions"):
-            raise BadRequest(f"no such route: POST {path[:100]} (POST /v1/chat/completions or /v1/completions)",
+            raise BadRequest(f"no such route: POST {path[:100]} (POST /v1/chat/completions or "
+                             "/v1/completions)",
                              status=404)
         try:
             guard.check_json_body(self.headers)
@@ -133,39 +146,42 @@ class Handler(BaseHTTPRequestHandler):
         chat, ep = path == "/v1/chat/completions", self.server.endpoint
         settings = parse(self.read_json(), chat)
         req = ep.request(settings, chat)
-        with ep.lock:  # one answer at a time: the others wait here, in turn
+        # one answer at a time: the others wait here, in turn
+        with ep.lock:
             if settings["stream"]:
                 return self.stream_answer(req, chat)
             answer = Answer()
             for _ in stream(ep.model, ep.tokenizer, req, answer, ep.decode):
                 pass
-        created, ident = int(time.time()), f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
+        created, ident = int(time.time()), _ident(chat)
         choice = {"index": 0, "finish_reason": answer.finish_reason, "logprobs": None}
         choice.update({"message": {"role": "assistant", "content": answer.text}} if chat else
                       {"text": answer.text})
-        self.send_json(200, {"id": ident, "object": "chat.completion" if chat else "text_completion",
-                             "created": created, "model": ep.name, "choices": [choice],
-                             "usage": _usage(answer)})
+        kind = "chat.completion" if chat else "text_completion"
+        self.send_json(200, {"id": ident, "object": kind, "created": created, "model": ep.name,
+                             "choices": [choice], "usage": _usage(answer)})
 
     def stream_answer(self, req: Request, chat: bool) -> None:
         """Server-sent events: one chunk per piece of text, then the finish reason, then [DONE]."""
         ep = self.server.endpoint
-        ident = f"{'chatcmpl' if chat else 'cmpl'}-{secrets.token_hex(12)}"
-        head = {"id": ident, "object": "chat.completion.chunk" if chat else "text_completion",
+        kind = "chat.completion.chunk" if chat else "text_completion"
+        head = {"id": _ident(chat), "object": kind,
                 "created": int(time.time()), "model": ep.name}
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Cache-Control", "no-store")
-        self.send_header("Connection", "close")  # the end of the stream is the end of the connection
+        # the end of the stream is the end of the connection
+        self.send_header("Connection", "close")
         self.end_headers()
 
         def event(piece: str | None, finish: str | None = None, first: bool = False) -> None:
             if chat:
-                delta = {"role": "assistant", "content": ""} if first else {} if piece is None else \
-                    {"content": piece}
+                delta = {"role": "assistant", "content": ""} if first else \
+                    {} if piece is None else {"content": piece}
                 choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
             else:
-                choice = {"index": 0, "text": piece or "", "finish_reason": finish, "logprobs": None}
+                choice = {"index": 0, "text": piece or "", "finish_reason": finish,
+                          "logprobs": None}
             self.wfile.write(f"data: {json.dumps({**head, 'choices': [choice]})}\n\n".encode())
             self.wfile.flush()
         answer = Answer()
@@ -180,9 +196,11 @@ class Handler(BaseHTTPRequestHandler):
     def read_json(self):
         length = self.headers.get("Content-Length", "")
         if not re.fullmatch(r"[0-9]{1,18}", length.strip()):
-            raise BadRequest("the request has no Content-Length: send a JSON body with one", status=411)
+            raise BadRequest("the request has no Content-Length: send a JSON body with one",
+                             status=411)
         if int(length) > MAX_BODY:
-            raise BadRequest(f"the body is {int(length):,} bytes, over the {MAX_BODY >> 20} MB limit", status=413)
+            raise BadRequest(f"the body is {int(length):,} bytes, over the {MAX_BODY >> 20} MB "
+                             "limit", status=413)
         try:
             return json.loads(self.rfile.read(int(length)))
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -190,7 +208,8 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class ChatServer(ThreadingHTTPServer):
-    daemon_threads = True  # Ctrl-C does not wait for an open connection
+    # Ctrl-C does not wait for an open connection
+    daemon_threads = True
 
     def __init__(self, address, endpoint: Endpoint):
         if ":" in address[0]:

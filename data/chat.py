@@ -1,9 +1,10 @@
-"""Conversations read for supervised fine-tuning (`data=chat`): JSONL lines in the OpenAI / Hugging Face shape
-(`{"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}`) or Alpaca's
-(`{"instruction": ..., "input": ..., "output": ...}`), from a file or the .jsonl files under a directory.
+"""Conversations read for supervised fine-tuning (`data=chat`): JSONL lines in the OpenAI / Hugging
+Face shape (`{"messages": [{"role": "system" | "user" | "assistant", "content": "..."}, ...]}`) or
+Alpaca's (`{"instruction": ..., "input": ..., "output": ...}`), from a file or the .jsonl files
+under a directory.
 
-Every mistake is one line naming the file, the line number and what to fix; `check_messages` is the one check of a
-message list, for the training data and the OpenAI endpoint's requests alike.
+Every mistake is one line naming the file, the line number and what to fix; `check_messages` is the
+one check of a message list, for the training data and the OpenAI endpoint's requests alike.
 """
 from __future__ import annotations
 
@@ -15,38 +16,49 @@ SUFFIXES = (".jsonl",)
 
 
 def check_messages(messages, where: str, *, answered: bool = True) -> list[dict]:
-    """`messages` as a list of {"role", "content"} (a copy), or a one-line ValueError starting with `where`. A
-    system message may come first only; `answered`: at least one assistant message (training needs an answer)."""
+    """`messages` as a list of {"role", "content"} (a copy), or a one-line ValueError starting with
+    `where`. A system message may come first only; `answered`: at least one assistant message
+    (training needs an answer)."""
     if not isinstance(messages, list) or not messages:
-        raise ValueError(f"{where}: 'messages' must be a non-empty list of {{\"role\": ..., \"content\": ...}} "
+        raise ValueError(f"{where}: 'messages' must be a non-empty list of "
+                         f"{{\"role\": ..., \"content\": ...}} "
                          f"objects")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
-            raise ValueError(f"{where}: message {i} must be an object with 'role' and 'content', got "
+            raise ValueError(f"{where}: message {i} must be an object with 'role' and 'content', "
+                             "got "
                              f"{json.dumps(m)[:60]}")
         role, content = m["role"], m["content"]
         if role not in ROLES:
-            raise ValueError(f"{where}: message {i} has role {role!r}: use one of {', '.join(ROLES)}")
+            raise ValueError(f"{where}: message {i} has role {role!r}: use one of "
+                             f"{', '.join(ROLES)}")
         if role == "system" and i:
-            raise ValueError(f"{where}: message {i} is a system message: a system message may only come first")
-        if isinstance(content, list):  # OpenAI's content parts: their text pieces joined
+            raise ValueError(f"{where}: message {i} is a system message: a system message may only "
+                             "come first")
+        # OpenAI's content parts: their text pieces joined
+        if isinstance(content, list):
             if not all(isinstance(p, dict) and p.get("type") == "text" for p in content):
-                raise ValueError(f"{where}: message {i} has content parts other than text: only text is read")
+                raise ValueError(f"{where}: message {i} has content parts other than text: only "
+                                 "text is read")
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
-            raise ValueError(f"{where}: message {i}'s 'content' must be a string, got {type(content).__name__}")
+            raise ValueError(f"{where}: message {i}'s 'content' must be a string, got "
+                             f"{type(content).__name__}")
         out.append({"role": role, "content": content})
     if answered and not any(m["role"] == "assistant" for m in out):
-        raise ValueError(f"{where}: the conversation has no assistant message: there is no answer to learn")
+        raise ValueError(f"{where}: the conversation has no assistant message: there is no answer "
+                         "to learn")
     return out
 
 
 def from_alpaca(row: dict, where: str) -> list[dict]:
-    """Alpaca's instruction / input / output as a user message (instruction, a blank line, input) and the answer."""
+    """Alpaca's instruction / input / output as a user message (instruction, a blank line, input)
+    and the answer."""
     for key in ("instruction", "output"):
         if not isinstance(row.get(key), str):
-            raise ValueError(f"{where}: an Alpaca row needs a string {key!r} (and may have 'input')")
+            raise ValueError(f"{where}: an Alpaca row needs a string {key!r} (and may have "
+                             "'input')")
     extra = row.get("input") or ""
     if not isinstance(extra, str):
         raise ValueError(f"{where}: an Alpaca row's 'input' must be a string")
@@ -59,42 +71,51 @@ def conversation(line: str, where: str) -> list[dict]:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}): each line must be one JSON "
+        raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}): each line must "
+                         "be one JSON "
                          f"object") from None
     if isinstance(row, dict) and "messages" in row:
         return check_messages(row["messages"], where)
     if isinstance(row, dict) and "instruction" in row:
         return from_alpaca(row, where)
-    raise ValueError(f"{where}: expected an object with 'messages' (OpenAI / Hugging Face chat) or 'instruction' "
+    raise ValueError(f"{where}: expected an object with 'messages' (OpenAI / Hugging Face chat) or "
+                     "'instruction' "
                      f"and 'output' (Alpaca), got {line.strip()[:60]}")
 
 
 def chat_files(given: list[str]) -> list[Path]:
-    """The .jsonl files `given` names: files as they are, directories' .jsonl files sorted by relative path."""
+    """The .jsonl files `given` names: files as they are, directories' .jsonl files sorted by
+    relative path."""
     files = []
     for g in given:
         p = Path(g).expanduser()
         if not p.exists():
-            raise FileNotFoundError(f"data.path={g} does not exist: give a .jsonl file of conversations or a "
+            raise FileNotFoundError(f"data.path={g} does not exist: give a .jsonl file of "
+                                    "conversations or a "
                                     f"directory of them")
-        found = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix in SUFFIXES) if p.is_dir() else [p]
+        found = [p] if not p.is_dir() else sorted(f for f in p.rglob("*")
+                                                  if f.is_file() and f.suffix in SUFFIXES)
         if not found:
-            raise ValueError(f"data.path={g} holds no .jsonl files: data=chat reads conversations from .jsonl files")
+            raise ValueError(f"data.path={g} holds no .jsonl files: data=chat reads conversations "
+                             "from .jsonl files")
         files += found
     return files
 
 
 def read_conversations(files: list[Path]) -> list[tuple[str, list[dict]]]:
-    """Every conversation of `files` in order, with where it is ("file:line"); blank lines are skipped."""
+    """Every conversation of `files` in order, with where it is ("file:line"); blank lines are
+    skipped."""
     out = []
     for path in files:
         try:
             text = path.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
-            raise ValueError(f"{path} is not UTF-8 text (byte {e.start:,}): save it as UTF-8") from None
+            raise ValueError(f"{path} is not UTF-8 text (byte {e.start:,}): save it as UTF-8") \
+                from None
         for n, line in enumerate(text.splitlines(), 1):
             if line.strip():
                 out.append((f"{path}:{n}", conversation(line, f"{path}:{n}")))
     if not out:
-        raise ValueError(f"{', '.join(map(str, files))} holds no conversations: write one JSON object per line")
+        raise ValueError(f"{', '.join(map(str, files))} holds no conversations: write one JSON "
+                         "object per line")
     return out

@@ -1,12 +1,14 @@
-"""`data=chat` prepared: conversations -> token ids, the loss mask and where each conversation starts, per split,
-cached by content in `$TINYGPT_CACHE/prepared/chat-<tokenizer>-<key>/` (data.prepare.prepare hands `data=chat`
-here). The directory is a `Prepared` like any other (train.bin / val.bin hold the ids), plus `<split>-mask.bin` (1
-where a token is learnt) and `<split>-starts.bin` (each conversation's first token, then the total), all in the
-checked token-file format; data/chat_loader.py reads them back as batches.
+"""`data=chat` prepared: conversations -> token ids, the loss mask and where each conversation
+starts, per split, cached by content in `$TINYGPT_CACHE/prepared/chat-<tokenizer>-<key>/`
+(data.prepare.prepare hands `data=chat` here). The directory is a `Prepared` like any other
+(train.bin / val.bin hold the ids), plus `<split>-mask.bin` (1 where a token is learnt) and
+`<split>-starts.bin` (each conversation's first token, then the total), all in the checked
+token-file format; data/chat_loader.py reads them back as batches.
 
-The tokenizer: `data.tokenizer_file` (a tinygpt tokenizer description, which a fine-tune's model.init_from writes,
-or a Hugging Face tokenizer.json), else the conversations' characters (char) or GPT-2 BPE; with its chat template
-(data/chat_template.py: tinygpt's own is added where it has none).
+The tokenizer: `data.tokenizer_file` (a tinygpt tokenizer description, which a fine-tune's
+model.init_from writes, or a Hugging Face tokenizer.json), else the conversations' characters (char)
+or GPT-2 BPE; with its chat template (data/chat_template.py: tinygpt's own is added where it has
+none).
 """
 from __future__ import annotations
 
@@ -32,18 +34,21 @@ FORMAT, VERSION = "tinygpt-chat", 1
 
 
 def chat_tokenizer_dict(cfg: DataConfig, kind: str, conversations) -> dict:
-    """The description of the tokenizer the conversations are encoded with, its chat template included."""
+    """The description of the tokenizer the conversations are encoded with, its chat template
+    included."""
     if cfg.tokenizer_file is not None:
         text = Path(cfg.tokenizer_file).expanduser().read_text(encoding="utf-8")
         try:
             d = json.loads(text)
         except json.JSONDecodeError:
-            raise ValueError(f"data.tokenizer_file={cfg.tokenizer_file} is not JSON: give a tokenizer.json or a "
+            raise ValueError(f"data.tokenizer_file={cfg.tokenizer_file} is not JSON: give a "
+                             "tokenizer.json or a "
                              f"tinygpt tokenizer description") from None
         d = d if isinstance(d, dict) and "type" in d else {"type": "bpe", "json": text}
         return with_chat(tokenizer_from_dict(d).to_dict())
     if kind == "bpe":
-        raise ValueError("data=chat does not train a BPE of its own: fine-tune a model trained with one "
+        raise ValueError("data=chat does not train a BPE of its own: fine-tune a model trained "
+                         "with one "
                          "(model.init_from=RUN), give data.tokenizer_file=<tokenizer.json>, or use "
                          "data.tokenizer=char or data.tokenizer=gpt2")
     if kind == "gpt2":
@@ -52,8 +57,10 @@ def chat_tokenizer_dict(cfg: DataConfig, kind: str, conversations) -> dict:
     return with_chat(CharTokenizer(chars or " ").to_dict())
 
 
-def prepare_chat(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None] | None = None) -> Prepared:
-    """The prepared conversations of `cfg` (data=chat), from the cache when their files and tokenizer are there."""
+def prepare_chat(cfg: DataConfig, *, progress: bool = True,
+                 log: Callable[[str], None] | None = None) -> Prepared:
+    """The prepared conversations of `cfg` (data=chat), from the cache when their files and
+    tokenizer are there."""
     kind = cfg.validate()
     files = chat_files(cfg.paths())
     h = hashlib.sha256()
@@ -61,7 +68,8 @@ def prepare_chat(cfg: DataConfig, *, progress: bool = True, log: Callable[[str],
         h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
         h.update(f.read_bytes())
     conversations = None
-    if cfg.tokenizer_file is None and kind == "char":  # the vocabulary is the conversations' characters
+    # a char vocabulary of its own is the conversations' characters
+    if cfg.tokenizer_file is None and kind == "char":
         conversations = read_conversations(files)
     tok = chat_tokenizer_dict(cfg, kind, conversations)
     blob = json.dumps({"format": VERSION, "source": h.hexdigest(), "tokenizer": tok,
@@ -73,19 +81,24 @@ def prepare_chat(cfg: DataConfig, *, progress: bool = True, log: Callable[[str],
         p = load_chat(final)
         p.cached, p.source = True, source
         return p
-    build(final, key, conversations or read_conversations(files), tok, float(cfg.val_fraction), source)
+    conversations = conversations or read_conversations(files)
+    build(final, key, conversations, tok, float(cfg.val_fraction), source)
     p = load_chat(final)
     p.source = source
     if progress:
         c = p.meta["chat"]
-        note = (f"data=chat: {c['train_conversations']:,} train / {c['val_conversations']:,} val conversations, "
-                f"{c['learnt_tokens']:,} of {p.meta['train_tokens']:,} train tokens learnt (the answers)")
+        note = (f"data=chat: {c['train_conversations']:,} train / {c['val_conversations']:,} val "
+                "conversations, "
+                f"{c['learnt_tokens']:,} of {p.meta['train_tokens']:,} train tokens learnt (the "
+                "answers)")
         log(note) if log is not None else print(note, file=sys.stderr)
     return p
 
 
-def build(final: Path, key: str, conversations, tok: dict, val_fraction: float, source: str) -> None:
-    """Encode and write the splits into a temporary directory, then rename it into place (the first one wins)."""
+def build(final: Path, key: str, conversations, tok: dict, val_fraction: float,
+          source: str) -> None:
+    """Encode and write the splits into a temporary directory, then rename it into place (the first
+    one wins)."""
     tokenizer = tokenizer_from_dict(tok)
     fmt = ChatFormat(tokenizer)
     encoded = []
@@ -94,13 +107,17 @@ def build(final: Path, key: str, conversations, tok: dict, val_fraction: float, 
             encoded.append(fmt.encode(conv))
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
-    n_val = min(max(1, round(len(encoded) * val_fraction)), len(encoded) - 1) if len(encoded) > 1 else 0
-    splits = {"train": encoded[:len(encoded) - n_val] , "val": encoded[len(encoded) - n_val:] or encoded}
+    # the last val_fraction (one at least, one left for training); a single conversation serves both
+    n = len(encoded)
+    n_val = min(max(1, round(n * val_fraction)), n - 1) if n > 1 else 0
+    splits = {"train": encoded[:n - n_val], "val": encoded[n - n_val:] or encoded}
     tmp = final.parent / f".tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir(parents=True)
     meta = {"format": FORMAT, "version": VERSION, "key": key, "name": "chat", "tokenizer": tok,
-            "vocab_size": tokenizer.vocab_size, "shards": {"train": ["train.bin"], "val": ["val.bin"]},
-            "source": {"path": source, "chars": sum(len(m["content"]) for _, c in conversations for m in c)},
+            "vocab_size": tokenizer.vocab_size,
+            "shards": {"train": ["train.bin"], "val": ["val.bin"]},
+            "source": {"path": source,
+                       "chars": sum(len(m["content"]) for _, c in conversations for m in c)},
             "chat": {}}
     try:
         for split, rows in splits.items():
@@ -112,11 +129,13 @@ def build(final: Path, key: str, conversations, tok: dict, val_fraction: float, 
             write_token_file(tmp / f"{split}-starts.bin", starts, int(starts[-1]) + 1)
             meta[f"{split}_tokens"] = int(ids.size)
             meta["chat"][f"{split}_conversations"] = len(rows)
-            meta["chat"]["learnt_tokens" if split == "train" else "val_learnt_tokens"] = int(mask.sum())
+            learnt = "learnt_tokens" if split == "train" else "val_learnt_tokens"
+            meta["chat"][learnt] = int(mask.sum())
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1), encoding="utf-8")
         try:
             os.rename(tmp, final)
-        except OSError:  # another process published it first: its identical result stays
+        # another process published it first: its identical result stays
+        except OSError:
             if not (final / "meta.json").is_file():
                 raise
     finally:
@@ -132,6 +151,7 @@ def load_chat(d: Path) -> Prepared:
             for suffix in ("", "-mask", "-starts"):
                 TokenFile(d / f"{split}{suffix}.bin")
     except (OSError, ValueError, AssertionError, AttributeError):
-        raise ValueError(f"the prepared conversations in {d} are damaged or of another version: delete {d} and "
+        raise ValueError(f"the prepared conversations in {d} are damaged or of another version: "
+                         f"delete {d} and "
                          f"run again") from None
     return Prepared(d, meta, tokenizer_from_dict(meta["tokenizer"]))

@@ -1,8 +1,9 @@
-"""A chat template in Hugging Face's files, both ways. Written: tokenizer_config.json's `chat_template` (the same
-Jinja string tinygpt renders, so transformers' `apply_chat_template` gives tinygpt's ids), the added tokens
-(`added_tokens_decoder`, as special tokens) and `tinygpt_chat`, the description read back exactly. Read: an
-export's `tinygpt_chat`, or an imported model's `chat_template` with the tokens it names (bos/eos; the end of a
-turn: its eos token and generation_config.json's eos ids), whose tokens are in its own vocabulary already.
+"""A chat template in Hugging Face's files, both ways. Written: tokenizer_config.json's
+`chat_template` (the same Jinja string tinygpt renders, so transformers' `apply_chat_template` gives
+tinygpt's ids), the added tokens (`added_tokens_decoder`, as special tokens) and `tinygpt_chat`, the
+description read back exactly. Read: an export's `tinygpt_chat`, or an imported model's
+`chat_template` with the tokens it names (bos/eos; the end of a turn: its eos token and
+generation_config.json's eos ids), whose tokens are in its own vocabulary already.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ def config_entries(tokenizer) -> dict:
 
 
 def add_to_config(out_dir: str | Path, tokenizer) -> list[Path]:
-    """tokenizer_config.json in `out_dir` with the chat entries merged in (written if absent: char models)."""
+    """tokenizer_config.json in `out_dir` with the chat entries merged in (written if absent: char
+    models)."""
     from common.files import write_text_atomic
     entries = config_entries(tokenizer)
     if not entries:
@@ -37,7 +39,9 @@ def add_to_config(out_dir: str | Path, tokenizer) -> list[Path]:
 
 def _content(token) -> str | None:
     """A token as tokenizer_config.json gives it: a string, or {"content": ...}."""
-    return token.get("content") if isinstance(token, dict) else token if isinstance(token, str) else None
+    if isinstance(token, dict):
+        return token.get("content")
+    return token if isinstance(token, str) else None
 
 
 def _read_json(path: Path) -> dict:
@@ -49,13 +53,15 @@ def _read_json(path: Path) -> dict:
 
 
 def chat_of(hf_dir: str | Path, tokenizer) -> dict | None:
-    """The chat description of a Hugging Face directory whose base tokenizer is `tokenizer`, or None."""
+    """The chat description of a Hugging Face directory whose base tokenizer is `tokenizer`, or
+    None."""
     d = Path(hf_dir).expanduser()
     config = _read_json(d / "tokenizer_config.json")
     if isinstance(config.get("tinygpt_chat"), dict):
         return config["tinygpt_chat"]
     template = config.get("chat_template")
-    if isinstance(template, list):  # several named templates: the default one
+    # several named templates: the default one
+    if isinstance(template, list):
         template = next((t.get("template") for t in template if isinstance(t, dict)
                          and t.get("name") == "default"), None)
     if not isinstance(template, str):
@@ -63,6 +69,7 @@ def chat_of(hf_dir: str | Path, tokenizer) -> dict | None:
     tokens = {k: _content(config.get(k)) for k in ("bos_token", "eos_token")}
     eos = _read_json(d / "generation_config.json").get("eos_token_id")
     eos = [eos] if isinstance(eos, int) else eos if isinstance(eos, list) else []
-    stop = [tokenizer.decode([i]) for i in eos if isinstance(i, int) and 0 <= i < tokenizer.vocab_size]
+    stop = [tokenizer.decode([i]) for i in eos
+            if isinstance(i, int) and 0 <= i < tokenizer.vocab_size]
     return {"template": template, "special": [], "end": tokens["eos_token"], "stop": stop,
             "tokens": {k: v for k, v in tokens.items() if v is not None}}

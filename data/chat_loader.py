@@ -1,11 +1,13 @@
-"""Batches of whole conversations (`ChatLoader`) and `build_loader`, the one choice of loader for prepared data.
+"""Batches of whole conversations (`ChatLoader`) and `build_loader`, the one choice of loader for
+prepared data.
 
-A row starts at a conversation's first token and packs the conversations after it while they fit whole, then pads:
-every answer sees its whole prompt (a random window could cut it off), and short conversations do not waste a row
-each (packing, not one conversation a row). Targets are -1 (ignored by the loss) on system and user tokens, on
-the padding and on a conversation longer than the context past its cut; an answer's tokens and its end-of-turn
-token are learnt. The interface is `BatchLoader`'s (next_batch, eval_batch, state_dict, load_state_dict), and batches
-depend only on (seed, global step) the same way, so resuming and ranks need nothing new.
+A row starts at a conversation's first token and packs the conversations after it while they fit
+whole, then pads: every answer sees its whole prompt (a random window could cut it off), and short
+conversations do not waste a row each (packing, not one conversation a row). Targets are -1 (ignored
+by the loss) on system and user tokens, on the padding and on a conversation longer than the context
+past its cut; an answer's tokens and its end-of-turn token are learnt. The interface is
+`BatchLoader`'s (next_batch, eval_batch, state_dict, load_state_dict), and batches depend only on
+(seed, global step) the same way, so resuming and ranks need nothing new.
 """
 from __future__ import annotations
 
@@ -20,20 +22,23 @@ log = logging.getLogger(__name__)
 
 
 def build_loader(prepared: Prepared, block_size: int, batch_size: int, **kw):
-    """The loader for `prepared`: conversations (data=chat) -> ChatLoader, token windows -> BatchLoader. `kw`:
-    seed, grad_accum_steps, rank, world_size, device, as BatchLoader takes them."""
+    """The loader for `prepared`: conversations (data=chat) -> ChatLoader, token windows ->
+    BatchLoader. `kw`: seed, grad_accum_steps, rank, world_size, device, as BatchLoader takes them.
+    """
     if prepared.meta.get("format") == "tinygpt-chat":
         return ChatLoader(prepared, block_size, batch_size, **kw)
     return BatchLoader(*prepared.token_files(), block_size, batch_size, **kw)
 
 
 def targets(next_ids, learnt):
-    """The targets of a row: the next ids where they are learnt (an answer's tokens), else -1 (ignored)."""
+    """The targets of a row: the next ids where they are learnt (an answer's tokens), else -1
+    (ignored)."""
     return next_ids.masked_fill(learnt == 0, -1)
 
 
 class ChatSplit:
-    """A split's ids, loss mask and conversation starts; `row(i, n)`: n ids and their mask from conversation i on."""
+    """A split's ids, loss mask and conversation starts; `row(i, n)`: n ids and their mask from
+    conversation i on."""
 
     def __init__(self, prepared: Prepared, split: str):
         d = prepared.dir
@@ -46,9 +51,11 @@ class ChatSplit:
         return int((np.diff(self.starts) > n).sum())
 
     def row(self, i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """Conversations i, i+1, ... that fit whole in n tokens (the first cut to n if it alone is longer), padded."""
+        """Conversations i, i+1, ... that fit whole in n tokens (the first cut to n if it alone is
+        longer), padded."""
         lo = self.starts[i]
-        j = int(np.searchsorted(self.starts, lo + n, side="right")) - 1  # the last start with all before it fitting
+        # the last start whose conversations before it all fit
+        j = int(np.searchsorted(self.starts, lo + n, side="right")) - 1
         hi = self.starts[j] if j > i else min(lo + n, self.starts[-1])
         ids, mask = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         ids[:hi - lo], mask[:hi - lo] = self.ids[lo:hi], self.mask[lo:hi]
@@ -56,7 +63,8 @@ class ChatSplit:
 
 
 class ChatLoader:
-    """BatchLoader's interface over prepared conversations: rows drawn by (seed, global step), resumable."""
+    """BatchLoader's interface over prepared conversations: rows drawn by (seed, global step),
+    resumable."""
 
     def __init__(self, prepared: Prepared, block_size: int, batch_size: int, *, seed: int,
                  grad_accum_steps: int = 1, rank: int = 0, world_size: int = 1, device="cpu"):
@@ -66,13 +74,16 @@ class ChatLoader:
         self.grad_accum_steps = _positive_int("grad_accum_steps", grad_accum_steps)
         self.world_size = _positive_int("world_size", world_size)
         if not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank!r} must be in 0..{world_size - 1} for world_size={world_size}")
+            raise ValueError(f"rank={rank!r} must be in 0..{world_size - 1} for "
+                             f"world_size={world_size}")
         self.rank, self.seed, self.device = int(rank), int(seed), torch.device(device)
         self.global_batch = self.batch_size * self.grad_accum_steps * self.world_size
         self.splits = {split: ChatSplit(prepared, split) for split in ("train", "val")}
         if cut := self.splits["train"].longer_than(self.block_size + 1):
-            log.warning(f"{cut:,} of {self.splits['train'].count:,} train conversations are longer than the context "
-                        f"(model.block_size={self.block_size}): each is cut there, and what is past the cut is not "
+            log.warning(f"{cut:,} of {self.splits['train'].count:,} train conversations are longer "
+                        "than the context "
+                        f"(model.block_size={self.block_size}): each is cut there, and what is "
+                        "past the cut is not "
                         f"learnt")
         self.step, self.micro = 0, 0
 

@@ -1,7 +1,8 @@
-"""Exact match of a chat model's answers (`python eval.py --chat-exact heldout.jsonl`): for each conversation, the
-prompt is every message before its last assistant message, the answer is drawn greedily up to the end-of-turn
-token (or `max_new_tokens`), and it scores 1 when it equals the expected answer, both stripped of surrounding
-whitespace. data/chat_tasks.py writes a held-out file whose answers are exact by construction.
+"""Exact match of a chat model's answers (`python eval.py --chat-exact heldout.jsonl`): for each
+conversation, the prompt is every message before its last assistant message, the answer is drawn
+greedily up to the end-of-turn token (or `max_new_tokens`), and it scores 1 when it equals the
+expected answer, both stripped of surrounding whitespace. data/chat_tasks.py writes a held-out file
+whose answers are exact by construction.
 """
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ def greedy_answer(model, fmt, messages: list[dict], max_new_tokens: int) -> str:
     from model.sampling import Sampling
     device = next(model.parameters()).device
     ids = fmt.prompt(messages)[-model.config.block_size:]
-    room = max(0, min(max_new_tokens, model.config.block_size - len(ids)))  # answers stay in the context
+    # the answer stays in the context
+    room = max(0, min(max_new_tokens, model.config.block_size - len(ids)))
     out = []
     sampling = Sampling(temperature=0.0, vocab_limit=fmt.tokenizer.vocab_size)
     for tok in generate_tokens(model, torch.tensor([ids], device=device), room, sampling):
@@ -31,17 +33,21 @@ def greedy_answer(model, fmt, messages: list[dict], max_new_tokens: int) -> str:
     return fmt.tokenizer.decode(out)
 
 
-def exact_match(model, tokenizer, conversations, max_new_tokens: int = 64, progress: bool = False) -> dict:
-    """{"exact_match", "correct", "examples", "wrong": the first few misses} over (where, messages) pairs."""
+def exact_match(model, tokenizer, conversations, max_new_tokens: int = 64,
+                progress: bool = False) -> dict:
+    """{"exact_match", "correct", "examples", "wrong": the first few misses} over (where, messages)
+    pairs."""
     from tqdm import tqdm
 
     from data.chat_template import ChatFormat
     fmt, correct, wrong = ChatFormat(tokenizer), 0, []
-    for where, messages in tqdm(conversations, unit="answer", file=sys.stderr, leave=False, disable=not progress):
+    bar = tqdm(conversations, unit="answer", file=sys.stderr, leave=False, disable=not progress)
+    for where, messages in bar:
         prompt, expected = split_last_answer(messages)
         try:
             got = greedy_answer(model, fmt, prompt, max_new_tokens)
-        except ValueError as e:  # characters a char model never saw
+        # characters a char model never saw
+        except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         if got.strip() == expected.strip():
             correct += 1

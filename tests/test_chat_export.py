@@ -1,6 +1,6 @@
 """Exports keep the chat template: tokenizer_config.json carries `chat_template`, and transformers'
-`apply_chat_template` gives the ids tinygpt's template gives (GPT-2 BPE and the own BPE); reading the export back
-gives the chat tokenizer it came from (char too)."""
+`apply_chat_template` gives the ids tinygpt's template gives (GPT-2 BPE and the own BPE); reading
+the export back gives the chat tokenizer it came from (char too)."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,8 @@ from data.chat_template import ChatFormat, with_chat
 from data.hf_tokenizer import read_hf_tokenizer, write_tokenizer_files
 from data.tokenizer import CharTokenizer, tokenizer_from_dict
 
-CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Spell cat, please."},
+CONV = [{"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Spell cat, please."},
         {"role": "assistant", "content": "c-a-t"}, {"role": "user", "content": "And dog?"}]
 
 
@@ -35,7 +36,7 @@ def test_apply_chat_template_gives_tinygpt_s_ids(tmp_path, cache_with_gpt2):
         for messages, gen in ((CONV, True), (CONV[:3], False)):
             ours = ChatFormat(tok).encode(messages, add_generation_prompt=gen)[0]
             theirs = hf.apply_chat_template(messages, tokenize=True, add_generation_prompt=gen)
-            theirs = theirs["input_ids"] if isinstance(theirs, dict) or hasattr(theirs, "keys") else theirs
+            theirs = theirs["input_ids"] if hasattr(theirs, "keys") else theirs
             assert list(theirs) == ours, base["type"]
         assert read_hf_tokenizer(out).to_dict() == tok.to_dict()
 
@@ -57,14 +58,17 @@ def test_an_imported_template_is_kept_with_its_own_tokens(tmp_path):
                              for i, t in enumerate(["<|im_start|>", "<|im_end|>"])]
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
-    chatml = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}"
-              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+    chatml = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
+              "'<|im_end|>\\n' }}"
+              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif "
+              "%}")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": chatml,
                                                                 "eos_token": "<|im_end|>"}))
     tok = read_hf_tokenizer(tmp_path)
     assert tok.vocab_size == n + 2 and tok.special == []  # no tokens added: the model's own
     fmt = ChatFormat(tok)
-    ids, mask = fmt.encode([{"role": "user", "content": "hello"}, {"role": "assistant", "content": "there"}])
+    ids, mask = fmt.encode([{"role": "user", "content": "hello"},
+                            {"role": "assistant", "content": "there"}])
     assert fmt.stop_ids == [n + 1]
     assert tok.decode([i for i, m in zip(ids, mask) if m]) == "there<|im_end|>\n"
     assert with_chat(tok.to_dict()) == tok.to_dict()

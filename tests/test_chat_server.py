@@ -1,5 +1,5 @@
-"""serve.py's endpoint with the official `openai` client: a real client against a real server on 127.0.0.1 (in
-this process, on a thread), a tiny random model with tinygpt's chat template."""
+"""serve.py's endpoint with the official `openai` client: a real client against a real server on
+127.0.0.1 (in this process, on a thread), a tiny random model with tinygpt's chat template."""
 from __future__ import annotations
 
 import http.client
@@ -22,7 +22,8 @@ def server():
     from model.gpt import GPT
     tok = tokenizer_from_dict(with_chat(CharTokenizer("abcdefghijklmnopqrstuvwxyz .?!-").to_dict()))
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=16)).eval()
+    config = GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=16)
+    model = GPT(config).eval()
     srv = ChatServer(("127.0.0.1", 0), Endpoint(model, tok, "tiny"))
     thread = threading.Thread(target=srv.serve_forever, daemon=True)
     thread.start()
@@ -62,13 +63,15 @@ def test_text_completions_streamed_and_whole_and_stop_strings(client):
     r = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0)
     text = r.choices[0].text
     assert r.object == "text_completion" and r.usage.completion_tokens == 6
-    streamed = "".join(c.choices[0].text for c in client.completions.create(model="tiny", prompt="abc",
-                                                                             max_tokens=6, temperature=0,
-                                                                             stream=True))
+    chunks = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0,
+                                       stream=True)
+    streamed = "".join(c.choices[0].text for c in chunks)
     assert streamed == text
     if len(text) > 2:
-        cut = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0, stop=text[2])
-        assert cut.choices[0].text == text[:text.index(text[2])] and cut.choices[0].finish_reason == "stop"
+        cut = client.completions.create(model="tiny", prompt="abc", max_tokens=6, temperature=0,
+                                        stop=text[2])
+        assert cut.choices[0].text == text[:text.index(text[2])]
+        assert cut.choices[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize("kw, param", [
@@ -91,7 +94,8 @@ def test_requests_queue_rather_than_fail(client):
 
     def ask(i):
         try:
-            r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6, seed=i)
+            r = client.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=6,
+                                               seed=i)
             results.append(r.choices[0].finish_reason)
         except Exception as e:  # noqa: BLE001 - collected: the test says which
             errors.append(e)
@@ -108,6 +112,7 @@ def test_another_site_is_refused(server, headers):
     port = server.server_address[1]
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     body = json.dumps({"model": "tiny", "messages": MESSAGES})
-    conn.request("POST", "/v1/chat/completions", body, {"Content-Type": "application/json", **headers})
+    conn.request("POST", "/v1/chat/completions", body,
+                 {"Content-Type": "application/json", **headers})
     r = conn.getresponse()
     assert r.status == 403 and "error" in json.loads(r.read())

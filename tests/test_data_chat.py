@@ -1,5 +1,6 @@
-"""data=chat: conversations read (both shapes, one line per mistake), the chat template and its loss mask, the
-prepared directory and ChatLoader, and the loss on answers only (item 3 of issue 52: the gradient test)."""
+"""data=chat: conversations read (both shapes, one line per mistake), the chat template and its loss
+mask, the prepared directory and ChatLoader, and the loss on answers only (item 3 of issue 52: the
+gradient test)."""
 from __future__ import annotations
 
 import json
@@ -21,7 +22,8 @@ CONV = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 
 def _jsonl(path, rows):
-    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows), encoding="utf-8")
+    lines = [r if isinstance(r, str) else json.dumps(r) for r in rows]
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return path
 
 
@@ -38,7 +40,8 @@ def test_both_shapes_are_read_from_a_file_or_a_directory(tmp_path):
     (d / "notes.txt").write_text("not read")
     got = read_conversations(chat_files([str(d)]))
     assert [m for _, m in got][0] == CONV
-    assert got[1][1] == [{"role": "user", "content": "Spell\n\ndog"}, {"role": "assistant", "content": "d-o-g"}]
+    assert got[1][1] == [{"role": "user", "content": "Spell\n\ndog"},
+                         {"role": "assistant", "content": "d-o-g"}]
     assert got[1][0].endswith("b.jsonl:1")
 
 
@@ -48,7 +51,8 @@ def test_both_shapes_are_read_from_a_file_or_a_directory(tmp_path):
     ({"messages": [{"role": "user", "content": "hi"}]}, "no assistant message"),
     ({"messages": [{"role": "user", "content": "a"}, {"role": "system", "content": "b"},
                    {"role": "assistant", "content": "c"}]}, "may only come first"),
-    ({"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "c"}]}, "must be a string"),
+    ({"messages": [{"role": "user", "content": 3}, {"role": "assistant", "content": "c"}]},
+     "must be a string"),
     ({"instruction": "x"}, "'output'"),
     ({"text": "plain"}, "expected an object with 'messages'"),
 ])
@@ -63,7 +67,8 @@ def test_the_template_masks_everything_but_the_answers_and_their_end_token():
     tok = _char_chat()
     fmt = ChatFormat(tok)
     ids, mask = fmt.encode(CONV)
-    assert tok.decode(ids) == ("<|system|>Be brief.<|end|><|user|>Spell cat.<|end|><|assistant|>c-a-t<|end|>"
+    assert tok.decode(ids) == ("<|system|>Be brief.<|end|><|user|>Spell "
+                               "cat.<|end|><|assistant|>c-a-t<|end|>"
                                "<|user|>Reverse it.<|end|><|assistant|>tac<|end|>")
     learnt = tok.decode([i for i, m in zip(ids, mask) if m])
     assert learnt == "c-a-t<|end|>tac<|end|>"
@@ -101,7 +106,8 @@ def test_prepared_once_by_content_and_loaded_as_whole_conversations(tmp_path):
     assert x.shape == y.shape == (4, 32)
     tok = p.tokenizer
     for row_x, row_y in zip(x, y):
-        assert tok.decode(row_x[:1].tolist()) in ("<|system|>", "<|user|>")  # rows start a conversation
+        # rows start a conversation
+        assert tok.decode(row_x[:1].tolist()) in ("<|system|>", "<|user|>")
         learnt = [int(t) for t in row_y if t >= 0]
         assert learnt and tok.decode(learnt).endswith("<|end|>")
         assert "<|user|>" not in tok.decode(learnt)
@@ -118,10 +124,13 @@ def test_a_prompt_s_targets_change_no_gradient_an_answer_s_do(tmp_path):
     from model.gpt import GPT
     p = _prepared(tmp_path)
     split = ChatLoader(p, 95, 2, seed=0).splits["train"]
-    ids, learnt = (torch.from_numpy(a) for a in split.row(0, 96))  # the system + two answers conversation
+    # the conversation with a system message and two answers, and the ones packed after it
+    ids, learnt = (torch.from_numpy(a) for a in split.row(0, 96))
     x, nxt, keep = ids[None, :-1], ids[None, 1:], learnt[None, 1:]
     torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=p.tokenizer.vocab_size, block_size=96, n_layer=1, n_head=2, n_embd=16))
+    config = GPTConfig(vocab_size=p.tokenizer.vocab_size, block_size=96, n_layer=1, n_head=2,
+                       n_embd=16)
+    model = GPT(config)
 
     def grads(next_ids):
         model.zero_grad()
@@ -137,7 +146,8 @@ def test_a_prompt_s_targets_change_no_gradient_an_answer_s_do(tmp_path):
     assert not torch.allclose(grads(changed), base)
     end = p.tokenizer.special_ids["<|end|>"]
     answers = (x == p.tokenizer.special_ids["<|assistant|>"]).sum()
-    assert (targets(nxt, keep) == end).sum() == answers >= 2  # each answer's end-of-turn token is learnt
+    # each answer's end-of-turn token is learnt
+    assert (targets(nxt, keep) == end).sum() == answers >= 2
 
 
 def test_the_task_holds_words_out_and_answers_exactly(tmp_path):
@@ -148,5 +158,6 @@ def test_the_task_holds_words_out_and_answers_exactly(tmp_path):
         word = a.replace("-", "") if "pell" in q else a[::-1]
         assert f" {word}" in q and held_out(word)
         assert a == ("-".join(word) if "pell" in q else word[::-1])
-    assert train.read_text() == write(tmp_path / "again", 200, 50, seed=3, tasks=["spell", "reverse"])[0].read_text()
+    again = write(tmp_path / "again", 200, 50, seed=3, tasks=["spell", "reverse"])[0]
+    assert train.read_text() == again.read_text()
     assert not set(open(train).read()) - set(CharTokenizer(open(train).read()).chars)
