@@ -31,8 +31,7 @@ def parse_args(argv: list[str] | None = None):
     p = ArgumentParser(prog="serve.py", spellings=spellings,
                        description="Serve a model as an OpenAI-compatible endpoint (chat and text "
                        "completions, streamed or not). Without --run/--checkpoint/--init it serves "
-                       "the newest "
-                       "run under ./outputs or ./multirun.")
+                       "the newest run under ./outputs or ./multirun.")
     src = add_checkpoint_options(p)
     src.add_argument("--init", metavar="HF_DIR", help="local Hugging Face GPT-2, Llama or Qwen3 "
                                                       "directory")
@@ -71,12 +70,11 @@ def run(argv: list[str] | None = None) -> int:
     endpoint = Endpoint(model, tokenizer, name)
     if endpoint.fmt is None:
         print(f"note: {name} has no chat template (a base model): /v1/completions only; fine-tune "
-              "it on "
-              f"conversations for /v1/chat/completions (docs/chat.md)", file=sys.stderr)
+              "it on conversations for /v1/chat/completions (docs/chat.md)", file=sys.stderr)
     if args.host.lower() not in LOOPBACK:
         print(f"warning: listening on {args.host}: anyone who can reach this address can use the "
-              "model (there "
-              "is no key); leave out --host to listen on 127.0.0.1 only", file=sys.stderr)
+              "model (there is no key); leave out --host to listen on 127.0.0.1 "
+              "only", file=sys.stderr)
     try:
         server = ChatServer((args.host, args.port), endpoint)
     except OSError as e:
@@ -85,8 +83,7 @@ def run(argv: list[str] | None = None) -> int:
                              "free one") \
                 from None
         raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}): check "
-                         "--host and "
-                         "--port") from None
+                         "--host and --port") from None
     print(f"serving {name} at {server.url}  (OpenAI base_url; Ctrl-C to stop)", flush=True)
     try:
         server.serve_forever()

@@ -33,8 +33,7 @@ def fit(fmt, messages: list[dict], block_size: int, room: int) -> tuple[list[int
         rest, dropped = rest[1:], dropped + 1
     if len(ids) >= block_size:
         raise ValueError(f"the message is {len(ids)} tokens with its template, more than the "
-                         "model's context of "
-                         f"{block_size}: send a shorter one")
+                         f"model's context of {block_size}: send a shorter one")
     return ids, dropped
 
 

@@ -46,8 +46,8 @@ class Endpoint:
         if chat:
             if self.fmt is None:
                 raise BadRequest(f"{self.name} has no chat template (a base model): use "
-                                 "/v1/completions, or "
-                                 f"fine-tune it on conversations (docs/chat.md)", "messages")
+                                 "/v1/completions, or fine-tune it on conversations "
+                                 "(docs/chat.md)", "messages")
             try:
                 ids, _ = fit(self.fmt, settings["messages"], block, 1)
             except ValueError as e:
@@ -131,8 +131,7 @@ class Handler(BaseHTTPRequestHandler):
         if path == f"/v1/models/{ep.name}":
             return self.send_json(200, card)
         raise BadRequest(f"no such route: GET {path[:100]} (GET /v1/models, POST "
-                         "/v1/chat/completions, POST "
-                         f"/v1/completions)", status=404)
+                         "/v1/chat/completions, POST /v1/completions)", status=404)
 
     def post(self, path: str) -> None:
         if path not in ("/v1/chat/completions", "/v1/completions"):

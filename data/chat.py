@@ -20,15 +20,13 @@ def check_messages(messages, where: str, *, answered: bool = True) -> list[dict]
     `where`. A system message may come first only; `answered`: at least one assistant message
     (training needs an answer)."""
     if not isinstance(messages, list) or not messages:
-        raise ValueError(f"{where}: 'messages' must be a non-empty list of "
-                         f"{{\"role\": ..., \"content\": ...}} "
-                         f"objects")
+        raise ValueError(f"{where}: 'messages' must be a non-empty list of {{\"role\": ..., "
+                         "\"content\": ...} objects")
     out = []
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or "content" not in m:
             raise ValueError(f"{where}: message {i} must be an object with 'role' and 'content', "
-                             "got "
-                             f"{json.dumps(m)[:60]}")
+                             f"got {json.dumps(m)[:60]}")
         role, content = m["role"], m["content"]
         if role not in ROLES:
             raise ValueError(f"{where}: message {i} has role {role!r}: use one of "
@@ -72,15 +70,13 @@ def conversation(line: str, where: str) -> list[dict]:
         row = json.loads(line)
     except json.JSONDecodeError as e:
         raise ValueError(f"{where}: not valid JSON ({e.msg} at column {e.colno}): each line must "
-                         "be one JSON "
-                         f"object") from None
+                         "be one JSON object") from None
     if isinstance(row, dict) and "messages" in row:
         return check_messages(row["messages"], where)
     if isinstance(row, dict) and "instruction" in row:
         return from_alpaca(row, where)
     raise ValueError(f"{where}: expected an object with 'messages' (OpenAI / Hugging Face chat) or "
-                     "'instruction' "
-                     f"and 'output' (Alpaca), got {line.strip()[:60]}")
+                     f"'instruction' and 'output' (Alpaca), got {line.strip()[:60]}")
 
 
 def chat_files(given: list[str]) -> list[Path]:
@@ -91,8 +87,7 @@ def chat_files(given: list[str]) -> list[Path]:
         p = Path(g).expanduser()
         if not p.exists():
             raise FileNotFoundError(f"data.path={g} does not exist: give a .jsonl file of "
-                                    "conversations or a "
-                                    f"directory of them")
+                                    "conversations or a directory of them")
         found = [p] if not p.is_dir() else sorted(f for f in p.rglob("*")
                                                   if f.is_file() and f.suffix in SUFFIXES)
         if not found:

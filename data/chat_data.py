@@ -42,15 +42,14 @@ def chat_tokenizer_dict(cfg: DataConfig, kind: str, conversations) -> dict:
             d = json.loads(text)
         except json.JSONDecodeError:
             raise ValueError(f"data.tokenizer_file={cfg.tokenizer_file} is not JSON: give a "
-                             "tokenizer.json or a "
-                             f"tinygpt tokenizer description") from None
+                             "tokenizer.json or a tinygpt tokenizer description") from None
         d = d if isinstance(d, dict) and "type" in d else {"type": "bpe", "json": text}
         return with_chat(tokenizer_from_dict(d).to_dict())
     if kind == "bpe":
         raise ValueError("data=chat does not train a BPE of its own: fine-tune a model trained "
-                         "with one "
-                         "(model.init_from=RUN), give data.tokenizer_file=<tokenizer.json>, or use "
-                         "data.tokenizer=char or data.tokenizer=gpt2")
+                         "with one (model.init_from=RUN), give "
+                         "data.tokenizer_file=<tokenizer.json>, or use data.tokenizer=char or "
+                         "data.tokenizer=gpt2")
     if kind == "gpt2":
         return with_chat({"type": "gpt2"})
     chars = {c for _, conv in conversations for m in conv for c in m["content"]}
@@ -88,9 +87,8 @@ def prepare_chat(cfg: DataConfig, *, progress: bool = True,
     if progress:
         c = p.meta["chat"]
         note = (f"data=chat: {c['train_conversations']:,} train / {c['val_conversations']:,} val "
-                "conversations, "
-                f"{c['learnt_tokens']:,} of {p.meta['train_tokens']:,} train tokens learnt (the "
-                "answers)")
+                f"conversations, {c['learnt_tokens']:,} of {p.meta['train_tokens']:,} train tokens "
+                "learnt (the answers)")
         log(note) if log is not None else print(note, file=sys.stderr)
     return p
 
@@ -152,6 +150,5 @@ def load_chat(d: Path) -> Prepared:
                 TokenFile(d / f"{split}{suffix}.bin")
     except (OSError, ValueError, AssertionError, AttributeError):
         raise ValueError(f"the prepared conversations in {d} are damaged or of another version: "
-                         f"delete {d} and "
-                         f"run again") from None
+                         f"delete {d} and run again") from None
     return Prepared(d, meta, tokenizer_from_dict(meta["tokenizer"]))

@@ -81,10 +81,8 @@ class ChatLoader:
         self.splits = {split: ChatSplit(prepared, split) for split in ("train", "val")}
         if cut := self.splits["train"].longer_than(self.block_size + 1):
             log.warning(f"{cut:,} of {self.splits['train'].count:,} train conversations are longer "
-                        "than the context "
-                        f"(model.block_size={self.block_size}): each is cut there, and what is "
-                        "past the cut is not "
-                        f"learnt")
+                        f"than the context (model.block_size={self.block_size}): each is cut "
+                        "there, and what is past the cut is not learnt")
         self.step, self.micro = 0, 0
 
     state_dict = BatchLoader.state_dict

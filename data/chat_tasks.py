@@ -72,9 +72,9 @@ def write(out: Path, n_train: int, n_heldout: int, seed: int, tasks: list[str]) 
 
 def run(argv: list[str] | None = None) -> int:
     p = ArgumentParser(prog="-m data.chat_tasks", description="Write a seeded spelling / reversing "
-                                                              "task as chat "
-                       "conversations: train.jsonl and heldout.jsonl (words never seen in "
-                       "training).")
+                                                              "task as chat conversations: "
+                                                              "train.jsonl and heldout.jsonl "
+                                                              "(words never seen in training).")
     p.add_argument("--out", required=True, metavar="DIR", help="directory to write train.jsonl and "
                                                                "heldout.jsonl")
     p.add_argument("--train", type=int, default=20_000, metavar="N", help="training conversations "
@@ -83,8 +83,7 @@ def run(argv: list[str] | None = None) -> int:
                                                                          "(default 200)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--tasks", default="spell,reverse", help="comma-separated, of "
-                                                            f"{', '.join(TASKS)} (default "
-                   "both)")
+                                                            f"{', '.join(TASKS)} (default both)")
     a = p.parse_args(argv)
     tasks = [t for t in a.tasks.split(",") if t]
     if not tasks or (bad := [t for t in tasks if t not in TASKS]):

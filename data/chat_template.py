@@ -21,10 +21,9 @@ from functools import lru_cache
 
 SPECIAL = ("<|system|>", "<|user|>", "<|assistant|>", "<|end|>")
 END = "<|end|>"
-TEMPLATE = ("{%- for message in messages -%}"
-            "{{- '<|' + message['role'] + '|>' + message['content'] + '<|end|>' -}}"
-            "{%- endfor -%}"
-            "{%- if add_generation_prompt -%}{{- '<|assistant|>' -}}{%- endif -%}")
+TEMPLATE = ("{%- for message in messages -%}{{- '<|' + message['role'] + '|>' + message['content'] "
+            "+ '<|end|>' -}}{%- endfor -%}{%- if add_generation_prompt -%}{{- '<|assistant|>' "
+            "-}}{%- endif -%}")
 
 
 def tinygpt_chat() -> dict:
@@ -79,8 +78,8 @@ class ChatFormat:
     def __init__(self, tokenizer):
         if not has_chat(tokenizer):
             raise ValueError("this model has no chat template (a base model): fine-tune it on "
-                             "conversations first "
-                             "(python train.py experiment=sft_cpu ...; docs/chat.md)")
+                             "conversations first (python train.py experiment=sft_cpu ...; "
+                             "docs/chat.md)")
         self.tokenizer, self.chat = tokenizer, tokenizer.chat
         self.template = _compile(self.chat["template"])
         # an imported template's bos_token, eos_token, ...
@@ -106,8 +105,8 @@ class ChatFormat:
             nonlocal done
             if not text.startswith(done):
                 raise ValueError("the chat template renders a conversation differently as it grows "
-                                 "(an earlier turn "
-                                 "changes): its answers cannot be told from its prompts")
+                                 "(an earlier turn changes): its answers cannot be told from its "
+                                 "prompts")
             piece = self.tokenizer.encode(text[len(done):])
             ids.extend(piece)
             mask.extend([int(learn)] * len(piece))

@@ -59,9 +59,8 @@ def test_an_imported_template_is_kept_with_its_own_tokens(tmp_path):
     (tmp_path / "tokenizer.json").write_text(json.dumps(spec))
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
     chatml = ("{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + "
-              "'<|im_end|>\\n' }}"
-              "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif "
-              "%}")
+              "'<|im_end|>\\n' }}{% endfor %}{% if add_generation_prompt %}{{ "
+              "'<|im_start|>assistant\\n' }}{% endif %}")
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"chat_template": chatml,
                                                                 "eos_token": "<|im_end|>"}))
     tok = read_hf_tokenizer(tmp_path)

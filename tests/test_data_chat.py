@@ -68,8 +68,8 @@ def test_the_template_masks_everything_but_the_answers_and_their_end_token():
     fmt = ChatFormat(tok)
     ids, mask = fmt.encode(CONV)
     assert tok.decode(ids) == ("<|system|>Be brief.<|end|><|user|>Spell "
-                               "cat.<|end|><|assistant|>c-a-t<|end|>"
-                               "<|user|>Reverse it.<|end|><|assistant|>tac<|end|>")
+                               "cat.<|end|><|assistant|>c-a-t<|end|><|user|>Reverse "
+                               "it.<|end|><|assistant|>tac<|end|>")
     learnt = tok.decode([i for i, m in zip(ids, mask) if m])
     assert learnt == "c-a-t<|end|>tac<|end|>"
     assert fmt.stop_ids == [tok.special_ids["<|end|>"]]

@@ -51,6 +51,5 @@ def add_rows(sd: dict, rows: int, key: str, tokenizer: dict) -> dict:
             sd[name] = torch.cat([w, mean.expand(rows - old, -1)])
     new = chat.get("special", [])[-(rows - old):]
     log.info(f"{key} has no rows for {rows - old} chat token(s) ({', '.join(new)}): added, each "
-             "the mean of its "
-             f"{old:,} rows")
+             f"the mean of its {old:,} rows")
     return sd
