@@ -13,6 +13,7 @@ import statistics
 import time
 
 from benchmarks import load_avg
+from common.platform import configure_threads
 
 
 def main(argv=None) -> int:
@@ -20,6 +21,8 @@ def main(argv=None) -> int:
     p.add_argument("--run", required=True, help="an SFT run directory (experiment=sft_cpu)")
     p.add_argument("--steps", type=int, default=20, help="timed steps of each kind (default 20)")
     a = p.parse_args(argv)
+    # as train.py does: threads that sleep rather than spin on busy cores (common/platform.py)
+    configure_threads()
     import torch
 
     from checkpoint.file import load_model
