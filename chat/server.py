@@ -19,7 +19,7 @@ import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from chat.openai_request import BadRequest, parse
-from chat.reply import Answer, Request, fit, new_generator, stream
+from chat.reply import Answer, Request, new_generator, stream
 from common.cli import failure_reason
 from viz.explorer import guard
 from viz.explorer.request import RequestError
@@ -48,15 +48,21 @@ class Endpoint:
                 raise BadRequest(f"{self.name} has no chat template (a base model): use "
                                  "/v1/completions, or fine-tune it on conversations "
                                  "(docs/chat.md)", "messages")
+            param = "messages"
             try:
-                ids, _ = fit(self.fmt, settings["messages"], block, 1)
+                ids = self.fmt.prompt(settings["messages"])
             except ValueError as e:
-                raise BadRequest(str(e), "messages") from None
+                raise BadRequest(str(e), param) from None
         else:
+            param = "prompt"
             try:
-                ids = self.tokenizer.encode(settings["prompt"])[-(block - 1):]
+                ids = self.tokenizer.encode(settings["prompt"])
             except ValueError as e:
-                raise BadRequest(f"cannot encode the prompt: {e}", "prompt") from None
+                raise BadRequest(f"cannot encode the prompt: {e}", param) from None
+        # as OpenAI: a prompt the context cannot hold is refused, never cut
+        if len(ids) >= block:
+            raise BadRequest(f"the {param} is {len(ids)} tokens, and this model's context is "
+                             f"{block}: send a shorter one", param, code="context_length_exceeded")
         sampling = Sampling(temperature=settings["temperature"], top_p=settings["top_p"],
                             vocab_limit=self.tokenizer.vocab_size)
         room = block - len(ids)

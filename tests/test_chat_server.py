@@ -81,6 +81,7 @@ def test_text_completions_streamed_and_whole_and_stop_strings(client):
     ({"messages": MESSAGES, "max_tokens": 0}, "max_tokens"),
     ({"messages": MESSAGES, "n": 2}, "n"),
     ({"messages": [{"role": "user", "content": "\u00e9"}]}, "messages"),
+    ({"messages": [{"role": "user", "content": "a" * 80}]}, "messages"),
 ])
 def test_bad_requests_are_openai_shaped_400s(client, kw, param):
     with pytest.raises(openai.BadRequestError) as e:
