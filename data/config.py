@@ -59,12 +59,13 @@ class DataConfig:
 
     def _check(self) -> str:
         if self.name not in NAMES:
-            raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, {name=}shakespeare, "
-                                "{name=}text (with {path=}<file or directory>) or {name=}chat (with {path=}<.jsonl "
-                                "conversations>)", self.name)
+            raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, "
+                                "{name=}shakespeare, {name=}text (with {path=}<file or directory>) "
+                                "or {name=}chat (with {path=}<.jsonl conversations>)", self.name)
         if self.name == "chat" and not self.path:
-            raise setting_error("{name=}chat needs your conversations: add {path=}<a .jsonl file or a directory of "
-                                "them> (python -m data.chat_tasks writes a task's: docs/chat.md)")
+            raise setting_error("{name=}chat needs your conversations: add {path=}<a .jsonl file "
+                                "or a directory of them> (python -m data.chat_tasks writes a "
+                                "task's: docs/chat.md)")
         if self.tokenizer not in TOKENIZERS:
             raise setting_error("unknown tokenizer {tokenizer=}{0!r}: use {tokenizer=}char, {tokenizer=}gpt2 or "
                                 "{tokenizer=}bpe {vocab_size=}4096 (your own BPE)", self.tokenizer)
@@ -96,7 +97,8 @@ class DataConfig:
     def _validate_bpe(self) -> None:
         lo, hi = BPE_VOCAB
         n = self.vocab_size
-        if self.tokenizer != "bpe" and self.name == "chat":  # tokenizer_file: a fine-tune's tokenizer (data/chat_data)
+        # data=chat's tokenizer_file: a fine-tune's tokenizer, of any kind (data/chat_data.py)
+        if self.tokenizer != "bpe" and self.name == "chat":
             return
         if self.tokenizer != "bpe":
             if n is not None:

@@ -129,21 +129,27 @@ class GPT2Tokenizer(Tokenizer):
 
 
 class ChatTokenizer(Tokenizer):
-    """A tokenizer with a chat template (`chat`: data/chat_template.py's description) and the special tokens the
-    template adds after the base's ids (none for an imported model's template: its tokens are its own)."""
+    """A tokenizer with a chat template (`chat`: data/chat_template.py's description) and the
+    special tokens the template adds after the base's ids (none for an imported model's template:
+    its tokens are its own)."""
 
     def __init__(self, base: Tokenizer, chat: dict):
         self.base, self.chat, self.special = base, chat, list(chat.get("special", []))
         self.vocab_size, self.eot_id = base.vocab_size + len(self.special), base.eot_id
         self.in_transformers = base.in_transformers
         self.special_ids = {s: base.vocab_size + i for i, s in enumerate(self.special)}
-        self._cut = re.compile("(" + "|".join(map(re.escape, self.special)) + ")") if self.special else None
+        pattern = "(" + "|".join(map(re.escape, self.special)) + ")"
+        self._cut = re.compile(pattern) if self.special else None
 
     def encode(self, text: str) -> list[int]:
         """The special tokens' text as their ids, the rest as the base encodes it."""
-        pieces = self._cut.split(text) if self._cut else [text]
-        return [i for p in pieces if p for i in ([self.special_ids[p]] if p in self.special_ids else
-                                                 self.base.encode(p))]
+        ids = []
+        for piece in self._cut.split(text) if self._cut else [text]:
+            if piece in self.special_ids:
+                ids.append(self.special_ids[piece])
+            elif piece:
+                ids += self.base.encode(piece)
+        return ids
 
     def encode_ordinary(self, text: str) -> list[int]:
         return self.base.encode_ordinary(text)
@@ -153,7 +159,8 @@ class ChatTokenizer(Tokenizer):
 
     def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
         ids, n = self._ids(ids, f"this {self.vocab_size}-token vocabulary"), self.base.vocab_size
-        base = iter(self.base.decode_tokens_bytes([i for i in ids if i < n]))  # one call: GPT-2's 50K ids
+        # the base's ids in one call (GPT-2's 50K ids one by one take seconds)
+        base = iter(self.base.decode_tokens_bytes([i for i in ids if i < n]))
         return [self.special[i - n].encode() if i >= n else next(base) for i in ids]
 
     def to_dict(self) -> dict:
@@ -274,12 +281,17 @@ def token_bytes(tokenizer: Tokenizer):
     return torch.tensor(n, dtype=torch.int64)
 
 
+def _base_of(d: dict) -> dict:
+    """A description without its chat template: the tokenizer the template is added to."""
+    return {k: v for k, v in d.items() if k != "chat"}
+
+
 def describe_tokenizer(d: dict) -> str:
     """A description's name for messages ("char (65 characters)", "gpt2 BPE", "own BPE (4096 tokens)"), without
     building the tokenizer."""
-    kind, chat = d.get("type"), " with a chat template" if isinstance(d.get("chat"), dict) else ""
-    if chat:
-        return describe_tokenizer({k: v for k, v in d.items() if k != "chat"}) + chat
+    kind = d.get("type")
+    if isinstance(d.get("chat"), dict):
+        return describe_tokenizer(_base_of(d)) + " with a chat template"
     if kind == "char":
         return f"char ({len(d.get('chars', ''))} characters)"
     if kind == "bpe":
@@ -289,8 +301,9 @@ def describe_tokenizer(d: dict) -> str:
 
 def vocab_size_of(d: dict) -> int:
     """The number of ids of a description, without building the tokenizer."""
-    if isinstance(d.get("chat"), dict):  # the special tokens a chat template adds after the base's ids
-        return vocab_size_of({k: v for k, v in d.items() if k != "chat"}) + len(d["chat"].get("special", []))
+    # the special tokens a chat template adds after the base's ids
+    if isinstance(d.get("chat"), dict):
+        return vocab_size_of(_base_of(d)) + len(d["chat"].get("special", []))
     if d.get("type") == "gpt2":
         from data.sources import GPT2_VOCAB_SIZE
         return GPT2_VOCAB_SIZE
@@ -306,7 +319,7 @@ def tokenizer_from_dict(d: dict) -> Tokenizer:
     """Rebuild a tokenizer from `to_dict()` output (checkpoint or meta.json)."""
     kind = d.get("type") if isinstance(d, dict) else None
     if isinstance(d, dict) and isinstance(d.get("chat"), dict):
-        return ChatTokenizer(tokenizer_from_dict({k: v for k, v in d.items() if k != "chat"}), d["chat"])
+        return ChatTokenizer(tokenizer_from_dict(_base_of(d)), d["chat"])
     if kind == "char" and isinstance(d.get("chars"), str):
         return CharTokenizer(d["chars"])
     if kind == "gpt2":

@@ -13,7 +13,8 @@ from tests.helpers import REPO
 
 # Top to bottom. A module may import its own package and any package of a LOWER layer, never a peer or one above.
 LAYERS = [
-    ("entry scripts", {"train", "sample", "eval", "export", "explore", "bench", "benchmarks", "serve"}),
+    ("entry scripts", {"train", "sample", "eval", "export", "explore", "bench", "benchmarks",
+                       "serve"}),
     ("the run's edge (Hydra)", {"launch"}),
     ("training", {"training"}),
     ("talking to a model: the terminal, the OpenAI endpoint", {"chat"}),
@@ -23,7 +24,8 @@ LAYERS = [
     ("common", {"common"}),
 ]
 PEERS = {("bench", "benchmarks")}  # bench.py runs its sections
-INFERENCE = {"sample", "eval", "explore", "viz", "serve", "chat"}  # never through training/ or the run's process (docs/design.md)
+INFERENCE = {"sample", "eval", "explore", "viz",
+             "serve", "chat"}  # never through training/ or the run's process (docs/design.md)
 ONLY_HERE = {"hydra": {"launch"}, "omegaconf": {"launch"},  # third-party modules and the packages that may use them
              "matplotlib": {"viz"}, "torch.distributed": {"runtime", "checkpoint"},
              "psutil": {"common"}, "platformdirs": {"common"}}  # (OS facts: common.platform; the cache: common.files)

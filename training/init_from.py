@@ -126,11 +126,13 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[
     elif m.block_size > s.block_size:
         raise ValueError(f"model.block_size={m.block_size} is larger than the context of {src.key} ({s.block_size} "
                          f"positions): use at most model.block_size={s.block_size} (a smaller one crops it)")
-    if c.data.name == "chat":  # conversations: the source's tokenizer with a chat template (training/chat_source)
+    # conversations: the source's tokenizer with a chat template (training/chat_source.py); text:
+    # an imported model's tokenizer.json alone
+    if c.data.name == "chat":
         chat_source.use_chat_tokenizer(c, src)
         data_kind = None
     elif src.hf_dir and data_setting(src.tokenizer) == "bpe":
-        src.tokenizer = without_chat(src.tokenizer)  # text: its tokenizer.json alone (no template)
+        src.tokenizer = without_chat(src.tokenizer)
         use_source_tokenizer(c, src, given)
         data_kind = None  # the data settings changed: validate them again
     kind, data_kind, n = data_setting(src.tokenizer), data_kind or c.data.validate(), vocab_size_of(src.tokenizer)
@@ -142,15 +144,18 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[
                          f"tokenized with data.tokenizer={data_kind}: {fix}")
     if kind == "bpe" and c.data.vocab_size != n and c.data.name != "chat":
         raise ValueError(f"{src.key} has its own {n}-token BPE but data.vocab_size={c.data.vocab_size}: {own_bpe}")
-    rows = max(n, s.vocab_size) if c.data.name == "chat" else s.vocab_size  # chat tokens: rows added
+    # the chat tokens a source has no rows for get them (chat_source.add_rows)
+    rows = max(n, s.vocab_size) if c.data.name == "chat" else s.vocab_size
     if rows < n:
         raise ValueError(f"{src.key} has {s.vocab_size} vocabulary rows, fewer than the {n} ids of its "
                          f"{describe_tokenizer(src.tokenizer)} tokenizer: it cannot read this data")
     if pad_vocab(n, m.pad_vocab_to) != rows:
         if "model.pad_vocab_to" in given:
             raise ValueError(f"model.pad_vocab_to={m.pad_vocab_to} would make {pad_vocab(n, m.pad_vocab_to)} "
-                             f"vocabulary rows but {src.key} has {rows}: leave model.pad_vocab_to out")
-        m.pad_vocab_to = 1 if rows == n else rows  # pad_vocab(n, that) == rows
+                             f"vocabulary rows but {src.key} has {rows}: leave "
+                             f"model.pad_vocab_to out")
+        # pad_vocab(n, that) == rows
+        m.pad_vocab_to = 1 if rows == n else rows
     m.init_from = str(src.path.resolve())  # what the checkpoint's config records
     return src
 
@@ -177,5 +182,6 @@ def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.
     if "transformer.wpe.weight" in sd:  # (its absence: check_weights says so)
         sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][: config.block_size].clone()
     src.ckpt = None  # the weights live in the model now
-    sd = chat_source.add_rows(sd, config.vocab_size, src.key, src.tokenizer)  # (only for the chat tokens)
+    # rows for the chat tokens a source lacks (any other shape is check_weights' to report)
+    sd = chat_source.add_rows(sd, config.vocab_size, src.key, src.tokenizer)
     return model_with_weights(model_cls, config, sd, src.key)
