@@ -12,12 +12,12 @@ if __name__ == "__main__":
     from common.interrupt import stop_quietly
     stop_quietly()
 
-import errno
 import sys
 from pathlib import Path
 
 from checkpoint.locate import add_checkpoint_options, check_hf_dir, resolve_checkpoint
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from
+from common.serving import listen, serve
 from common.platform import configure_threads
 
 # before torch is imported: see common/platform.py
@@ -75,21 +75,9 @@ def run(argv: list[str] | None = None) -> int:
         print(f"warning: listening on {args.host}: anyone who can reach this address can use the "
               "model (there is no key); leave out --host to listen on 127.0.0.1 "
               "only", file=sys.stderr)
-    try:
-        server = ChatServer((args.host, args.port), endpoint)
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise ValueError(f"port {args.port} is in use: pass another --port, or --port 0 for a "
-                             "free one") \
-                from None
-        raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}): check "
-                         "--host and --port") from None
-    print(f"serving {name} at {server.url}  (OpenAI base_url; Ctrl-C to stop)", flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-    return 0
+    server = listen(lambda: ChatServer((args.host, args.port), endpoint), args.host, args.port,
+                    "another server")
+    return serve(server, f"serving {name} at {server.url}  (OpenAI base_url; Ctrl-C to stop)")
 
 
 def main(argv: list[str] | None = None) -> int:
