@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="-m data.prepare", usage="python -m data.prepare [options]",
         description="Tokenize a corpus into token shards in the tinygpt cache (training does this "
                     "automatically; this runs it on its own). Run it again after an interruption to continue.")
-    ap.add_argument("--data", default="shakespeare_char", help="shakespeare_char (default), shakespeare or text")
+    ap.add_argument("--data", default="shakespeare_char",
+                    help="shakespeare_char (default), shakespeare, text or chat (conversations)")
     ap.add_argument("--path", nargs="+", default=None,
                     help="text, .jsonl or .parquet files, datasets save_to_disk directories, or directories of them "
                          "(required for --data text; replaces the download for shakespeare*)")

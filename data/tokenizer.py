@@ -167,7 +167,8 @@ class ChatTokenizer(Tokenizer):
         return {**self.base.to_dict(), "chat": self.chat}
 
     def describe(self) -> str:
-        return f"{self.base.describe()} with a chat template"
+        added = f" ({len(self.special)} tokens added)" if self.special else ""
+        return f"{self.base.describe()} with a chat template{added}"
 
 
 def bytes_to_unicode() -> dict[int, str]:
