@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       "file, a .jsonl or parquet / Arrow file (one document per line or row), or a directory")
     what.add_argument("--hellaswag", metavar="JSONL", help="HellaSwag file in the official format (ctx, endings, "
                       "label; .gz too): prints acc, acc_norm and acc_norm_tokens (docs/export_eval.md)")
+    what.add_argument("--chat-exact", metavar="JSONL", help="conversations (data=chat's format, "
+                      "e.g. the heldout.jsonl of python -m data.chat_tasks): the exact match of the "
+                      "model's greedy answers to the last assistant message of each (docs/chat.md)")
     src = add_checkpoint_options(p)
     src.add_argument("--hf", metavar="DIR", help="local Hugging Face GPT-2, Llama or Qwen3 directory (GPT-2 BPE, "
                      "its tokenizer.json, or the vocab.json / tokenizer.json of a model exported by export.py)")
@@ -45,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "N tokens apart (Hugging Face's strided perplexity: more context per token, slower)")
     p.add_argument("--batch-size", type=int, default=8, metavar="B", help="windows per forward pass (default 8)")
     p.add_argument("--device", default="auto", help="auto (cuda > mps > cpu), cpu, cuda, cuda:1, mps")
+    p.add_argument("--max-new-tokens", type=int, default=64, metavar="N",
+                   help="--chat-exact: the longest answer drawn (default 64)")
     p.add_argument("--json", action="store_true", help="print one JSON object: loss, perplexity, bits_per_byte, "
                    "tokens, bytes, windows (--hellaswag: acc, acc_norm, acc_norm_tokens, examples)")
     args = p.parse_args(argv)
@@ -143,12 +148,29 @@ def run_hellaswag(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_chat_exact(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from data.chat import chat_files, read_conversations
+    from evals import chat_exact
+    # the file checked before the model is loaded
+    conversations = read_conversations(chat_files([args.chat_exact]))
+    model, tokenizer, _ = load(args)
+    r = chat_exact.exact_match(model, tokenizer, conversations, args.max_new_tokens,
+                               progress=sys.stderr.isatty())
+    print(json.dumps({**r, "file": str(Path(args.chat_exact))}) if args.json else
+          chat_exact.summary(r))
+    return 0
+
+
 def run(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.hf is not None:
         check_hf_dir(args.hf, "--hf")
     if args.hellaswag is not None:
         return run_hellaswag(args)
+    if args.chat_exact is not None:
+        return run_chat_exact(args)
     if args.encoding_errors not in ("strict", "replace"):
         raise ValueError(f"--encoding-errors {args.encoding_errors} is not supported: use strict or replace")
     from data.config import DataConfig, resolve

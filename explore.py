@@ -9,12 +9,12 @@ if __name__ == "__main__":  # first, so that a Ctrl-C during the imports below e
     stop_quietly()
 
 import argparse
-import errno
 import sys
 from pathlib import Path
 
 from checkpoint.locate import check_hf_dir  # no torch
 from common.cli import ArgumentParser, cli_main, in_keys, nanogpt_init_from
+from common.serving import listen, serve
 from common.platform import configure_threads
 
 configure_threads()  # before torch is imported (run() imports it): see common/platform.py
@@ -74,20 +74,9 @@ def run(argv: list[str] | None = None) -> int:
     if args.host.lower() not in LOOPBACK:
         print(f"warning: listening on {args.host}: anyone who can reach this address can use the explorer "
               "(there is no login); leave out --host to listen on 127.0.0.1 only", file=sys.stderr)
-    try:
-        server = make_server(views, args.host, args.port, args.prompt)
-    except OSError as e:
-        if e.errno == errno.EADDRINUSE:
-            raise ValueError(f"port {args.port} is in use (another explorer?): pass another --port, or --port 0 "
-                             "for a free one") from None
-        raise ValueError(f"cannot listen on {args.host}:{args.port} ({e.strerror or e}): check --host and "
-                         "--port") from None
-    print(f"explorer: {server.url}  (Ctrl-C to stop)", flush=True)
-    try:
-        server.serve_forever()
-    finally:
-        server.server_close()
-    return 0
+    server = listen(lambda: make_server(views, args.host, args.port, args.prompt), args.host,
+                    args.port, "another explorer")
+    return serve(server, f"explorer: {server.url}  (Ctrl-C to stop)")
 
 
 def main(argv: list[str] | None = None) -> int:

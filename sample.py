@@ -93,6 +93,10 @@ def parse_args(argv: list[str] | None = None):
                    help="CUDA: decode without CUDA graphs")
     p.add_argument("--attention-map", metavar="FILE.png",
                    help="draw the prompt's attention weights to a PNG")
+    p.add_argument("--chat", action="store_true", help="talk to a chat model (fine-tuned on "
+                   "conversations): multi-turn, /reset, /exit; see docs/chat.md")
+    p.add_argument("--system", metavar="TEXT",
+                   help="--chat: the system message of the conversation")
     return check_args(p.parse_args(argv))
 
 
@@ -137,6 +141,11 @@ def check_args(a):
         if not png.resolve().parent.is_dir():
             raise FileNotFoundError(f"cannot write --attention-map {png}: its directory does not "
                                     "exist")
+    if a.system is not None and not a.chat:
+        raise ValueError("--system applies to --chat only: add --chat, or leave --system out")
+    if a.chat and (a.prompt is not None or a.prompt_file is not None or a.num_samples != 1):
+        raise ValueError("--chat reads your messages from the terminal: leave out --prompt, "
+                         "--prompt-file and --num-samples")
     if a.prompt_file is not None:
         a.prompt = read_text_file(a.prompt_file, "--prompt-file")
     if a.prompt == "":
@@ -240,6 +249,10 @@ def run(argv: list[str] | None = None) -> int:
     if device.type == "cuda" and cuda_bf16_native():
         model = model.bfloat16()  # decoding is memory-bound: half the bytes per token
     startup.mark("model loaded")
+    # the terminal conversation (chat/cli.py)
+    if args.chat:
+        from chat.cli import chat_loop
+        return chat_loop(model, tokenizer, args, decode_step(args, device))
     ids = encode_prompt(tokenizer, args.prompt, model.config.block_size)
     # the prompt is printed in full
     head = args.prompt if args.prompt is not None else tokenizer.decode(ids)

@@ -18,7 +18,7 @@ from common.cli import setting_error
 from common.files import SHAKESPEARE_FILE, cache_dir
 from data.formats import COLUMNAR, FORMATS, KEYED, SNIFF_BYTES, archives, check_text
 
-NAMES = ("shakespeare_char", "shakespeare", "text")
+NAMES = ("shakespeare_char", "shakespeare", "text", "chat")  # chat: conversations (data/chat.py)
 TOKENIZERS = ("char", "gpt2", "bpe")
 BPE_VOCAB = (257, 1 << 18)  # 256 byte tokens + <|endoftext|> .. 262,144 (the largest common vocabularies)
 ENCODING_ERRORS = ("strict", "replace", "ignore", "backslashreplace")
@@ -26,6 +26,7 @@ BLOCK = 1 << 20  # bytes read at a time to hash
 @dataclass
 class DataConfig:
     name: str = "shakespeare_char"  # shakespeare_char (65 characters) | shakespeare (GPT-2 BPE) | text (your files)
+    # | chat (your conversations, .jsonl: docs/chat.md)
     path: Any = None  # a file or directory, or a list of them (name=text: required; Shakespeare: a local copy)
     tokenizer: str = "char"  # char | gpt2 | bpe (your own, trained on the text: vocab_size=; name=text)
     val_fraction: float = 0.1  # the last fraction of the text is the validation split
@@ -58,8 +59,13 @@ class DataConfig:
 
     def _check(self) -> str:
         if self.name not in NAMES:
-            raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, {name=}shakespeare or "
-                                "{name=}text (with {path=}<file or directory>)", self.name)
+            raise setting_error("unknown data set {0!r}: choose {name=}shakespeare_char, "
+                                "{name=}shakespeare, {name=}text (with {path=}<file or directory>) "
+                                "or {name=}chat (with {path=}<.jsonl conversations>)", self.name)
+        if self.name == "chat" and not self.path:
+            raise setting_error("{name=}chat needs your conversations: add {path=}<a .jsonl file "
+                                "or a directory of them> (python -m data.chat_tasks writes a "
+                                "task's: docs/chat.md)")
         if self.tokenizer not in TOKENIZERS:
             # what works with this data set: shakespeare_char is characters, shakespeare BPE
             # (GPT-2's or your own)
@@ -102,6 +108,9 @@ class DataConfig:
     def _validate_bpe(self) -> None:
         lo, hi = BPE_VOCAB
         n = self.vocab_size
+        # data=chat's tokenizer_file: a fine-tune's tokenizer, of any kind (data/chat_data.py)
+        if self.tokenizer != "bpe" and self.name == "chat":
+            return
         if self.tokenizer != "bpe":
             # (shakespeare_char is characters only: its text in BPE is data=shakespeare's)
             bpe = "{name=}shakespeare " * (self.name == "shakespeare_char") + "{tokenizer=}bpe"

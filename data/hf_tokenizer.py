@@ -11,7 +11,8 @@ from pathlib import Path
 
 from common.files import write_text_atomic
 from data.sources import GPT2_EOT, GPT2_EOT_ID, gpt2_ranks
-from data.tokenizer import BPE_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer, bytes_to_unicode
+from data.tokenizer import (BPE_EOT, BPETokenizer, CharTokenizer, ChatTokenizer, GPT2Tokenizer,
+                            Tokenizer, bytes_to_unicode)
 
 
 def _last_merge(ranks: dict[bytes, int], token: bytes) -> tuple[bytes, bytes]:
@@ -118,7 +119,13 @@ def write_bpe_tokenizer(tokenizer: BPETokenizer, out_dir: str | Path, model_max_
 
 
 def write_tokenizer_files(tokenizer: Tokenizer, out_dir: str | Path, model_max_length: int) -> list[Path]:
-    """The tokenizer files an export needs, for whichever tokenizer the model was trained with."""
+    """The tokenizer files an export needs, for whichever tokenizer the model was trained with; a
+    chat tokenizer's base files, then its template and tokens in tokenizer_config.json
+    (data/chat_hf.py)."""
+    if isinstance(tokenizer, ChatTokenizer):
+        from data.chat_hf import add_to_config
+        files = write_tokenizer_files(tokenizer.base, out_dir, model_max_length)
+        return files + [f for f in add_to_config(out_dir, tokenizer) if f not in files]
     if isinstance(tokenizer, BPETokenizer):
         return write_bpe_tokenizer(tokenizer, out_dir, model_max_length)
     if isinstance(tokenizer, CharTokenizer):
@@ -166,6 +173,15 @@ def read_tokenizer_json(path: Path) -> BPETokenizer:
 
 
 def read_hf_tokenizer(hf_dir: str | Path) -> Tokenizer:
+    """The tokenizer of a local HF directory with its chat template, if it has one (an export's
+    added tokens are in its tokenizer_config.json only: data/chat_hf.py)."""
+    from data.chat_hf import chat_of
+    tokenizer = read_base_tokenizer(hf_dir)
+    chat = chat_of(hf_dir, tokenizer)
+    return tokenizer if chat is None else ChatTokenizer(tokenizer, chat)
+
+
+def read_base_tokenizer(hf_dir: str | Path) -> Tokenizer:
     """The tokenizer of a local HF directory, for sample.py --init, eval.py --hf and model.init_from
     alike: its tokenizer.json (export.py's char or own BPE, a Llama/Qwen3 model's), or (older
     exports) a char vocab.json without merges.txt, else GPT-2 BPE."""

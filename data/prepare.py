@@ -37,6 +37,10 @@ def prepare(cfg: DataConfig, *, progress: bool = True, log: Callable[[str], None
     `progress`: a bar on stderr (MB/s, ETA) and one-line notes, printed on stderr or handed to `log` (training passes
     its logger, so they land in train.log). `shard_tokens` does not change the tokens, only how they are filed."""
     tok_kind = cfg.validate()  # checked once: the config edge has validated it already
+    # conversations: their ids, loss mask and starts (data/chat_data.py)
+    if cfg.name == "chat":
+        from data.chat_data import prepare_chat
+        return prepare_chat(cfg, progress=progress, log=log)
     base = base_tokenizer(cfg)
     if isinstance(shard_tokens, bool) or not isinstance(shard_tokens, int) or shard_tokens < 1:
         raise ValueError(f"shard_tokens={shard_tokens!r} must be a positive integer (default {SHARD_TOKENS:,})")
@@ -162,7 +166,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="-m data.prepare", usage="python -m data.prepare [options]",
         description="Tokenize a corpus into token shards in the tinygpt cache (training does this "
                     "automatically; this runs it on its own). Run it again after an interruption to continue.")
-    ap.add_argument("--data", default="shakespeare_char", help="shakespeare_char (default), shakespeare or text")
+    ap.add_argument("--data", default="shakespeare_char",
+                    help="shakespeare_char (default), shakespeare, text or chat (conversations)")
     ap.add_argument("--path", nargs="+", default=None,
                     help="text, .jsonl or .parquet files, datasets save_to_disk directories, or directories of them "
                          "(required for --data text; replaces the download for shakespeare*)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import codecs
 import itertools
+import re
 import unicodedata
 from typing import Iterable, Sequence
 
@@ -128,6 +129,49 @@ class GPT2Tokenizer(Tokenizer):
         return {"type": "gpt2"}
 
 
+class ChatTokenizer(Tokenizer):
+    """A tokenizer with a chat template (`chat`: data/chat_template.py's description) and the
+    special tokens the template adds after the base's ids (none for an imported model's template:
+    its tokens are its own)."""
+
+    def __init__(self, base: Tokenizer, chat: dict):
+        self.base, self.chat, self.special = base, chat, list(chat.get("special", []))
+        self.vocab_size, self.eot_id = base.vocab_size + len(self.special), base.eot_id
+        self.in_transformers = base.in_transformers
+        self.special_ids = {s: base.vocab_size + i for i, s in enumerate(self.special)}
+        pattern = "(" + "|".join(map(re.escape, self.special)) + ")"
+        self._cut = re.compile(pattern) if self.special else None
+
+    def encode(self, text: str) -> list[int]:
+        """The special tokens' text as their ids, the rest as the base encodes it."""
+        ids = []
+        for piece in self._cut.split(text) if self._cut else [text]:
+            if piece in self.special_ids:
+                ids.append(self.special_ids[piece])
+            elif piece:
+                ids += self.base.encode(piece)
+        return ids
+
+    def encode_ordinary(self, text: str) -> list[int]:
+        return self.base.encode_ordinary(text)
+
+    def unknown_characters(self, text: str) -> list[str]:
+        return self.base.unknown_characters(self._cut.sub("", text) if self._cut else text)
+
+    def decode_tokens_bytes(self, ids: Sequence[int]) -> list[bytes]:
+        ids, n = self._ids(ids, f"this {self.vocab_size}-token vocabulary"), self.base.vocab_size
+        # the base's ids in one call (GPT-2's 50K ids one by one take seconds)
+        base = iter(self.base.decode_tokens_bytes([i for i in ids if i < n]))
+        return [self.special[i - n].encode() if i >= n else next(base) for i in ids]
+
+    def to_dict(self) -> dict:
+        return {**self.base.to_dict(), "chat": self.chat}
+
+    def describe(self) -> str:
+        added = f" ({len(self.special)} tokens added)" if self.special else ""
+        return f"{self.base.describe()} with a chat template{added}"
+
+
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's map from the 256 byte values to printable characters (the alphabet of byte-level BPE vocabularies)."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
@@ -239,10 +283,17 @@ def token_bytes(tokenizer: Tokenizer):
     return torch.tensor(n, dtype=torch.int64)
 
 
+def _base_of(d: dict) -> dict:
+    """A description without its chat template: the tokenizer the template is added to."""
+    return {k: v for k, v in d.items() if k != "chat"}
+
+
 def describe_tokenizer(d: dict) -> str:
     """A description's name for messages ("char (65 characters)", "gpt2 BPE", "own BPE (4096 tokens)"), without
     building the tokenizer."""
     kind = d.get("type")
+    if isinstance(d.get("chat"), dict):
+        return describe_tokenizer(_base_of(d)) + " with a chat template"
     if kind == "char":
         return f"char ({len(d.get('chars', ''))} characters)"
     if kind == "bpe":
@@ -252,6 +303,9 @@ def describe_tokenizer(d: dict) -> str:
 
 def vocab_size_of(d: dict) -> int:
     """The number of ids of a description, without building the tokenizer."""
+    # the special tokens a chat template adds after the base's ids
+    if isinstance(d.get("chat"), dict):
+        return vocab_size_of(_base_of(d)) + len(d["chat"].get("special", []))
     if d.get("type") == "gpt2":
         from data.sources import GPT2_VOCAB_SIZE
         return GPT2_VOCAB_SIZE
@@ -266,6 +320,8 @@ def data_setting(d: dict) -> str:
 def tokenizer_from_dict(d: dict) -> Tokenizer:
     """Rebuild a tokenizer from `to_dict()` output (checkpoint or meta.json)."""
     kind = d.get("type") if isinstance(d, dict) else None
+    if isinstance(d, dict) and isinstance(d.get("chat"), dict):
+        return ChatTokenizer(tokenizer_from_dict(_base_of(d)), d["chat"])
     if kind == "char" and isinstance(d.get("chars"), str):
         return CharTokenizer(d["chars"])
     if kind == "gpt2":

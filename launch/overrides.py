@@ -118,7 +118,8 @@ def habit_hint(args: list[str]) -> Optional[str]:
 def data_path_note(name: str, path: object, overrides: list[str]) -> Optional[str]:
     """One line when data.path is given but the data set is not chosen on the command line: the file is then
     read as that preset's text (a local copy of Tiny Shakespeare), which a user may not mean."""
-    if name == "text" or not path or any(o.lstrip("+~").split("=")[0].split("@")[0] == "data" for o in overrides):
+    chosen = any(o.lstrip("+~").split("=")[0].split("@")[0] == "data" for o in overrides)
+    if name in ("text", "chat") or not path or chosen:
         return None
     return (f"note: data.path={path} is read as data={name}'s text (a local copy of it) and the run is labelled "
             f"{name}: to train on your own text add data=text")

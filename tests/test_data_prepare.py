@@ -91,7 +91,7 @@ def test_data_path_overrides_the_download(shared_data_dir, monkeypatch):
 
 # ------------------------------------------------------------------------------------------- bad input
 def test_bad_config_values(tmp_path):
-    one_line_error(ValueError, DataConfig(name="wikipedia"), "unknown data set 'wikipedia'", "or name=text (with path=<")
+    one_line_error(ValueError, DataConfig(name="wikipedia"), "unknown data set 'wikipedia'", "name=text (with path=<")
     one_line_error(ValueError, DataConfig(name="text"), "add path=<")
     f = write(tmp_path, "a.txt", "abc")
     one_line_error(ValueError, DataConfig(name="text", path=str(f), tokenizer="wordpiece"),

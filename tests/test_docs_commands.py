@@ -229,7 +229,8 @@ def test_every_documented_cli_command_parses(scratch):
 
 
 NEEDS = {"experiment=finetune_shakespeare": ["model.init_from=gpt2"], "data=text": ["data.path=notes.txt"],
-         "experiment=gpt2_124m": ["data.path=notes.txt"]}  # what a preset's own comments say to add
+         "experiment=gpt2_124m": ["data.path=notes.txt"], "data=chat": ["data.path=chat.jsonl"],
+         "experiment=sft_cpu": ["model.init_from=gpt2", "data.path=chat.jsonl"]}  # what a preset's own comments say to add
 
 
 @pytest.mark.slow  # Hydra composes each preset: a few seconds

@@ -13,16 +13,19 @@ from tests.helpers import REPO
 
 # Top to bottom. A module may import its own package and any package of a LOWER layer, never a peer or one above.
 LAYERS = [
-    ("entry scripts", {"train", "sample", "eval", "export", "explore", "bench", "benchmarks"}),
+    ("entry scripts", {"train", "sample", "eval", "export", "explore", "bench", "benchmarks",
+                       "serve"}),
     ("the run's edge (Hydra)", {"launch"}),
     ("training", {"training"}),
+    ("talking to a model: the terminal, the OpenAI endpoint", {"chat"}),
     ("runtime services, pictures", {"runtime", "viz"}),
     ("checkpoints, benchmarks' scoring", {"checkpoint", "evals"}),
     ("the model, the data", {"model", "data"}),
     ("common", {"common"}),
 ]
 PEERS = {("bench", "benchmarks")}  # bench.py runs its sections
-INFERENCE = {"sample", "eval", "explore", "viz"}  # never through training/ or the run's process (docs/design.md)
+INFERENCE = {"sample", "eval", "explore", "viz",
+             "serve", "chat"}  # never through training/ or the run's process (docs/design.md)
 ONLY_HERE = {"hydra": {"launch"}, "omegaconf": {"launch"},  # third-party modules and the packages that may use them
              "matplotlib": {"viz"}, "torch.distributed": {"runtime", "checkpoint"},
              "psutil": {"common"}, "platformdirs": {"common"}}  # (OS facts: common.platform; the cache: common.files)

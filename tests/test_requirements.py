@@ -14,7 +14,8 @@ import pytest
 
 from tests.helpers import REPO
 
-ENTRY_POINTS = ["train.py", "sample.py", "eval.py", "export.py", "bench.py", "explore.py", "data/prepare.py"]
+ENTRY_POINTS = ["train.py", "sample.py", "eval.py", "export.py", "bench.py", "explore.py", "data/prepare.py",
+                "serve.py", "data/chat_tasks.py"]
 
 
 def _module_file(name: str) -> Path | None:

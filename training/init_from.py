@@ -12,12 +12,14 @@ import torch
 
 from checkpoint.file import CheckpointError, read_checkpoint
 from common.cli import count
+from data.chat_template import without_chat
 from data.hf_tokenizer import hf_tokenizer_dict
 from data.prepare import encode_with
 from data.tokenizer import data_setting, describe_tokenizer, vocab_size_of
 from model import hf
 from model.config import GPTConfig, pad_vocab
 from model.gpt import clean_state_dict, model_with_weights
+from training import chat_source
 
 SHAPE = ("n_layer", "n_head", "n_embd", "bias", "tie_weights",  # the source's, always
          "position", "rope_theta", "norm", "norm_eps", "mlp", "mlp_hidden", "n_kv_head", "head_dim", "qk_norm",
@@ -136,15 +138,26 @@ def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[
     elif m.block_size > s.block_size:
         raise ValueError(f"model.block_size={m.block_size} is larger than the context of {src.key} ({s.block_size} "
                          f"positions): use at most model.block_size={s.block_size} (a smaller one crops it)")
-    n = use_source_tokenizer(c, src, given, data_kind)
-    if s.vocab_size < n:
+    if c.data.name == "chat":
+        # conversations: the source's tokenizer with a chat template (training/chat_source.py)
+        chat_source.use_chat_tokenizer(c, src)
+        n = vocab_size_of(src.tokenizer)
+    else:
+        # text: the source's own tokenizer (an imported model's without its chat template)
+        src.tokenizer = without_chat(src.tokenizer)
+        n = use_source_tokenizer(c, src, given, data_kind)
+    # the chat tokens a source has no rows for get them (chat_source.add_rows)
+    rows = max(n, s.vocab_size) if c.data.name == "chat" else s.vocab_size
+    if rows < n:
         raise ValueError(f"{src.key} has {s.vocab_size} vocabulary rows, fewer than the {n} ids of its "
                          f"{describe_tokenizer(src.tokenizer)} tokenizer: it cannot read this data")
-    if pad_vocab(n, m.pad_vocab_to) != s.vocab_size:
+    if pad_vocab(n, m.pad_vocab_to) != rows:
         if "model.pad_vocab_to" in given:
             raise ValueError(f"model.pad_vocab_to={m.pad_vocab_to} would make {pad_vocab(n, m.pad_vocab_to)} "
-                             f"vocabulary rows but {src.key} has {s.vocab_size}: leave model.pad_vocab_to out")
-        m.pad_vocab_to = 1 if s.vocab_size == n else s.vocab_size  # pad_vocab(n, that) == s.vocab_size
+                             f"vocabulary rows but {src.key} has {rows}: leave "
+                             f"model.pad_vocab_to out")
+        # pad_vocab(n, that) == rows
+        m.pad_vocab_to = 1 if rows == n else rows
     m.init_from = str(src.path.resolve())  # what the checkpoint's config records
     return src
 
@@ -196,4 +209,6 @@ def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.
     if "transformer.wpe.weight" in sd:  # (its absence: check_weights says so)
         sd["transformer.wpe.weight"] = sd["transformer.wpe.weight"][: config.block_size].clone()
     src.ckpt = None  # the weights live in the model now
+    # rows for the chat tokens a source lacks (any other shape is check_weights' to report)
+    sd = chat_source.add_rows(sd, config.vocab_size, src.key, src.tokenizer)
     return model_with_weights(model_cls, config, sd, src.key)

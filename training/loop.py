@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 import torch
 
-from data.loader import BatchLoader
+from data.chat_loader import build_loader
 from data.prepare import prepare
 from model.gpt import GPT
 from training.hooks import Hooks, Run
@@ -33,14 +33,15 @@ def train(config, hooks: Optional[Hooks] = None, device="cpu", source=None) -> A
     hooks = hooks or Hooks()
     ranks, train, device = hooks.ranks, config.train, torch.device(device)
 
-    # data: the text tokenized once (cached by content), then (B, T) windows drawn by step and rank
+    # data: the text tokenized once (cached by content), then (B, T) batches drawn by step and rank
+    # (windows of the text; whole conversations for data=chat)
     with ranks.main_first():
         data = prepare(config.data, progress=ranks.is_main, log=log.info)
     if source is not None:
         source.check_tokenizer(data.tokenizer.to_dict())
-    loader = BatchLoader(*data.token_files(), config.model.block_size, train.batch_size,
-                         seed=train.seed, grad_accum_steps=train.grad_accum_steps, rank=ranks.rank,
-                         world_size=ranks.world_size, device=device)
+    loader = build_loader(data, config.model.block_size, train.batch_size, seed=train.seed,
+                          grad_accum_steps=train.grad_accum_steps, rank=ranks.rank,
+                          world_size=ranks.world_size, device=device)
 
     # the model: new, or the fine-tune's source; the same weights on every rank, its own dropout
     seed_all(train.seed)
