@@ -14,6 +14,9 @@ from common.interrupt import on_stop
 # Ollama's Go template for ChatML (SmolLM2's and Qwen3's chat format)
 CHATML = ("{{- range .Messages }}<|im_start|>{{ .Role }}\n{{ .Content }}<|im_end|>\n"
           "{{ end }}<|im_start|>assistant\n")
+# tinygpt's own chat template (data/chat_template.py): its tokens are the roles' names
+TINYGPT_CHAT = ("{{- range .Messages }}<|{{ .Role }}|>{{ .Content }}<|end|>{{ end }}"
+                "<|assistant|>")
 GGUF_MAGIC = b"GGUF"
 # sample.py's --max-new-tokens default
 MAX_NEW_TOKENS = 500
@@ -28,8 +31,9 @@ def sampling_defaults() -> dict:
 
 def modelfile(gguf_name: str, vocab: dict, block_size: int, sampling: dict) -> str:
     """An Ollama Modelfile for the GGUF file `gguf_name` beside it: FROM; the template (a plain
-    run's prompt as it is, continued as sample.py does; ChatML's for a ChatML chat run; another chat
-    template is left to Ollama, which reads tokenizer.chat_template); the stop tokens; sample.py's
+    run's prompt as it is, continued as sample.py does; ChatML's or tinygpt's own for a chat run of
+    either; another chat template is left to Ollama, which reads tokenizer.chat_template); the stop
+    tokens; sample.py's
     sampling defaults, with no top-k (0) and no repetition penalty (Ollama's default is 1.1)."""
     stem, template = gguf_name.rsplit(".", 1)[0], vocab.get("chat_template")
     lines = [f"# ollama create NAME -f {stem}.Modelfile, then: ollama run NAME",
@@ -38,6 +42,8 @@ def modelfile(gguf_name: str, vocab: dict, block_size: int, sampling: dict) -> s
         lines.append('TEMPLATE """{{ .Prompt }}"""')
     elif "<|im_start|>" in template:
         lines.append(f'TEMPLATE """{CHATML}"""')
+    elif "<|assistant|>" in template and "<|end|>" in template:
+        lines.append(f'TEMPLATE """{TINYGPT_CHAT}"""')
     else:
         lines.append("# TEMPLATE: Ollama reads the chat template in the GGUF file")
     ends = {vocab.get("eos"), vocab.get("eot")} - {None}

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import json
 
-from data.tokenizer import BPE_EOT, BPETokenizer, CharTokenizer, GPT2Tokenizer, Tokenizer
+from data.tokenizer import (BPE_EOT, BPETokenizer, CharTokenizer, ChatTokenizer, GPT2Tokenizer,
+                            Tokenizer)
 
 # llama.cpp's token types (gguf.TokenType)
 NORMAL, CONTROL, USER_DEFINED = 1, 3, 4
@@ -131,6 +132,16 @@ def gguf_vocab(tokenizer: Tokenizer, tokenizer_dict: dict) -> dict:
     """The plain values model.gguf.write_gguf writes for this tokenizer: model, pre, tokens,
     token_types, merges, the bos/eos/eot ids and the chat template. What llama.cpp would read
     differently: a ValueError naming it."""
+    # a chat run's tokenizer (data/chat_template.py): its base's vocabulary, then the special
+    # tokens its template added (control tokens), the template, and its end of turn as eot
+    chat = tokenizer_dict.get("chat")
+    if isinstance(tokenizer, ChatTokenizer):
+        vocab = gguf_vocab(tokenizer.base, {k: v for k, v in tokenizer_dict.items() if k != "chat"})
+        vocab["tokens"] += list(chat["special"])
+        vocab["token_types"] += [CONTROL] * len(chat["special"])
+        eot = _token_id(vocab, {"eot_token": chat["end"]}, "eot_token")
+        vocab.update(eot=eot, chat_template=chat["template"])
+        return vocab
     if isinstance(tokenizer, CharTokenizer):
         vocab = char_vocab(tokenizer)
     elif isinstance(tokenizer, GPT2Tokenizer):

@@ -137,7 +137,6 @@ class ChatTokenizer(Tokenizer):
     def __init__(self, base: Tokenizer, chat: dict):
         self.base, self.chat, self.special = base, chat, list(chat.get("special", []))
         self.vocab_size, self.eot_id = base.vocab_size + len(self.special), base.eot_id
-        self.in_transformers = base.in_transformers
         self.special_ids = {s: base.vocab_size + i for i, s in enumerate(self.special)}
         pattern = "(" + "|".join(map(re.escape, self.special)) + ")"
         self._cut = re.compile(pattern) if self.special else None

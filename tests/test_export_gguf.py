@@ -317,3 +317,28 @@ def test_a_position_scheme_the_table_cannot_write_to_gguf_is_refused_in_one_line
     with pytest.raises(ValueError, match=r"^model\.position=alibi cannot be exported to GGUF: ") as e:
         gguf_arch(config)
     assert "\n" not in str(e.value)
+
+
+def chat_char_tokenizer():
+    """A character vocabulary with tinygpt's own chat template (data/chat_template.py)."""
+    from data.chat_template import with_chat
+    from data.tokenizer import tokenizer_from_dict
+    return tokenizer_from_dict(with_chat(CharTokenizer(CHARS).to_dict()))
+
+
+def test_a_chat_run_writes_its_template_special_tokens_and_end_of_turn(tmp_path):
+    """A run fine-tuned on conversations: its four chat tokens after the characters, control
+    tokens; the template; <|end|> as the end of turn; the Modelfile's template and stop."""
+    from checkpoint.to_gguf import export_gguf
+    from data.chat_template import SPECIAL, TEMPLATE
+    tok = chat_char_tokenizer()
+    save_run(tmp_path / "run", tiny_model(tok.vocab_size), tok)
+    export_gguf(tmp_path / "run" / "best.pt", tmp_path / "m.gguf", "f32")
+    meta, _, _ = read_gguf(tmp_path / "m.gguf")
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    assert len(tokens) == tok.vocab_size and tokens[-4:] == list(SPECIAL)
+    assert all(t == CONTROL for t in types[-4:]) and meta["tokenizer.chat_template"] == TEMPLATE
+    assert tokens[meta["tokenizer.ggml.eot_token_id"]] == "<|end|>"
+    modelfile = (tmp_path / "m.Modelfile").read_text()
+    assert "<|{{ .Role }}|>{{ .Content }}<|end|>" in modelfile
+    assert 'PARAMETER stop "<|end|>"' in modelfile

@@ -223,3 +223,27 @@ def test_an_imported_hugging_face_model_runs_in_llama_cpp_with_its_chat_template
     assert llm.metadata["tokenizer.chat_template"] == template
     assert llm.detokenize([llm.token_eos()], special=True) == b"<|im_end|>"
     assert 'PARAMETER stop "<|im_end|>"' in (tmp_path / "m.Modelfile").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings,arch", [(dict(), "gpt2"), (dict(MODERN, bias=False), "llama")])
+def test_a_chat_run_runs_in_llama_cpp_with_its_template_and_end_of_turn(tmp_path, settings, arch):
+    """A run fine-tuned on conversations (tinygpt's own template over characters): llama.cpp reads
+    a rendered conversation, special tokens and all, as tinygpt's ids, computes its logits and
+    greedy tokens, and stops at <|end|>."""
+    from checkpoint.to_gguf import export_gguf
+    from checkpoint.file import load_model
+    from data.chat_template import ChatFormat
+    from tests.helpers import save_run
+    from tests.test_export_gguf import chat_char_tokenizer
+    tok = chat_char_tokenizer()
+    save_run(tmp_path / "run", tiny_model(tok.vocab_size, **{**SHAPE, **settings}), tok)
+    assert export_gguf(tmp_path / "run" / "best.pt", tmp_path / "m.gguf", "f32")["arch"] == arch
+    model, tok = load_model(tmp_path / "run" / "best.pt")
+    conversation = [{"role": "system", "content": "Be terse."},
+                    {"role": "user", "content": "ROMEO: say 'hi'"}]
+    text = ChatFormat(tok).render(conversation, add_generation_prompt=True)
+    llm = check_runs(tmp_path / "m.gguf", model, tok, text, LOGITS[arch])
+    end = tok.special_ids["<|end|>"]
+    assert int(llm.metadata["tokenizer.ggml.eot_token_id"]) == end
+    assert llm.metadata["tokenizer.chat_template"] == tok.chat["template"]
