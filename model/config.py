@@ -99,15 +99,18 @@ class GPTConfig:
             # bool is a subclass of int: refuse it explicitly (n_layer=True is a typo, not 1 layer)
             whole = f.type == "int" or f.name == "vocab_size"
             if whole and (isinstance(value, bool) or not isinstance(value, int)):
-                raise setting_error(setting + "{0!r} must be an integer: give a positive whole number", value)
+                raise setting_error(setting + "{0!r} must be an integer: give a positive whole "
+                                    "number", value)
             if whole and value < 1:
                 raise setting_error(setting + "{0} must be positive: give a value >= 1", value)
             if f.type == "bool" and not isinstance(value, bool):
                 raise setting_error(setting + "{0!r} must be a boolean: use true or false", value)
         if isinstance(self.dropout, bool) or not isinstance(self.dropout, (int, float)):
-            raise setting_error("{dropout=}{0!r} must be a number in [0, 1): e.g. {dropout=}0.1", self.dropout)
+            raise setting_error("{dropout=}{0!r} must be a number in [0, 1): e.g. {dropout=}0.1",
+                                self.dropout)
         if not (0.0 <= self.dropout < 1.0):  # also catches NaN
-            raise setting_error("{dropout=}{0} is outside [0, 1): use e.g. {dropout=}0.0 or {dropout=}0.2",
+            raise setting_error("{dropout=}{0} is outside [0, 1): use e.g. {dropout=}0.0 or "
+                                "{dropout=}0.2",
                                 self.dropout)
         self.dropout = float(self.dropout)
         if self.attention not in ATTENTION_IMPLS:

@@ -1,8 +1,10 @@
-"""The run configuration: one dataclass per config group under `Config` (the model's is the model's own GPTConfig).
+"""The run configuration: one dataclass per config group under `Config` (the model's is the model's
+own GPTConfig).
 
-Plain dataclasses, each setting's one home (default, meaning): the schema that presets (listing what they change) and
-overrides merge onto at the edge (launch/config.py), so a wrong key or type fails at once; `check` adds the rules,
-`normalize` the one spelling of each value. Nothing here knows Hydra or OmegaConf.
+Plain dataclasses, each setting's one home (default, meaning): the schema that presets (listing what
+they change) and overrides merge onto at the edge (launch/config.py), so a wrong key or type fails
+at once; `check` adds the rules, `normalize` the one spelling of each value. Nothing here knows
+Hydra or OmegaConf.
 """
 from __future__ import annotations
 
@@ -19,64 +21,81 @@ from model.config import GPTConfig
 from runtime.ranks import PARALLEL_MODES
 from training.optim import OPTIMIZERS
 
+# accepted spellings -> canonical torch dtype name
 DTYPES = {"auto": "auto", "float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16",
-          "float16": "float16", "fp16": "float16"}  # accepted spellings -> canonical torch dtype name
+          "float16": "float16", "fp16": "float16"}
+# accepted spellings of train.compile
 COMPILE = {"auto": "auto", **dict.fromkeys(("true", "on", "yes", "1"), True),
-           **dict.fromkeys(("false", "off", "no", "0"), False)}  # accepted spellings of train.compile
+           **dict.fromkeys(("false", "off", "no", "0"), False)}
 SCHEDULES = ("cosine", "linear", "wsd", "constant")
-REQUIRED = "required"  # model.init_from in a preset that fine-tunes (YAML's ??? would not survive the merge)
-SEED_MAX = 2**32 - 1  # numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
+# model.init_from in a preset that fine-tunes (YAML's ??? would not survive the merge)
+REQUIRED = "required"
+# numpy's seed range (torch's is wider); the loop seeds torch, random and numpy with it
+SEED_MAX = 2**32 - 1
 
 
 def baby() -> GPTConfig:
-    """The `model` group's default and model=baby's one home (conf/model/baby.yaml lists nothing): nanoGPT's
-    shakespeare_char "baby GPT". The other model presets list what they change from it."""
+    """The `model` group's default and model=baby's one home (conf/model/baby.yaml lists nothing):
+    nanoGPT's shakespeare_char "baby GPT". The other model presets list what they change from it."""
     return GPTConfig(block_size=256, n_layer=6, n_head=6, n_embd=384, dropout=0.2, bias=False)
 
 
 @dataclass
 class OptimConfig:
-    """optim=adamw: AdamW, linear warmup, cosine decay; twice nanoGPT's rates (1e-3 -> 1e-4), which suit TrainConfig's
-    1500 steps (experiment=shakespeare_char: nanoGPT's own). optim=muon changes a few (conf/optim/muon.yaml)."""
+    """optim=adamw: AdamW, linear warmup, cosine decay; twice nanoGPT's rates (1e-3 -> 1e-4), which
+    suit TrainConfig's 1500 steps (experiment=shakespeare_char: nanoGPT's own). optim=muon changes a
+    few (conf/optim/muon.yaml)."""
     name: str = "adamw"  # the optimizer: a name in training/optim.py's OPTIMIZERS
     lr: float = 2e-3  # peak learning rate, reached after warmup (optim=muon: the AdamW part's)
     min_lr: float = 2e-4  # floor of the decay
-    weight_decay: float = 0.1  # applied to >=2-D weights only (matmuls, embeddings; optim=muon: the AdamW part's)
+    # applied to >=2-D weights only (matmuls, embeddings; optim=muon: the AdamW part's)
+    weight_decay: float = 0.1
     beta1: float = 0.9  # the optimizer's first beta (AdamW: the first moment's decay rate)
     beta2: float = 0.99  # its second beta (AdamW: the second moment's decay rate)
     warmup_iters: int = 100  # steps of linear warmup from 0 to lr
     decay_iters: Optional[int] = None  # the step the decay reaches min_lr; null = train.max_iters
     grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
     schedule: str = "cosine"  # cosine | linear | wsd | constant (each after linear warmup)
-    cooldown_frac: float = 0.2  # schedule=wsd: the last fraction of decay_iters spent cooling down to min_lr
-    muon_lr: float = 0.02  # optim=muon: peak lr of the blocks' matrices (follows the same schedule as lr)
+    # schedule=wsd: the last fraction of decay_iters spent cooling down to min_lr
+    cooldown_frac: float = 0.2
+    # optim=muon: peak lr of the blocks' matrices (follows the same schedule as lr)
+    muon_lr: float = 0.02
     muon_momentum: float = 0.95  # optim=muon: Nesterov momentum of the Muon updates
     muon_ns_steps: int = 5  # optim=muon: Newton-Schulz iterations per update
 
 
 @dataclass
 class TrainConfig:
-    """The loop; its defaults, the baby GPT's GPU run: val 1.4542 at step 1500 on an H100 with optim=adamw, no
-    overfitting tail (nanoGPT's 5000-step config: 1.4665 at step 1500, 1.7079 at 5000; BENCHMARKS.md)."""
+    """The loop; its defaults, the baby GPT's GPU run: val 1.4542 at step 1500 on an H100 with
+    optim=adamw, no overfitting tail (nanoGPT's 5000-step config: 1.4665 at step 1500, 1.7079 at
+    5000; BENCHMARKS.md)."""
     device: str = "auto"  # auto (CUDA > MPS > CPU) | cpu | cuda | cuda:N | mps
-    dtype: str = "auto"  # auto (bf16 on GPUs with it, else fp16 + GradScaler; CPU: fp32) | float32 | bfloat16 | float16
+    # auto (bf16 on GPUs with it, else fp16 + GradScaler; CPU: fp32) | float32 | bfloat16 | float16
+    dtype: str = "auto"
     compile: Any = "auto"  # auto (on for CUDA only) | true | false
     max_iters: int = 1500  # optimizer steps
     batch_size: int = 64  # sequences per micro-batch (per process)
     grad_accum_steps: int = 1  # micro-batches per optimizer step
-    tokens_per_step: Optional[int] = None  # global batch in tokens: derives grad_accum_steps from the processes
+    # global batch in tokens: derives grad_accum_steps from the processes
+    tokens_per_step: Optional[int] = None
     eval_interval: int = 250  # evaluate + checkpoint every this many steps (and at the end)
     eval_iters: int = 40  # batches per split in each evaluation
     eval_at_start: bool = False  # also evaluate the untrained model at step 0 (not on resume)
-    patience: Optional[int] = None  # stop when val loss has not improved for this many evaluations (null: never)
+    # stop when val loss has not improved for this many evaluations (null: never)
+    patience: Optional[int] = None
     log_interval: int = 10  # steps between train-loss readings (the only host syncs in the loop)
     seed: int = 1337  # seeds torch, random and numpy (and the data loader's order)
     resume: Any = False  # false | true (last.pt in the run dir) | path to a .pt file or run dir
-    parallel: str = "none"  # none (DDP when torchrun starts >1 process) | ddp | fsdp (FSDP2, sharded checkpoints)
-    hellaswag: Optional[str] = None  # a HellaSwag jsonl also scored at each evaluation (evals/hellaswag.py)
-    probe: bool = True  # record attention and logit lens on one text at each evaluation (RUN/probes/, the explorer)
-    probe_text: Optional[str] = None  # that text (null: the first min(64, block_size) tokens of the validation split)
-    probe_steps: int = 8  # and at step 0 and this many steps log-spaced up to max_iters (0: at evaluations only)
+    # none (DDP when torchrun starts >1 process) | ddp | fsdp (FSDP2, sharded checkpoints)
+    parallel: str = "none"
+    # a HellaSwag jsonl also scored at each evaluation (evals/hellaswag.py)
+    hellaswag: Optional[str] = None
+    # record attention and logit lens on one text at each evaluation (RUN/probes/, the explorer)
+    probe: bool = True
+    # that text (null: the first min(64, block_size) tokens of the validation split)
+    probe_text: Optional[str] = None
+    # and at step 0 and this many steps log-spaced up to max_iters (0: at evaluations only)
+    probe_steps: int = 8
 
 
 @dataclass
@@ -84,7 +103,8 @@ class LoggerConfig:
     name: Optional[str] = None  # null (metrics.jsonl only) | wandb (logger=wandb)
     project: str = "tinygpt"  # the wandb project
     entity: Optional[str] = None  # the wandb team or user (null: your default)
-    mode: str = "online"  # online (needs wandb login) | offline (wandb sync later) | disabled; WANDB_MODE wins
+    # online (needs wandb login) | offline (wandb sync later) | disabled; WANDB_MODE wins
+    mode: str = "online"
     run_name: Optional[str] = None  # the wandb run's name (null: wandb picks one)
 
 
@@ -100,7 +120,8 @@ class Config:
 # every key as the command line writes it: model.n_layer, ...
 SCHEMA_KEYS = tuple(f"{group}.{key}" for group, keys in dataclasses.asdict(Config()).items() for key in keys)
 KEYS = {**{k.split(".")[1]: k for k in SCHEMA_KEYS if k.startswith(("model.", "data.", "train."))}, "name": "data"}
-train_keys = functools.partial(in_keys, KEYS)  # libraries' errors in these keys (DataConfig's name: data=text)
+# libraries' errors in these keys (DataConfig's name: data=text)
+train_keys = functools.partial(in_keys, KEYS)
 
 
 def _number(test: Callable[[Any], bool]) -> Callable[[Any], bool]:
@@ -162,9 +183,11 @@ def _check(cond: bool, msg: str) -> None:
 
 
 def check(c: Config) -> None:
-    """The rules the schema's types cannot express (RULES, settings at odds): one line for the first one broken. It
-    changes nothing. (launch.config.to_dataclass calls it and names GPTConfig's and DataConfig's settings.)"""
-    dataclasses.replace(c.model)  # GPTConfig checks itself when built (again: code may have changed it)
+    """The rules the schema's types cannot express (RULES, settings at odds): one line for the first
+    one broken. It changes nothing. (launch.config.to_dataclass calls it and names GPTConfig's and
+    DataConfig's settings.)"""
+    # GPTConfig checks itself when built (again: code may have changed it)
+    dataclasses.replace(c.model)
     m, o, t, lg = c.model, c.optim, c.train, c.logger
     _check(m.vocab_size is None, f"model.vocab_size={m.vocab_size} cannot be set: the vocabulary is the "
            f"tokenizer's (data.tokenizer, data.vocab_size), padded per model.pad_vocab_to")
@@ -192,7 +215,8 @@ def check(c: Config) -> None:
     _check(t.probe or t.probe_text is None, f"train.probe_text={t.probe_text!r} has no effect with train.probe=false: "
            "drop one of them")
     c.data.validate()  # the data package's own checks (no I/O)
-    if t.hellaswag is not None:  # read now (and kept): a bad file is one line before training, not at an evaluation
+    # read now (and kept): a bad file is one line before training, not at an evaluation
+    if t.hellaswag is not None:
         from training.eval_hellaswag import examples
         examples(t.hellaswag)
     _check(lg.name in (None, "wandb"), f"logger.name={lg.name!r} is not known: use logger=wandb "
@@ -204,8 +228,9 @@ def check(c: Config) -> None:
 
 
 def normalize(c: Config) -> None:
-    """A checked config's values in one spelling (bf16 -> bfloat16, compile=on -> True, resume="true" -> True; one line
-    for a spelling not known), and train.grad_accum_steps derived from train.tokens_per_step when that is set."""
+    """A checked config's values in one spelling (bf16 -> bfloat16, compile=on -> True,
+    resume="true" -> True; one line for a spelling not known), and train.grad_accum_steps derived
+    from train.tokens_per_step when that is set."""
     t = c.train
     _check(t.dtype in DTYPES, f"train.dtype={t.dtype!r} is not valid: use auto, float32, bfloat16 or float16")
     t.dtype = DTYPES[t.dtype]
@@ -221,14 +246,16 @@ def normalize(c: Config) -> None:
 
 
 def notes(c: Config, given: Collection[str] = ()) -> list[str]:
-    """One line for each setting of a validated config that does nothing, or that may not be what was meant yet can
-    be (a smoke run shorter than the preset's warmup): the run's start logs each as a warning (docs/configuration.md,
-    "Warnings"). `given`: the keys the command line set. A setting that merely does nothing is told only when given
-    there: a preset's (experiment=cpu's optim.muon_momentum under optim=adamw) is no one's mistake."""
+    """One line for each setting of a validated config that does nothing, or that may not be what
+    was meant yet can be (a smoke run shorter than the preset's warmup): the run's start logs each
+    as a warning (docs/configuration.md, "Warnings"). `given`: the keys the command line set. A
+    setting that merely does nothing is told only when given there: a preset's (experiment=cpu's
+    optim.muon_momentum under optim=adamw) is no one's mistake."""
     o, t, out = c.optim, c.train, []
     ignored = lambda keys: [f"{k}={getattr(o, k.split('.')[1])}" for k in keys if k in given]  # noqa: E731
     if o.warmup_iters >= t.max_iters:
-        end = o.lr * t.max_iters / (o.warmup_iters + 1)  # lr_at(max_iters - 1): the last step's rate
+        # lr_at(max_iters - 1): the last step's rate
+        end = o.lr * t.max_iters / (o.warmup_iters + 1)
         out.append(f"optim.warmup_iters={o.warmup_iters} is not shorter than train.max_iters={t.max_iters}: the "
                    f"learning rate climbs to {end:.3g} at the last step, never reaching optim.lr={o.lr:g}"
                    f"{'' if o.schedule == 'constant' else ' nor decaying'}; for the full schedule lower "
@@ -265,7 +292,8 @@ def notes(c: Config, given: Collection[str] = ()) -> list[str]:
         out.append(f"train.grad_accum_steps does nothing with train.tokens_per_step={t.tokens_per_step}, which "
                    f"derives it ({t.grad_accum_steps} here): drop train.grad_accum_steps, or add "
                    f"train.tokens_per_step=null to use it")
-    evals = (t.max_iters - 1) // t.eval_interval  # evaluations before the last step, where an early stop can happen
+    # evaluations before the last step, where an early stop can happen
+    evals = (t.max_iters - 1) // t.eval_interval
     if t.patience is not None and evals <= t.patience:
         out.append(f"train.patience={t.patience} can never stop this run early: it evaluates {evals} time"
                    f"{'' if evals == 1 else 's'} before its last step, fewer than the {t.patience + 1} an early stop "
@@ -275,13 +303,15 @@ def notes(c: Config, given: Collection[str] = ()) -> list[str]:
 
 
 def _env_world_size() -> int:
-    """The processes torchrun started (WORLD_SIZE, which runtime.distributed.init also reads), else 1."""
+    """The processes torchrun started (WORLD_SIZE, which runtime.distributed.init also reads), else
+    1."""
     w = os.environ.get("WORLD_SIZE", "1")
     return int(w) if w.isdigit() and int(w) >= 1 else 1
 
 
 def grad_accum_for(tokens_per_step: int, batch_size: int, block_size: int, world_size: int) -> int:
-    """train.grad_accum_steps for a global batch of `tokens_per_step` tokens (train.tokens_per_step)."""
+    """train.grad_accum_steps for a global batch of `tokens_per_step` tokens
+    (train.tokens_per_step)."""
     micro = batch_size * block_size * world_size  # tokens of one micro-step over all processes
     _check(tokens_per_step >= 1 and tokens_per_step % micro == 0,
            f"train.tokens_per_step={tokens_per_step} is not a multiple of train.batch_size x model.block_size x "

@@ -1,6 +1,7 @@
-"""`model.init_from`: fine-tune from a local Hugging Face GPT-2 directory or a tinygpt run / checkpoint; optimizer,
-schedule and step count start fresh. The weights fit one shape, so the source sets it over any preset (why:
-docs/design.md, "Fine-tuning and early stopping"); a smaller model.block_size crops the position embeddings.
+"""`model.init_from`: fine-tune from a local Hugging Face GPT-2 directory or a tinygpt run /
+checkpoint; optimizer, schedule and step count start fresh. The weights fit one shape, so the source
+sets it over any preset (why: docs/design.md, "Fine-tuning and early stopping"); a smaller
+model.block_size crops the position embeddings.
 """
 from __future__ import annotations
 
@@ -30,14 +31,17 @@ WHAT = ("a local Hugging Face GPT-2, Llama or Qwen3 directory (config.json + mod
 
 @dataclass
 class Source:
-    """Where the weights come from: `path` (a HF directory or a checkpoint file), its shape and tokenizer."""
+    """Where the weights come from: `path` (a HF directory or a checkpoint file), its shape and
+    tokenizer."""
     key: str  # "model.init_from=<as given>", for messages
     path: Path
     config: GPTConfig
     tokenizer: dict  # the tokenizer's to_dict(); a GPT-2 directory reads GPT-2 BPE
     hf_dir: bool = False  # a Hugging Face directory (else a tinygpt checkpoint)
-    ckpt: Optional[dict] = None  # a tinygpt checkpoint, read once (dropped once its weights are in the model)
-    written_by: str = "tinygpt"  # a checkpoint's: tinygpt, or nanoGPT (its ckpt.pt, read as checkpoint/nanogpt.py says)
+    # a tinygpt checkpoint, read once (dropped once its weights are in the model)
+    ckpt: Optional[dict] = None
+    # a checkpoint's: tinygpt, or nanoGPT (its ckpt.pt, read as checkpoint/nanogpt.py says)
+    written_by: str = "tinygpt"
 
     def describe(self, block_size: int) -> str:
         """Where from and what, for the run's opening lines (`block_size`: the run's context)."""
@@ -55,10 +59,13 @@ class Source:
 
 
 def open_source(spec: str) -> Source:
-    """The source `spec` names, with its shape (a checkpoint file is read once, a HF directory's weights later)."""
+    """The source `spec` names, with its shape (a checkpoint file is read once, a HF directory's
+    weights later)."""
     key, path = f"model.init_from={spec}", Path(spec).expanduser()
-    if not path.exists():  # a model's name, e.g. gpt2: the command that downloads it (tinygpt never does)
-        from model.hub import download_command, looks_like_a_name  # (only here: not on every run's path)
+    # a model's name, e.g. gpt2: the command that downloads it (tinygpt never does)
+    if not path.exists():
+        # (only here: not on every run's path)
+        from model.hub import download_command, looks_like_a_name
         hint = f" (e.g. {download_command(spec)})" if looks_like_a_name(spec) else ""
         raise ValueError(f"{key} does not exist: give {WHAT}{hint}")
     if path.is_dir() and (path / "config.json").is_file():
@@ -120,8 +127,9 @@ def given_keys(cli_overrides: Optional[Iterable[str]]) -> set[str]:
 
 
 def apply(c, cli_overrides: Optional[Iterable[str]] = None, data_kind: Optional[str] = None) -> Optional[Source]:
-    """Open `c.model.init_from` (if set) and give `c.model` its shape, context and vocabulary padding;
-    `data_kind`: the data.tokenizer the config edge's validation chose (c.data.validate())."""
+    """Open `c.model.init_from` (if set) and give `c.model` its shape, context and vocabulary
+    padding; `data_kind`: the data.tokenizer the config edge's validation chose (c.data.validate()).
+    """
     m = c.model
     if m.init_from is None:
         return None
@@ -200,7 +208,8 @@ def check_tokenizer(src: Source, tokenizer: dict) -> None:
 
 
 def build(model_cls, config: GPTConfig, src: Optional[Source], resume) -> torch.nn.Module:
-    """`model_cls(config)` with the source's weights (wpe cropped to block_size); fresh without one or resuming."""
+    """`model_cls(config)` with the source's weights (wpe cropped to block_size); fresh without one
+    or resuming."""
     if src is None or resume is not False:
         if src is not None:
             src.ckpt = None
