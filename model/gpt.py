@@ -252,8 +252,11 @@ def check_weights(model: torch.nn.Module, state_dict: dict, source) -> dict:
     parts += [f"{k} has shape {tuple(sd[k].shape)} there but {tuple(own[k].shape)} here"
               for k in wrong[:1]]
     if parts:
+        # the model is built from the settings saved with the weights (or given for them): a
+        # mismatch is a damaged or edited file, which no setting of the user's can mend
         raise ValueError(f"the weights in {source} do not match the model ({'; '.join(parts)}): "
-                         f"use the model settings they were trained with")
+                         f"the file's weights and its saved settings disagree (damaged or edited): "
+                         f"use the checkpoint or directory as tinygpt or Hugging Face wrote it")
     return sd
 
 

@@ -240,8 +240,8 @@ def test_mismatches_are_one_line_in_one_wording():
     for other, says in ((_model(n_layer=3), r"missing 12 \(e\.g\. transformer\.h\.2\."),
                         (_model(n_layer=1), r"unexpected 12 \(e\.g\. transformer\.h\.1\."),
                         (_model(n_embd=64), r"transformer\.wte\.weight has shape \(32, 32\) there but \(32, 64\) here")):
-        with pytest.raises(ValueError, match=rf"^the weights in src\.pt do not match the model \({says}.*\): use the "
-                                             r"model settings they were trained with$") as info:
+        with pytest.raises(ValueError, match=rf"^the weights in src\.pt do not match the model \({says}.*\): "
+                                             r"the file's weights and its saved settings disagree") as info:
             check_weights(other, sd, "src.pt")
         assert "\n" not in str(info.value)
     with pytest.raises(ValueError, match=r"missing 1 \(e\.g\. lm_head\.weight\)"):  # a None value is missing
