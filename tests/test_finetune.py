@@ -241,8 +241,8 @@ def test_every_bad_source_is_one_line(tmp_path, tiny_corpus, tiny_hf, cache_with
               "remove or replace")
     with pytest.raises(ValueError) as info:  # a char model meets GPT-2 BPE
         train(make_cfg(*GPT2_DATA, f"data.path={tiny_corpus}", f"model.init_from={src}"), tmp_path / "run3")
-    _one_line(info, "reads char (", "data.tokenizer=gpt2: use data=shakespeare_char, or data=text "
-              "(char-level: some of its characters)")
+    _one_line(info, "reads char (", "data.tokenizer=gpt2: use data with the char tokenizer",
+              "data=shakespeare_char", "data=text data.path=<your text> data.tokenizer=char")
 
 
 @pytest.mark.slow
