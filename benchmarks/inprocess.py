@@ -54,7 +54,7 @@ def bench_train_preset(name: str, batch: int, steps: int, warmup: int, precision
     import torch
     from data.loader import BatchLoader, write_token_file
     from model.gpt import GPT
-    from training.metrics import flops_per_token, mfu, mfu_peak
+    from training.mfu import flops_per_token, mfu, mfu_peak
     from training.config import OptimConfig, TrainConfig
     from training.optim import build_optimizer
     from training.step import compile_regions, forward_backward, optimizer_step

@@ -13,7 +13,8 @@ from common.platform import usable_cores
 from data.corpus import blocks
 from data.loader import dtype_for_vocab
 from data.shards import ShardWriter, skip_chars
-from data.tokenizer import CharTokenizer, Tokenizer, find_safe_cut
+from data.safe_cut import find_safe_cut
+from data.tokenizer import CharTokenizer, Tokenizer
 
 SEGMENT_CHARS = 1 << 19  # characters per BPE work item
 MAX_CARRY_CHARS = 32 << 20  # if no safe BPE boundary shows up in this much text, cut anyway (noted)

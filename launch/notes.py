@@ -11,7 +11,7 @@ import torch
 
 from launch import memory
 from training.config import SCHEMA_KEYS, Config, notes
-from training.metrics import flops_per_token
+from training.mfu import flops_per_token
 from training.optim import OPTIMIZERS
 
 # {what}: the model and optimizer the run has (the preset's: "nanoGPT's CPU-sized model, trained

@@ -129,7 +129,7 @@ def test_bench_quick_on_cuda(tmp_path, cache_with_shakespeare, cache_with_gpt2):
     assert r["hardware"]["device"].startswith("cuda") and r["hardware"]["gpu"]["name"]
     (row,) = r["sections"]["train"]["rows"]
     assert row["tokens_per_s"] > 0 and not r["errors"]
-    from training.metrics import peak_flops
+    from training.mfu import peak_flops
     if peak_flops(torch.cuda.get_device_name()) is not None:  # a GPU in the peak-FLOP/s table has an MFU
         assert row["mfu"] is not None and 0 < row["mfu"] < 1
     modes = {d["mode"]: d["tokens_per_s"] for d in r["sections"]["decode"]["rows"]}

@@ -8,7 +8,8 @@ import pytest
 from data import encode
 from data.config import DataConfig
 from data.prepare import prepare
-from data.tokenizer import GPT2Tokenizer, find_safe_cut, split_safe
+from data.safe_cut import find_safe_cut, split_safe
+from data.tokenizer import GPT2Tokenizer
 from tests.test_data_prepare import TRICKY, small_chunks, tokens, write
 
 

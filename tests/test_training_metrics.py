@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from training import metrics as mt
+from training import mfu as mfu_mod
 from training.config import Config
 from runtime.ranks import Ranks
 from training.precision import Precision, setup_precision
@@ -124,7 +125,7 @@ def test_a_slow_first_step_is_told_before_the_first_log_interval(tmp_path, caplo
 
 
 def test_flops_and_mfu():
-    flops_per_token, mfu = mt.flops_per_token, mt.mfu
+    flops_per_token, mfu = mfu_mod.flops_per_token, mfu_mod.mfu
     # nanoGPT's GPT-2 small estimate: 6N + 12*L*H*Q*T
     f = flops_per_token(124_000_000, 12, 12, 64, 1024)
     assert f == 6 * 124e6 + 12 * 12 * 12 * 64 * 1024
@@ -151,17 +152,17 @@ def test_flops_and_mfu():
     ("NVIDIA H100 80GB HBM3 MIG 3g.40gb", None),  # a slice: the whole GPU's peak would be wrong
 ])
 def test_peak_flops_table(name, expect):
-    got = mt.peak_flops(name)
+    got = mfu_mod.peak_flops(name)
     assert (got[1] if got else None) == expect
 
 
 def test_mfu_only_for_a_gpu_in_the_table_in_16_bit(monkeypatch):
-    monkeypatch.setattr(mt, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(mfu_mod, "device_name", lambda device: "NVIDIA H100 80GB HBM3")
     gpu = torch.device("cuda", 0)  # a device object only: nothing is allocated on it
-    assert mt.mfu_peak(Precision(gpu, torch.bfloat16), gpus=2) == 2 * 989e12
-    assert mt.mfu_peak(Precision(gpu, torch.float32)) is None  # float32: no datasheet figure, no MFU
+    assert mfu_mod.mfu_peak(Precision(gpu, torch.bfloat16), gpus=2) == 2 * 989e12
+    assert mfu_mod.mfu_peak(Precision(gpu, torch.float32)) is None  # float32: no datasheet figure, no MFU
     for device in ("cpu", "mps"):
-        assert mt.mfu_peak(Precision(torch.device(device), torch.bfloat16)) is None
+        assert mfu_mod.mfu_peak(Precision(torch.device(device), torch.bfloat16)) is None
 
 
 def test_a_resume_past_max_iters_prints_no_negative_counts(tmp_path, caplog):
